@@ -1,0 +1,1 @@
+//! karpenter-exoscale: the Karpenter core and its Exoscale cloud provider.
