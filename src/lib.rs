@@ -1,1 +1,3 @@
 //! karpenter-exoscale: the Karpenter core and its Exoscale cloud provider.
+
+pub mod apis;
