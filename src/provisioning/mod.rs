@@ -1,0 +1,5 @@
+//! Provisioning: batches pending pods, solves them with the shared scheduler against existing
+//! capacity and NodePool templates, and creates NodeClaims.
+
+pub mod batcher;
+pub mod eligibility;
