@@ -1,1 +1,5 @@
 //! karpenter-exoscale: the Karpenter core and its Exoscale cloud provider.
+pub mod catalogue;
+pub mod doctor;
+pub mod exoscale;
+pub mod sim;
