@@ -232,7 +232,7 @@ impl TemplateVisibility {
 }
 
 /// SKS node image variants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SksTemplateVariant {
     Standard,
