@@ -70,7 +70,7 @@ pub struct CallRecord {
 /// Lifecycle announcements for listeners such as a simulated kubelet.
 #[derive(Debug, Clone, PartialEq)]
 pub enum InstanceEvent {
-    Running(Instance),
+    Running(Box<Instance>),
     Deleted { id: String, name: String },
 }
 
@@ -127,7 +127,9 @@ pub(crate) fn schedule_completion(shared: Arc<Shared>, deferred: Deferred) {
         let outcome = shared.world.lock().expect("lock").complete(&deferred);
         match outcome {
             Some((instance, true)) => {
-                let _ = shared.events.send(InstanceEvent::Running(instance));
+                let _ = shared
+                    .events
+                    .send(InstanceEvent::Running(Box::new(instance)));
             }
             Some((instance, false)) => {
                 let _ = shared.events.send(InstanceEvent::Deleted {
@@ -349,6 +351,17 @@ impl ExoscaleSim {
         for variant in [SksTemplateVariant::Standard, SksTemplateVariant::Nvidia] {
             world.add_sks_template(version, variant);
         }
+    }
+
+    /// Withdraws the active template of a version and variant (the template itself stays).
+    pub fn remove_sks_template(&self, version: &str, variant: SksTemplateVariant) -> bool {
+        self.shared
+            .world
+            .lock()
+            .expect("lock")
+            .sks_templates
+            .remove(&(version.to_string(), variant))
+            .is_some()
     }
 
     /// The active template id for a version and variant, if published.
