@@ -174,7 +174,7 @@ pub(crate) async fn handle(
         response_lost: false,
     };
     let response = respond(&shared, route, &auth, &body, &uri, &mut record).await;
-    shared.calls.lock().expect("lock").push(record);
+    super::record_call(&shared, record);
     response
 }
 
@@ -196,6 +196,7 @@ async fn respond(
     };
     let action = faults::next_action(&mut shared.faults.lock().expect("lock"), route.operation);
     let mut lose = false;
+    let mut failure = None;
     match action {
         Some(FaultAction::Status { status, body }) => {
             record.status = status;
@@ -219,11 +220,15 @@ async fn respond(
         }
         Some(FaultAction::Latency(wait)) => tokio::time::sleep(wait).await,
         Some(FaultAction::LoseResponse) => lose = true,
+        Some(FaultAction::FailOperation { reason, message }) => failure = Some((reason, message)),
         None => {}
     }
     let reply = execute(shared, &route, body, uri);
     record.status = reply.status;
-    if let Some(deferred) = reply.deferred.clone() {
+    if let Some(mut deferred) = reply.deferred.clone() {
+        if let Some((reason, message)) = &failure {
+            deferred = deferred.failing(reason, message);
+        }
         super::schedule_completion(shared.clone(), deferred);
     }
     if lose {

@@ -119,6 +119,17 @@ pub(crate) struct Shared {
     clock: Arc<dyn Clock>,
 }
 
+/// The call log keeps the most recent calls only, so a long-running standalone sim stays small.
+const MAX_RECORDED_CALLS: usize = 100_000;
+
+pub(crate) fn record_call(shared: &Shared, record: CallRecord) {
+    let mut calls = shared.calls.lock().expect("lock");
+    if calls.len() >= MAX_RECORDED_CALLS {
+        calls.drain(..MAX_RECORDED_CALLS / 10);
+    }
+    calls.push(record);
+}
+
 /// Finishes a pending operation after the configured delay and announces the result.
 pub(crate) fn schedule_completion(shared: Arc<Shared>, deferred: Deferred) {
     let delay = *shared.operation_delay.lock().expect("lock");
@@ -478,23 +489,41 @@ pub async fn serve(
     key: Option<String>,
     secret: Option<String>,
 ) -> Result<(), SimError> {
-    let sim = ExoscaleSim::start_with(SimConfig {
+    let config = SimConfig {
         listen,
         zone,
         api_key: key,
         api_secret: secret,
         operation_delay: Duration::from_secs(2),
         ..SimConfig::default()
-    })
-    .await?;
+    };
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    serve_until(config, ctrl_c, &mut std::io::stdout()).await
+}
+
+/// Serves the sim until `stop` completes; writes the env lines to `out` once listening.
+pub async fn serve_until(
+    config: SimConfig,
+    stop: impl std::future::Future<Output = ()>,
+    out: &mut impl std::io::Write,
+) -> Result<(), SimError> {
+    let sim = ExoscaleSim::start_with(config).await?;
     // These are the sim's own throw-away credentials; printing them is the point.
-    println!("simulated Exoscale API v2 listening; point the controller at it with:");
-    println!("EXOSCALE_API_ENDPOINT={}", sim.endpoint());
-    println!("EXOSCALE_API_KEY={}", sim.credentials().key);
-    println!("EXOSCALE_API_SECRET={}", sim.credentials().secret.expose());
-    println!("EXOSCALE_ZONE={}", sim.zone());
-    println!("EXOSCALE_SKS_CLUSTER_ID={}", sim.cluster_id());
-    let _ = tokio::signal::ctrl_c().await;
+    let lines = [
+        "# simulated Exoscale API v2; point the controller or doctor at it with:".to_string(),
+        format!("EXOSCALE_API_ENDPOINT={}", sim.endpoint()),
+        format!("EXOSCALE_API_KEY={}", sim.credentials().key),
+        format!("EXOSCALE_API_SECRET={}", sim.credentials().secret.expose()),
+        format!("EXOSCALE_ZONE={}", sim.zone()),
+        format!("EXOSCALE_SKS_CLUSTER_ID={}", sim.cluster_id()),
+    ];
+    for line in lines {
+        writeln!(out, "{line}").map_err(SimError::Serve)?;
+    }
+    out.flush().map_err(SimError::Serve)?;
+    stop.await;
     sim.shutdown().await;
     Ok(())
 }

@@ -28,6 +28,34 @@ pub(crate) enum Deferred {
     Destroy { operation: String, instance: String },
     /// Nothing but the operation turning `success`.
     Complete { operation: String },
+    /// The operation ends in `failure`; a starting instance goes to `error`.
+    Fail {
+        operation: String,
+        instance: Option<String>,
+        reason: String,
+        message: String,
+    },
+}
+
+impl Deferred {
+    /// The same work, but ending in failure (fault `FailOperation`).
+    pub fn failing(self, reason: &str, message: &str) -> Deferred {
+        let (operation, instance) = match self {
+            Deferred::Start {
+                operation,
+                instance,
+            } => (operation, Some(instance)),
+            Deferred::Destroy { operation, .. }
+            | Deferred::Complete { operation }
+            | Deferred::Fail { operation, .. } => (operation, None),
+        };
+        Deferred::Fail {
+            operation,
+            instance,
+            reason: reason.to_string(),
+            message: message.to_string(),
+        }
+    }
 }
 
 fn ok<T: Serialize>(value: T) -> Reply {
@@ -291,6 +319,26 @@ impl World {
                 (operation, outcome)
             }
             Deferred::Complete { operation } => (operation, None),
+            Deferred::Fail {
+                operation,
+                instance,
+                reason,
+                message,
+            } => {
+                if let Some(i) = self
+                    .instances
+                    .iter_mut()
+                    .find(|i| Some(&i.id) == instance.as_ref())
+                {
+                    i.state = InstanceState::Error;
+                }
+                if let Some(op) = self.operations.get_mut(operation) {
+                    op.state = OperationState::Failure;
+                    op.reason = Some(reason.clone());
+                    op.message = Some(message.clone());
+                }
+                return None;
+            }
         };
         if let Some(op) = self.operations.get_mut(operation) {
             op.state = OperationState::Success;
