@@ -515,8 +515,8 @@ impl World {
             Ok(r) => r,
             Err(e) => return error(400, format!("Invalid request body: {e}")),
         };
-        if let Err(reply) = self.validate_create(&req) {
-            return reply;
+        if let Err((status, message)) = self.validate_create(&req) {
+            return error(status, message);
         }
         let id = uuid::Uuid::new_v4().to_string();
         self.next_address += 1;
@@ -559,21 +559,21 @@ impl World {
         })
     }
 
-    fn validate_create(&self, req: &CreateInstanceRequest) -> Result<(), Reply> {
+    fn validate_create(&self, req: &CreateInstanceRequest) -> Result<(), (u16, String)> {
         if !(10..=51200).contains(&req.disk_size) {
-            return Err(error(400, "disk-size must be between 10 and 51200"));
+            return Err((400, "disk-size must be between 10 and 51200".into()));
         }
         if let Some(name) = &req.name
             && (name.is_empty() || name.len() > 255)
         {
-            return Err(error(400, "name must be 1 to 255 characters"));
+            return Err((400, "name must be 1 to 255 characters".into()));
         }
         if let Some(ud) = &req.user_data {
             if ud.is_empty() || ud.len() >= 32768 {
-                return Err(error(400, "user-data must be 1 to 32767 base64 characters"));
+                return Err((400, "user-data must be 1 to 32767 base64 characters".into()));
             }
             if BASE64.decode(ud).is_err() {
-                return Err(error(400, "user-data must be base64-encoded"));
+                return Err((400, "user-data must be base64-encoded".into()));
             }
         }
         let Some(itype) = self
@@ -581,13 +581,13 @@ impl World {
             .iter()
             .find(|t| t.id == req.instance_type.id)
         else {
-            return Err(error(
+            return Err((
                 400,
                 format!("Invalid instance type {}", req.instance_type.id),
             ));
         };
         if !itype.authorized {
-            return Err(error(
+            return Err((
                 400,
                 format!(
                     "Instance type {} is not authorized for this organization",
@@ -596,7 +596,7 @@ impl World {
             ));
         }
         if !itype.zones.contains(&self.zone) {
-            return Err(error(
+            return Err((
                 400,
                 format!(
                     "Instance type {} is not available in zone {}",
@@ -606,22 +606,19 @@ impl World {
             ));
         }
         if !self.templates.iter().any(|t| t.id == req.template.id) {
-            return Err(error(400, format!("Invalid template {}", req.template.id)));
+            return Err((400, format!("Invalid template {}", req.template.id)));
         }
         for sg in &req.security_groups {
             if !self.security_groups.iter().any(|g| g.id == sg.id) {
-                return Err(error(400, format!("Invalid security group {}", sg.id)));
+                return Err((400, format!("Invalid security group {}", sg.id)));
             }
         }
         for aag in &req.anti_affinity_groups {
             let Some(group) = self.anti_affinity_groups.iter().find(|g| g.id == aag.id) else {
-                return Err(error(
-                    400,
-                    format!("Invalid anti-affinity group {}", aag.id),
-                ));
+                return Err((400, format!("Invalid anti-affinity group {}", aag.id)));
             };
             if self.aag_with_members(group).is_full() {
-                return Err(error(
+                return Err((
                     400,
                     format!(
                         "Anti-affinity group {} is full ({MAX_ANTI_AFFINITY_GROUP_MEMBERS} instances max)",
@@ -633,7 +630,7 @@ impl World {
         if let Some(limit) = self.instance_quota
             && self.live_instances().count() >= limit
         {
-            return Err(quota_exceeded(limit));
+            return Err((403, quota_message(limit)));
         }
         Ok(())
     }
@@ -711,11 +708,12 @@ impl World {
     }
 }
 
+fn quota_message(limit: usize) -> String {
+    format!("Quota exceeded for resource instance (limit {limit})")
+}
+
 pub(crate) fn quota_exceeded(limit: usize) -> Reply {
-    error(
-        403,
-        format!("Quota exceeded for resource instance (limit {limit})"),
-    )
+    error(403, quota_message(limit))
 }
 
 /// The readable form of stored user data: base64, then gunzip when gzip-compressed.
