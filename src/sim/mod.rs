@@ -23,7 +23,7 @@ pub use world::decode_user_data;
 
 use crate::exoscale::models::{Instance, SksTemplateVariant};
 use crate::exoscale::{
-    ClientConfig, Credentials, Endpoint, PollPolicy, RetryPolicy,
+    ApiSecret, ClientConfig, Credentials, Endpoint, PollPolicy, RetryPolicy,
     signer::{Clock, SystemClock},
 };
 use world::{Deferred, World};
@@ -87,7 +87,7 @@ pub struct SimConfig {
     pub zone: String,
     /// Generated when `None`.
     pub api_key: Option<String>,
-    pub api_secret: Option<String>,
+    pub api_secret: Option<ApiSecret>,
     pub kubernetes_version: String,
     /// How long a mutation's operation stays pending.
     pub operation_delay: Duration,
@@ -203,7 +203,10 @@ impl ExoscaleSim {
         let key = config
             .api_key
             .unwrap_or_else(|| format!("EXO{}", hex_token(12)));
-        let secret = config.api_secret.unwrap_or_else(|| random_token(32));
+        let secret = config
+            .api_secret
+            .map(|s| s.expose().to_string())
+            .unwrap_or_else(|| random_token(32));
         let world = World::new(&config.zone, &endpoint, &config.kubernetes_version);
         let cluster_id = world.clusters[0].id.clone();
         let (events, _) = broadcast::channel(1024);
@@ -493,7 +496,7 @@ pub async fn serve(
         listen,
         zone,
         api_key: key,
-        api_secret: secret,
+        api_secret: secret.map(ApiSecret::from),
         operation_delay: Duration::from_secs(2),
         ..SimConfig::default()
     };
