@@ -294,6 +294,19 @@ async fn instance_lifecycle_round_trip() {
         Err(Error::BadRequest { status: 409, .. })
     ));
 
+    let web = sim.add_security_group("web");
+    let op = client
+        .attach_instance_to_security_group(&web, &id)
+        .await
+        .unwrap();
+    client.wait_operation(&op).await.unwrap();
+    let in_groups = client.get_instance(&id).await.unwrap().security_groups;
+    assert_eq!(in_groups, vec![IdRef::new(&sg), IdRef::new(&web)]);
+    assert!(matches!(
+        client.attach_instance_to_security_group(&web, &id).await,
+        Err(Error::BadRequest { status: 409, .. })
+    ));
+
     let op = client.delete_instance(&id).await.unwrap();
     assert_eq!(
         client.get_instance(&id).await.unwrap().state,

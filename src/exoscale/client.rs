@@ -558,6 +558,26 @@ impl Client {
             .await
     }
 
+    /// `PUT /security-group/{id}:attach`. Not retried on 5xx: a repeated attach conflicts.
+    pub async fn attach_instance_to_security_group(
+        &self,
+        security_group_id: &str,
+        instance_id: &str,
+    ) -> Result<Operation, Error> {
+        let sg = segment(security_group_id, "security group id")?;
+        let req = AttachInstanceRequest {
+            instance: IdRef::new(instance_id),
+            ip: None,
+        };
+        self.mutate(
+            Method::PUT,
+            format!("/security-group/{sg}:attach"),
+            Some(&req),
+            false,
+        )
+        .await
+    }
+
     pub async fn list_private_networks(&self) -> Result<Vec<PrivateNetwork>, Error> {
         let list: PrivateNetworkList = self
             .get_json("/private-network".into(), "private network list")

@@ -48,6 +48,10 @@ pub(crate) fn route(method: &Method, path: &str) -> Option<Route> {
         ("GET", ["sks-cluster", id]) => r("get-sks-cluster", &[id]),
         ("GET", ["sks-cluster-version"]) => r("list-sks-cluster-versions", &[]),
         ("GET", ["security-group"]) => r("list-security-groups", &[]),
+        ("PUT", ["security-group", action]) if action.ends_with(":attach") => r(
+            "attach-instance-to-security-group",
+            &[action.trim_end_matches(":attach")],
+        ),
         ("GET", ["security-group", id]) => r("get-security-group", &[id]),
         ("GET", ["private-network"]) => r("list-private-networks", &[]),
         ("PUT", ["private-network", action]) if action.ends_with(":attach") => r(
@@ -270,6 +274,7 @@ fn execute(shared: &Shared, route: &Route, body: &[u8], uri: &Uri) -> Reply {
         "list-sks-cluster-versions" => w.list_sks_versions(),
         "list-security-groups" => w.list_security_groups(),
         "get-security-group" => w.get_security_group(p(0)),
+        "attach-instance-to-security-group" => w.attach_security_group(p(0), body),
         "list-private-networks" => w.list_private_networks(),
         "get-private-network" => w.get_private_network(p(0)),
         "attach-instance-to-private-network" => w.attach_private_network(p(0), body),

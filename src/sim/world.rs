@@ -673,6 +673,27 @@ impl World {
         })
     }
 
+    pub fn attach_security_group(&mut self, sg_id: &str, body: &[u8]) -> Reply {
+        let req: AttachInstanceRequest = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return error(400, format!("Invalid request body: {e}")),
+        };
+        if !self.security_groups.iter().any(|g| g.id == sg_id) {
+            return error(404, "Security group not found");
+        }
+        let Some(instance) = self.instances.iter_mut().find(|i| i.id == req.instance.id) else {
+            return error(404, "Instance not found");
+        };
+        if instance.security_groups.iter().any(|g| g.id == sg_id) {
+            return error(409, "Instance is already in this security group");
+        }
+        instance.security_groups.push(IdRef::new(sg_id));
+        let sg_id = sg_id.to_string();
+        self.pending(&sg_id, "security-group", |operation| Deferred::Complete {
+            operation,
+        })
+    }
+
     pub fn attach_private_network(&mut self, pn_id: &str, body: &[u8]) -> Reply {
         let req: AttachInstanceRequest = match serde_json::from_slice(body) {
             Ok(r) => r,
