@@ -1,5 +1,9 @@
 //! karpenter-exoscale: the Karpenter core and its Exoscale cloud provider.
 
 pub mod apis;
+pub mod catalogue;
+pub mod doctor;
+pub mod exoscale;
 pub mod provisioning;
+pub mod sim;
 pub mod simulate;
