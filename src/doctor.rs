@@ -479,61 +479,6 @@ pub async fn run(cfg: &DoctorConfig, out: &mut impl Write) -> bool {
     passed
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashMap;
-
-    #[test]
-    fn all_missing_variables_are_reported_at_once() {
-        let env: HashMap<&str, &str> =
-            HashMap::from([(ENV_ZONE, "ch-gva-2"), (ENV_API_SECRET, "  ")]);
-        let err = DoctorConfig::from_lookup(|n| env.get(n).map(|v| v.to_string())).unwrap_err();
-        assert_eq!(
-            err.missing,
-            vec![ENV_API_KEY, ENV_API_SECRET, ENV_SKS_CLUSTER_ID]
-        );
-        assert_eq!(
-            err.to_string(),
-            "missing required environment variables: EXOSCALE_API_KEY, EXOSCALE_API_SECRET, EXOSCALE_SKS_CLUSTER_ID"
-        );
-    }
-
-    #[test]
-    fn optional_variables_are_read_and_the_secret_is_hidden() {
-        let env: HashMap<&str, &str> = HashMap::from([
-            (ENV_API_KEY, "EXOabc"),
-            (ENV_API_SECRET, "shh-secret"),
-            (ENV_ZONE, "de-fra-1"),
-            (ENV_SKS_CLUSTER_ID, "c1"),
-            (ENV_API_ENVIRONMENT, "ppapi"),
-            (ENV_KUBECONFIG, "/tmp/kc"),
-        ]);
-        let cfg = DoctorConfig::from_lookup(|n| env.get(n).map(|v| v.to_string())).unwrap();
-        assert_eq!(cfg.api_environment.as_deref(), Some("ppapi"));
-        assert_eq!(cfg.kubeconfig, Some(PathBuf::from("/tmp/kc")));
-        assert_eq!(cfg.api_endpoint, None);
-        assert!(!format!("{cfg:?}").contains("shh-secret"));
-    }
-
-    #[test]
-    fn versions_are_cut_to_patch() {
-        assert_eq!(patch_version("v1.34.1+exo"), "1.34.1");
-        assert_eq!(patch_version("1.33.5-rc.1"), "1.33.5");
-        assert_eq!(patch_version("1.34.1"), "1.34.1");
-    }
-
-    #[test]
-    fn lines_carry_marks_and_hints() {
-        assert_eq!(CheckResult::pass("zone", "ok").line(), "✓ zone: ok");
-        assert_eq!(
-            CheckResult::fail("zone", "bad", "set it").line(),
-            "✗ zone: bad — fix: set it"
-        );
-        assert_eq!(CheckResult::skip("x", "why").line(), "- x: skipped: why");
-    }
-}
-
 /// The security groups, private networks and anti-affinity groups the NodeClasses name, by ID
 /// (deprecated lists and `id` terms) or by name.
 pub fn refs_from_nodeclasses(classes: &[crate::apis::ExoscaleNodeClass]) -> Vec<NodeClassRef> {
@@ -590,4 +535,59 @@ pub async fn read_nodeclass_refs(timeout: Duration) -> Result<Vec<NodeClassRef>,
         .await
         .map_err(|_| format!("no answer from the cluster within {}s", timeout.as_secs()))??;
     Ok(refs_from_nodeclasses(&classes.items))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn all_missing_variables_are_reported_at_once() {
+        let env: HashMap<&str, &str> =
+            HashMap::from([(ENV_ZONE, "ch-gva-2"), (ENV_API_SECRET, "  ")]);
+        let err = DoctorConfig::from_lookup(|n| env.get(n).map(|v| v.to_string())).unwrap_err();
+        assert_eq!(
+            err.missing,
+            vec![ENV_API_KEY, ENV_API_SECRET, ENV_SKS_CLUSTER_ID]
+        );
+        assert_eq!(
+            err.to_string(),
+            "missing required environment variables: EXOSCALE_API_KEY, EXOSCALE_API_SECRET, EXOSCALE_SKS_CLUSTER_ID"
+        );
+    }
+
+    #[test]
+    fn optional_variables_are_read_and_the_secret_is_hidden() {
+        let env: HashMap<&str, &str> = HashMap::from([
+            (ENV_API_KEY, "EXOabc"),
+            (ENV_API_SECRET, "shh-secret"),
+            (ENV_ZONE, "de-fra-1"),
+            (ENV_SKS_CLUSTER_ID, "c1"),
+            (ENV_API_ENVIRONMENT, "ppapi"),
+            (ENV_KUBECONFIG, "/tmp/kc"),
+        ]);
+        let cfg = DoctorConfig::from_lookup(|n| env.get(n).map(|v| v.to_string())).unwrap();
+        assert_eq!(cfg.api_environment.as_deref(), Some("ppapi"));
+        assert_eq!(cfg.kubeconfig, Some(PathBuf::from("/tmp/kc")));
+        assert_eq!(cfg.api_endpoint, None);
+        assert!(!format!("{cfg:?}").contains("shh-secret"));
+    }
+
+    #[test]
+    fn versions_are_cut_to_patch() {
+        assert_eq!(patch_version("v1.34.1+exo"), "1.34.1");
+        assert_eq!(patch_version("1.33.5-rc.1"), "1.33.5");
+        assert_eq!(patch_version("1.34.1"), "1.34.1");
+    }
+
+    #[test]
+    fn lines_carry_marks_and_hints() {
+        assert_eq!(CheckResult::pass("zone", "ok").line(), "✓ zone: ok");
+        assert_eq!(
+            CheckResult::fail("zone", "bad", "set it").line(),
+            "✗ zone: bad — fix: set it"
+        );
+        assert_eq!(CheckResult::skip("x", "why").line(), "- x: skipped: why");
+    }
 }
