@@ -5,5 +5,6 @@ pub mod catalogue;
 pub mod doctor;
 pub mod exoscale;
 pub mod provisioning;
+pub mod scheduling;
 pub mod sim;
 pub mod simulate;
