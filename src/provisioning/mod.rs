@@ -3,3 +3,4 @@
 
 pub mod batcher;
 pub mod eligibility;
+pub mod template;
