@@ -1,3 +1,7 @@
 //! karpenter-exoscale: the Karpenter core and its Exoscale cloud provider.
 
 pub mod apis;
+pub mod catalogue;
+pub mod doctor;
+pub mod exoscale;
+pub mod sim;
