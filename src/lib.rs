@@ -4,4 +4,5 @@ pub mod apis;
 pub mod catalogue;
 pub mod doctor;
 pub mod exoscale;
+pub mod providers;
 pub mod sim;
