@@ -3,6 +3,9 @@
 //! pure parts are separate from the API and Kubernetes I/O.
 
 pub mod bootstrap_token;
+pub mod drift;
+pub mod instance;
+pub mod nodeclass;
 pub mod pricing;
 pub mod template;
 pub mod userdata;

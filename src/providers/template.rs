@@ -30,10 +30,13 @@ pub enum TemplateError {
     Lookup {
         version: String,
         variant: &'static str,
-        source: exoscale::Error,
+        source: Box<exoscale::Error>,
     },
     #[error("template {id} not found or not accessible: {source}")]
-    Inaccessible { id: String, source: exoscale::Error },
+    Inaccessible {
+        id: String,
+        source: Box<exoscale::Error>,
+    },
 }
 
 /// The template a NodeClass wants now.
@@ -206,7 +209,7 @@ impl TemplateResolver {
             .map_err(|source| TemplateError::Lookup {
                 version: version.clone(),
                 variant: variant.as_str(),
-                source,
+                source: Box::new(source),
             })?;
         self.templates.lock().expect("lock").insert(
             key,
@@ -233,7 +236,7 @@ impl TemplateResolver {
             .await
             .map_err(|source| TemplateError::Inaccessible {
                 id: resolved.id.clone(),
-                source,
+                source: Box::new(source),
             })?;
         Ok(resolved)
     }
