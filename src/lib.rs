@@ -5,4 +5,5 @@ pub mod catalogue;
 pub mod doctor;
 pub mod exoscale;
 pub mod providers;
+pub mod scheduling;
 pub mod sim;
