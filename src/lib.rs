@@ -4,6 +4,7 @@ pub mod apis;
 pub mod catalogue;
 pub mod doctor;
 pub mod exoscale;
+pub mod providers;
 pub mod provisioning;
 pub mod scheduling;
 pub mod sim;
