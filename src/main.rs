@@ -82,9 +82,42 @@ fn main() -> ExitCode {
                 }
             }
         }),
-        Command::Run | Command::Simulate { .. } => {
+        Command::Simulate {
+            paths,
+            zone,
+            currency,
+            output,
+        } => simulate(paths, zone, currency, output),
+        Command::Run => {
             eprintln!("this command is not built yet in this version");
             ExitCode::from(2)
+        }
+    }
+}
+
+fn simulate(paths: Vec<PathBuf>, zone: String, currency: String, output: OutputFormat) -> ExitCode {
+    use karpenter_exoscale::simulate;
+    let options = simulate::Options {
+        paths,
+        zone,
+        currency,
+    };
+    match simulate::run(&options) {
+        Ok(report) => {
+            match output {
+                OutputFormat::Table => print!("{}", simulate::render_table(&report)),
+                OutputFormat::Json => {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&report).expect("the report serialises")
+                    )
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("simulate: {error}");
+            ExitCode::FAILURE
         }
     }
 }
