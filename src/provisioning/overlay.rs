@@ -167,7 +167,7 @@ mod tests {
         let o = overlay(
             "apiVersion: karpenter.sh/v1alpha1\nkind: NodeOverlay\nmetadata: {name: a}\nspec:\n  price: '9'\n  requirements: [{key: example.com/team, operator: In, values: [x]}]\n",
         );
-        apply(&[o.clone()], &BTreeMap::new(), &mut its);
+        apply(std::slice::from_ref(&o), &BTreeMap::new(), &mut its);
         assert_eq!(
             before,
             its.iter().map(|t| t.offerings[0].price).collect::<Vec<_>>()
