@@ -1,7 +1,9 @@
 //! The solver: places pods on existing nodes, in-flight NodeClaims, then new NodeClaims built
 //! from NodePool templates, relaxing preferences when a pod does not fit.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, WellKnownLabels};
@@ -72,7 +74,8 @@ pub struct SchedulerInput {
 #[derive(Debug, Clone)]
 pub struct NewNodeClaim {
     pub node_pool: String,
-    /// Template requirements narrowed by the pods, with `node.kubernetes.io/instance-type In [...]`.
+    /// Template requirements narrowed by the pods, capacity type narrowed to the offerings left.
+    /// The instance-type list is kept in `instance_types`; see [`NewNodeClaim::node_claim_requirements`].
     pub requirements: Requirements,
     /// Compatible instance types, cheapest first, at most `max_instance_types`.
     pub instance_types: Vec<Arc<InstanceType>>,
@@ -83,6 +86,23 @@ pub struct NewNodeClaim {
     pub daemon_overhead: Resources,
     /// Set when `MinValuesPolicy::BestEffort` had to lower a `minValues`.
     pub min_values_relaxed: bool,
+}
+
+impl NewNodeClaim {
+    /// The requirements to write into the NodeClaim spec: `requirements` plus
+    /// `node.kubernetes.io/instance-type In [options]` (keeping any `minValues` on that key).
+    pub fn node_claim_requirements(&self) -> Requirements {
+        let mut reqs = self.requirements.clone();
+        let min_values = reqs.get(INSTANCE_TYPE).and_then(Requirement::min_values);
+        reqs.set(
+            Requirement::in_values(
+                INSTANCE_TYPE,
+                self.instance_types.iter().map(|it| it.name.clone()),
+            )
+            .with_min_values(min_values),
+        );
+        reqs
+    }
 }
 
 /// Pods placed on an existing node (or in-flight NodeClaim).
@@ -376,6 +396,9 @@ struct Solve<'a> {
     claims: Vec<Claim>,
     claim_order: BTreeSet<(usize, usize)>,
     remaining: Vec<BTreeMap<String, i128>>,
+    /// Instance types (bitset per template) compatible with a set of narrowed requirements;
+    /// pods mostly repeat a few requirement shapes, so this saves re-checking every type.
+    type_cache: RefCell<HashMap<(usize, Vec<Requirement>), Rc<Vec<u64>>>>,
 }
 
 impl<'a> Solve<'a> {
@@ -531,6 +554,7 @@ impl<'a> Solve<'a> {
             claims: Vec::new(),
             claim_order: BTreeSet::new(),
             remaining: s.templates.iter().map(|t| t.remaining.clone()).collect(),
+            type_cache: RefCell::new(HashMap::new()),
         }
     }
 
@@ -713,13 +737,18 @@ impl<'a> Solve<'a> {
             if let Some(reqs) = update.reqs {
                 claim.reqs = reqs;
             }
+            claim.headroom = if update.types.len() == claim.types.len() {
+                // Same instance types: only the new pod's requests come off the headroom.
+                claim.headroom.saturating_minus(&pod.requests)
+            } else {
+                headroom(
+                    &self.s.templates[claim.template],
+                    &update.types,
+                    &claim.requests,
+                )
+            };
             claim.types = update.types;
             claim.min_values_relaxed |= update.min_values_relaxed;
-            claim.headroom = headroom(
-                &self.s.templates[claim.template],
-                &claim.types,
-                &claim.requests,
-            );
             self.claim_order.insert((claim.pods.len(), ci));
             let claim = &self.claims[ci];
             let taints = &self.s.templates[claim.template].pool.taints;
@@ -805,7 +834,10 @@ impl<'a> Solve<'a> {
             base.reqs.compatible(v, None).ok()?;
         }
         if self.topology.has_domain_constraints(topo) {
-            let extra = self.topology.domain_requirements(topo, &base.reqs).ok()?;
+            let extra = self
+                .topology
+                .domain_requirements(topo, &[&base.reqs])
+                .ok()?;
             let mut r = base.reqs.clone();
             for e in extra {
                 r.add(e);
@@ -835,7 +867,7 @@ impl<'a> Solve<'a> {
         let t = &self.s.templates[claim.template];
         let domain = self.topology.has_domain_constraints(topo);
         if a.reqs.is_empty() && a.node_reqs_extra.is_none() && !domain {
-            let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None, &[]);
+            let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None);
             if types.is_empty() {
                 return None;
             }
@@ -846,13 +878,21 @@ impl<'a> Solve<'a> {
             });
         }
         let (merged, changed) = self.merge(&claim.reqs, a, topo).ok()?;
+        let Some(merged) = merged else {
+            let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None);
+            return (!types.is_empty()).then_some(ClaimUpdate {
+                reqs: None,
+                types,
+                min_values_relaxed: false,
+            });
+        };
+        let compatible = self.compatible_set(claim.template, &merged, &changed);
         let types = filter_types(
             t,
             &claim.types,
             &claim.requests,
             &pod.requests,
-            Some(&merged),
-            &changed,
+            compatible.as_deref().map(Vec::as_slice),
         );
         if types.is_empty() {
             return None;
@@ -872,30 +912,87 @@ impl<'a> Solve<'a> {
         base: &Requirements,
         a: &Attempt,
         topo: &PodTopology,
-    ) -> Result<(Requirements, Vec<String>), String> {
-        let mut merged = base.intersection(&a.reqs);
-        let mut changed: Vec<String> = a.reqs.iter().map(|r| r.key().to_string()).collect();
+    ) -> Result<(Option<Requirements>, Vec<String>), String> {
+        let mut views: Vec<&Requirements> = vec![base, &a.reqs];
         if let Some(v) = &a.node_reqs_extra {
             base.intersects(v)
                 .map_err(|e| format!("incompatible volume requirements, {e}"))?;
-            merged.add_all(v);
-            changed.extend(v.iter().map(|r| r.key().to_string()));
+            views.push(v);
         }
-        for e in self
+        let topology = self
             .topology
-            .domain_requirements(topo, &merged)
-            .map_err(|e| e.to_string())?
-        {
-            changed.push(e.key().to_string());
-            merged.add(e);
-        }
-        if let Some(empty) = merged
+            .domain_requirements(topo, &views)
+            .map_err(|r| self.topology.explain(r).to_string())?;
+        // Most pods narrow nothing (or re-pick the claim's own zone): skip the clone then.
+        let narrowing: Vec<&Requirement> = views[1..]
             .iter()
+            .flat_map(|r| r.iter())
+            .chain(topology.iter())
+            .filter(|r| base.get(r.key()).is_none_or(|b| !r.admits_all_of(b)))
+            .collect();
+        if narrowing.is_empty() {
+            return Ok((None, Vec::new()));
+        }
+        let mut changed: Vec<String> = narrowing.iter().map(|r| r.key().to_string()).collect();
+        changed.sort_unstable();
+        changed.dedup();
+        let mut merged = base.clone();
+        for r in narrowing {
+            merged.add(r.clone());
+        }
+        if let Some(empty) = changed
+            .iter()
+            .filter_map(|k| merged.get(k))
             .find(|r| r.is_empty() && !base.get(r.key()).is_some_and(|b| b.is_empty()))
         {
             return Err(format!("requirement {} cannot be satisfied", empty.key()));
         }
-        Ok((merged, changed))
+        Ok((Some(merged), changed))
+    }
+
+    /// Bitset of the template's instance types whose requirements and offerings admit `merged`
+    /// on the `changed` keys; `None` when nothing narrowed.
+    fn compatible_set(
+        &self,
+        ti: usize,
+        merged: &Requirements,
+        changed: &[String],
+    ) -> Option<Rc<Vec<u64>>> {
+        if changed.is_empty() {
+            return None;
+        }
+        let mut key: Vec<Requirement> = changed
+            .iter()
+            .filter_map(|k| merged.get(k).cloned())
+            .collect();
+        for k in [super::labels::ZONE, CAPACITY_TYPE] {
+            if !changed.iter().any(|c| c == k)
+                && let Some(r) = merged.get(k)
+            {
+                key.push(r.clone());
+            }
+        }
+        let key = (ti, key);
+        if let Some(bits) = self.type_cache.borrow().get(&key) {
+            return Some(Rc::clone(bits));
+        }
+        let t = &self.s.templates[ti];
+        let narrowed: Vec<&Requirement> = changed.iter().filter_map(|k| merged.get(k)).collect();
+        let offerings = OfferingFilter::new(merged);
+        let mut bits = vec![0u64; t.types.len().div_ceil(64)];
+        for (i, e) in t.types.iter().enumerate() {
+            let ok = narrowed.iter().all(|r| {
+                e.it.requirements
+                    .get(r.key())
+                    .is_none_or(|tr| r.intersects(tr))
+            }) && offerings.any_available(&e.it);
+            if ok {
+                bits[i / 64] |= 1 << (i % 64);
+            }
+        }
+        let bits = Rc::new(bits);
+        self.type_cache.borrow_mut().insert(key, Rc::clone(&bits));
+        Some(bits)
     }
 
     fn check_min_values(
@@ -952,12 +1049,13 @@ impl<'a> Solve<'a> {
             .compatible(&a.reqs, Some(wk))
             .map_err(|e| e.to_string())?;
         let host = self.topology.next_host_id();
-        let mut base = t.reqs.clone();
-        base.set(Requirement::in_values(HOSTNAME, [placeholder_name(host)]));
         self.topology
             .hostname_allows(topo, host)
-            .map_err(|e| e.to_string())?;
+            .map_err(|r| self.topology.explain(r).to_string())?;
+        let mut base = t.reqs.clone();
+        base.set(Requirement::in_values(HOSTNAME, [placeholder_name(host)]));
         let (merged, changed) = self.merge(&base, a, topo)?;
+        let merged = merged.unwrap_or(base);
         let within_limits: Vec<u32> = (0..t.types.len() as u32)
             .filter(|&i| {
                 let cap = &t.types[i as usize].it.capacity;
@@ -970,13 +1068,13 @@ impl<'a> Solve<'a> {
             return Err("all available instance types exceed limits for nodepool".into());
         }
         let zero = Resources::new();
+        let compatible = self.compatible_set(ti, &merged, &changed);
         let types = filter_types(
             t,
             &within_limits,
             &zero,
             &pod.requests,
-            Some(&merged),
-            &changed,
+            compatible.as_deref().map(Vec::as_slice),
         );
         if types.is_empty() {
             return Err(explain_no_type(
@@ -1007,14 +1105,14 @@ impl<'a> Solve<'a> {
             let t = &self.s.templates[claim.template];
             let mut reqs = claim.reqs;
             reqs.remove(HOSTNAME);
+            let offerings = OfferingFilter::new(&reqs);
             let mut priced: Vec<(f64, u32)> = claim
                 .types
                 .iter()
                 .map(|&i| {
                     (
-                        t.types[i as usize]
-                            .it
-                            .cheapest_price(&reqs)
+                        offerings
+                            .cheapest(&t.types[i as usize].it)
                             .unwrap_or(f64::MAX),
                         i,
                     )
@@ -1049,23 +1147,17 @@ impl<'a> Solve<'a> {
                 .iter()
                 .map(|&i| Arc::clone(&t.types[i as usize].it))
                 .collect();
-            let it_min_values = reqs.get(INSTANCE_TYPE).and_then(Requirement::min_values);
-            reqs.set(
-                Requirement::in_values(
-                    INSTANCE_TYPE,
-                    instance_types.iter().map(|it| it.name.clone()),
-                )
-                .with_min_values(it_min_values),
-            );
-            let capacity_types: BTreeSet<String> = instance_types
-                .iter()
-                .flat_map(|it| {
-                    it.offerings
-                        .iter()
-                        .filter(|o| o.available && o.compatible(&reqs))
-                        .map(|o| o.capacity_type.clone())
-                })
-                .collect();
+            let offerings = OfferingFilter::new(&reqs);
+            let mut capacity_types: BTreeSet<&str> = BTreeSet::new();
+            for it in &instance_types {
+                for o in &it.offerings {
+                    if offerings.admits(o) {
+                        capacity_types.insert(o.capacity_type.as_str());
+                    }
+                }
+            }
+            let capacity_types: Vec<String> =
+                capacity_types.into_iter().map(str::to_string).collect();
             let ct_min = reqs.get(CAPACITY_TYPE).and_then(Requirement::min_values);
             reqs.set(Requirement::in_values(CAPACITY_TYPE, capacity_types).with_min_values(ct_min));
             let mut overhead: Option<Resources> = None;
@@ -1169,23 +1261,49 @@ fn filter_types(
     candidates: &[u32],
     claim_requests: &Resources,
     pod_requests: &Resources,
-    reqs: Option<&Requirements>,
-    changed: &[String],
+    compatible: Option<&[u64]>,
 ) -> Vec<u32> {
-    let check_offerings = reqs.is_some() && !changed.is_empty();
     candidates
         .iter()
         .copied()
         .filter(|&i| {
-            let e = &t.types[i as usize];
-            if !claim_requests.sum_fits_in(pod_requests, &e.usable) {
-                return false;
-            }
-            let Some(reqs) = reqs else { return true };
-            type_matches(e, reqs, changed)
-                && (!check_offerings || e.it.has_available_offering(reqs))
+            compatible.is_none_or(|bits| bits[i as usize / 64] & (1 << (i % 64)) != 0)
+                && claim_requests.sum_fits_in(pod_requests, &t.types[i as usize].usable)
         })
         .collect()
+}
+
+/// Zone and capacity-type requirements resolved once for checking many offerings.
+struct OfferingFilter<'r> {
+    zone: Option<&'r Requirement>,
+    capacity_type: Option<&'r Requirement>,
+}
+
+impl<'r> OfferingFilter<'r> {
+    fn new(reqs: &'r Requirements) -> Self {
+        Self {
+            zone: reqs.get(super::labels::ZONE),
+            capacity_type: reqs.get(CAPACITY_TYPE),
+        }
+    }
+
+    fn admits(&self, o: &super::model::Offering) -> bool {
+        o.available
+            && self.zone.is_none_or(|r| r.has(&o.zone))
+            && self.capacity_type.is_none_or(|r| r.has(&o.capacity_type))
+    }
+
+    fn any_available(&self, it: &InstanceType) -> bool {
+        it.offerings.iter().any(|o| self.admits(o))
+    }
+
+    fn cheapest(&self, it: &InstanceType) -> Option<f64> {
+        it.offerings
+            .iter()
+            .filter(|o| self.admits(o))
+            .map(|o| o.price)
+            .min_by(f64::total_cmp)
+    }
 }
 
 fn type_matches(e: &TypeEntry, reqs: &Requirements, changed: &[String]) -> bool {

@@ -101,6 +101,10 @@ impl fmt::Display for TopologyError {
     }
 }
 
+/// A rejection by one group; turned into a [`TopologyError`] only when reported.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rejected(GroupId);
+
 /// A pod's view of the topology for one scheduling attempt.
 pub(crate) struct PodTopology<'a> {
     /// Groups whose selector matches the pod (sorted).
@@ -154,6 +158,10 @@ impl Topology {
 
     pub fn next_host_id(&self) -> HostId {
         self.hostnames.len() as HostId
+    }
+
+    pub fn explain(&self, r: Rejected) -> TopologyError {
+        self.groups[r.0].error()
     }
 
     pub fn has_groups(&self) -> bool {
@@ -326,7 +334,7 @@ impl Topology {
     }
 
     /// Cheap checks for hostname-keyed constraints on the node with hostname `host`.
-    pub fn hostname_allows(&self, pod: &PodTopology, host: HostId) -> Result<(), TopologyError> {
+    pub fn hostname_allows(&self, pod: &PodTopology, host: HostId) -> Result<(), Rejected> {
         for &g in pod.owned {
             let grp = &self.groups[g];
             if !grp.is_hostname {
@@ -341,13 +349,13 @@ impl Topology {
                 GroupKind::AntiAffinity { .. } => count == 0,
             };
             if !ok {
-                return Err(grp.error());
+                return Err(Rejected(g));
             }
         }
         for &g in pod.inverse {
             let grp = &self.groups[g];
             if grp.is_hostname && at(&grp.host_owners, host) > 0 {
-                return Err(grp.error());
+                return Err(Rejected(g));
             }
         }
         Ok(())
@@ -361,16 +369,16 @@ impl Topology {
             .any(|&g| !self.groups[g].is_hostname)
     }
 
-    /// Requirements the non-hostname constraints add for a node with requirements `node`
-    /// (already intersected with the pod's requirements).
+    /// Requirements the non-hostname constraints add for a node whose requirements are the
+    /// intersection of all of `node` (node, pod and volume requirements, not materialised).
     pub fn domain_requirements(
         &self,
         pod: &PodTopology,
-        node: &Requirements,
-    ) -> Result<Vec<Requirement>, TopologyError> {
+        node: &[&Requirements],
+    ) -> Result<Vec<Requirement>, Rejected> {
         let mut out: Vec<Requirement> = Vec::new();
         let allowed_by = |key: &str, d: &str, extra: &[Requirement]| {
-            node.get(key).is_none_or(|r| r.has(d))
+            node.iter().all(|n| n.get(key).is_none_or(|r| r.has(d)))
                 && extra.iter().filter(|r| r.key() == key).all(|r| r.has(d))
         };
         for &g in pod.owned {
@@ -437,7 +445,7 @@ impl Topology {
                     .collect(),
             };
             if chosen.is_empty() {
-                return Err(grp.error());
+                return Err(Rejected(g));
             }
             out.push(Requirement::in_values(key, chosen));
         }
@@ -455,7 +463,7 @@ impl Topology {
                 .cloned()
                 .collect();
             if free.is_empty() {
-                return Err(grp.error());
+                return Err(Rejected(g));
             }
             out.push(Requirement::in_values(key, free));
         }
