@@ -13,7 +13,9 @@ use super::model::{
 use super::quantity::{NODES, Quantity, Resources};
 use super::requirements::{Requirement, Requirements};
 use super::taints::{Taint, TaintEffect, Toleration, first_untolerated};
-use super::topology::{GroupId, HostId, NodeFilter, PodTopology, Topology};
+use super::topology::{
+    GroupId, HostId, NodeFilter, PodTopology, PreparedGroup, Rejected, Topology,
+};
 
 /// Upstream's cap on instance types written into one NodeClaim.
 pub const MAX_INSTANCE_TYPES: usize = 600;
@@ -379,6 +381,27 @@ struct Claim {
     min_values_relaxed: bool,
 }
 
+/// What one attempt checks every candidate against.
+struct Check<'c> {
+    pod: &'c Pod,
+    a: &'c Attempt,
+    topo: &'c PodTopology<'c>,
+    prepared: &'c [PreparedGroup<'c>],
+}
+
+enum Target {
+    Node(usize, Option<Requirements>),
+    Claim(usize, ClaimUpdate),
+    New(usize, Claim),
+}
+
+/// Why merging a pod into a node's requirements failed; only formatted when reported.
+enum MergeError {
+    Topology(Rejected),
+    Volume(super::requirements::Incompatibility),
+    Empty(String),
+}
+
 struct ClaimUpdate {
     reqs: Option<Requirements>,
     types: Vec<u32>,
@@ -696,17 +719,11 @@ impl<'a> Solve<'a> {
     }
 
     fn add(&mut self, pi: usize, a: &Attempt) -> Result<(), (String, Vec<(String, String)>)> {
+        let target = self.find_target(pi, a)?;
         let pod = &self.pods[pi];
         let info = &self.info[pi];
-        let topo = PodTopology {
-            matching: &info.matching,
-            inverse: &info.inverse,
-            owned: &a.owned,
-            strict: &a.strict,
-        };
-        // (a) existing nodes and in-flight NodeClaims with a providerID.
-        for ni in 0..self.s.nodes.len() {
-            if let Some(final_reqs) = self.can_add_to_node(ni, pod, a, &topo) {
+        match target {
+            Target::Node(ni, final_reqs) => {
                 self.node_available[ni] = self.node_available[ni].saturating_minus(&pod.requests);
                 self.node_pods[ni].push(pi);
                 let base = &self.s.nodes[ni];
@@ -718,50 +735,112 @@ impl<'a> Solve<'a> {
                     &base.taints,
                     self.node_hosts[ni],
                 );
-                return Ok(());
+            }
+            Target::Claim(ci, update) => {
+                let claim = &mut self.claims[ci];
+                self.claim_order.remove(&(claim.pods.len(), ci));
+                claim.pods.push(pi);
+                claim.requests += &pod.requests;
+                if let Some(reqs) = update.reqs {
+                    claim.reqs = reqs;
+                }
+                claim.headroom = if update.types.len() == claim.types.len() {
+                    // Same instance types: only the new pod's requests come off the headroom.
+                    claim.headroom.saturating_minus(&pod.requests)
+                } else {
+                    headroom(
+                        &self.s.templates[claim.template],
+                        &update.types,
+                        &claim.requests,
+                    )
+                };
+                claim.types = update.types;
+                claim.min_values_relaxed |= update.min_values_relaxed;
+                self.claim_order.insert((claim.pods.len(), ci));
+                let claim = &self.claims[ci];
+                let taints = &self.s.templates[claim.template].pool.taints;
+                self.topology.record(
+                    &info.matching,
+                    &info.required_anti,
+                    &claim.reqs,
+                    taints,
+                    claim.host,
+                );
+            }
+            Target::New(ti, claim) => {
+                let host = self.topology.add_hostname(placeholder_name(claim.host));
+                debug_assert_eq!(host, claim.host);
+                let t = &self.s.templates[ti];
+                let mut max_capacity = Resources::new();
+                for &i in &claim.types {
+                    max_capacity.max_with(&t.types[i as usize].it.capacity);
+                }
+                for (k, v) in self.remaining[ti].iter_mut() {
+                    *v -= if k == NODES {
+                        1000
+                    } else {
+                        max_capacity.get(k).milli()
+                    };
+                }
+                self.topology.record(
+                    &info.matching,
+                    &info.required_anti,
+                    &claim.reqs,
+                    &t.pool.taints,
+                    host,
+                );
+                let ci = self.claims.len();
+                self.claim_order.insert((1, ci));
+                self.claims.push(claim);
             }
         }
-        // (b) NodeClaims created earlier in this solve, emptiest first.
-        let mut chosen = None;
+        Ok(())
+    }
+
+    /// Where the pod goes: (a) existing nodes in order, (b) this solve's NodeClaims emptiest
+    /// first, (c) a new NodeClaim from the first NodePool (by weight) that can take it.
+    fn find_target(
+        &self,
+        pi: usize,
+        a: &Attempt,
+    ) -> Result<Target, (String, Vec<(String, String)>)> {
+        let pod = &self.pods[pi];
+        let info = &self.info[pi];
+        let topo = PodTopology {
+            matching: &info.matching,
+            inverse: &info.inverse,
+            owned: &a.owned,
+            strict: &a.strict,
+        };
+        let prepared = match self.topology.prepare(&topo) {
+            Ok(p) => p,
+            Err(r) => {
+                let why = self.topology.explain(r).to_string();
+                let per_pool: Vec<(String, String)> = self
+                    .s
+                    .templates
+                    .iter()
+                    .map(|t| (t.pool.name.clone(), why.clone()))
+                    .collect();
+                return Err((why, per_pool));
+            }
+        };
+        let check = Check {
+            pod,
+            a,
+            topo: &topo,
+            prepared: &prepared,
+        };
+        for ni in 0..self.s.nodes.len() {
+            if let Some(final_reqs) = self.can_add_to_node(ni, &check) {
+                return Ok(Target::Node(ni, final_reqs));
+            }
+        }
         for &(_, ci) in &self.claim_order {
-            if let Some(update) = self.can_add_to_claim(ci, pod, a, &topo) {
-                chosen = Some((ci, update));
-                break;
+            if let Some(update) = self.can_add_to_claim(ci, &check) {
+                return Ok(Target::Claim(ci, update));
             }
         }
-        if let Some((ci, update)) = chosen {
-            let claim = &mut self.claims[ci];
-            self.claim_order.remove(&(claim.pods.len(), ci));
-            claim.pods.push(pi);
-            claim.requests += &pod.requests;
-            if let Some(reqs) = update.reqs {
-                claim.reqs = reqs;
-            }
-            claim.headroom = if update.types.len() == claim.types.len() {
-                // Same instance types: only the new pod's requests come off the headroom.
-                claim.headroom.saturating_minus(&pod.requests)
-            } else {
-                headroom(
-                    &self.s.templates[claim.template],
-                    &update.types,
-                    &claim.requests,
-                )
-            };
-            claim.types = update.types;
-            claim.min_values_relaxed |= update.min_values_relaxed;
-            self.claim_order.insert((claim.pods.len(), ci));
-            let claim = &self.claims[ci];
-            let taints = &self.s.templates[claim.template].pool.taints;
-            self.topology.record(
-                &info.matching,
-                &info.required_anti,
-                &claim.reqs,
-                taints,
-                claim.host,
-            );
-            return Ok(());
-        }
-        // (c) a new NodeClaim from the first NodePool (by weight) that can take the pod.
         if self.s.templates.is_empty() {
             let reason = if self.s.skipped.is_empty() {
                 "no nodepools found".to_string()
@@ -772,34 +851,8 @@ impl<'a> Solve<'a> {
         }
         let mut per_pool = Vec::new();
         for ti in 0..self.s.templates.len() {
-            match self.new_claim(ti, pi, a, &topo) {
-                Ok(claim) => {
-                    let host = self.topology.add_hostname(placeholder_name(claim.host));
-                    debug_assert_eq!(host, claim.host);
-                    let t = &self.s.templates[ti];
-                    let mut max_capacity = Resources::new();
-                    for &i in &claim.types {
-                        max_capacity.max_with(&t.types[i as usize].it.capacity);
-                    }
-                    for (k, v) in self.remaining[ti].iter_mut() {
-                        *v -= if k == NODES {
-                            1000
-                        } else {
-                            max_capacity.get(k).milli()
-                        };
-                    }
-                    self.topology.record(
-                        &info.matching,
-                        &info.required_anti,
-                        &claim.reqs,
-                        &t.pool.taints,
-                        host,
-                    );
-                    let ci = self.claims.len();
-                    self.claim_order.insert((1, ci));
-                    self.claims.push(claim);
-                    return Ok(());
-                }
+            match self.new_claim(ti, pi, &check) {
+                Ok(claim) => return Ok(Target::New(ti, claim)),
                 Err(reason) => per_pool.push((self.s.templates[ti].pool.name.clone(), reason)),
             }
         }
@@ -812,13 +865,8 @@ impl<'a> Solve<'a> {
     }
 
     /// `Some(None)`: fits with the node's requirements unchanged; `Some(Some(r))`: fits, narrowed to `r`.
-    fn can_add_to_node(
-        &self,
-        ni: usize,
-        pod: &Pod,
-        a: &Attempt,
-        topo: &PodTopology,
-    ) -> Option<Option<Requirements>> {
+    fn can_add_to_node(&self, ni: usize, c: &Check) -> Option<Option<Requirements>> {
+        let (pod, a, topo) = (c.pod, c.a, c.topo);
         let base = &self.s.nodes[ni];
         if first_untolerated(&base.taints, &pod.tolerations, a.tolerate_pns).is_some() {
             return None;
@@ -833,11 +881,8 @@ impl<'a> Solve<'a> {
         if let Some(v) = &a.node_reqs_extra {
             base.reqs.compatible(v, None).ok()?;
         }
-        if self.topology.has_domain_constraints(topo) {
-            let extra = self
-                .topology
-                .domain_requirements(topo, &[&base.reqs])
-                .ok()?;
+        if !c.prepared.is_empty() {
+            let extra = Topology::domain_requirements(c.prepared, &[&base.reqs]).ok()?;
             let mut r = base.reqs.clone();
             for e in extra {
                 r.add(e);
@@ -850,13 +895,8 @@ impl<'a> Solve<'a> {
         Some(None)
     }
 
-    fn can_add_to_claim(
-        &self,
-        ci: usize,
-        pod: &Pod,
-        a: &Attempt,
-        topo: &PodTopology,
-    ) -> Option<ClaimUpdate> {
+    fn can_add_to_claim(&self, ci: usize, c: &Check) -> Option<ClaimUpdate> {
+        let (pod, a, topo) = (c.pod, c.a, c.topo);
         let claim = &self.claims[ci];
         if a.tolerates_template[claim.template].is_err() || !pod.requests.fits_in(&claim.headroom) {
             return None;
@@ -865,8 +905,7 @@ impl<'a> Solve<'a> {
         let wk = &self.s.options.well_known_labels;
         claim.reqs.compatible(&a.reqs, Some(wk)).ok()?;
         let t = &self.s.templates[claim.template];
-        let domain = self.topology.has_domain_constraints(topo);
-        if a.reqs.is_empty() && a.node_reqs_extra.is_none() && !domain {
+        if a.reqs.is_empty() && a.node_reqs_extra.is_none() && c.prepared.is_empty() {
             let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None);
             if types.is_empty() {
                 return None;
@@ -877,7 +916,7 @@ impl<'a> Solve<'a> {
                 min_values_relaxed: false,
             });
         }
-        let (merged, changed) = self.merge(&claim.reqs, a, topo).ok()?;
+        let (merged, changed) = self.merge(&claim.reqs, c).ok()?;
         let Some(merged) = merged else {
             let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None);
             return (!types.is_empty()).then_some(ClaimUpdate {
@@ -910,19 +949,16 @@ impl<'a> Solve<'a> {
     fn merge(
         &self,
         base: &Requirements,
-        a: &Attempt,
-        topo: &PodTopology,
-    ) -> Result<(Option<Requirements>, Vec<String>), String> {
+        c: &Check,
+    ) -> Result<(Option<Requirements>, Vec<String>), MergeError> {
+        let a = c.a;
         let mut views: Vec<&Requirements> = vec![base, &a.reqs];
         if let Some(v) = &a.node_reqs_extra {
-            base.intersects(v)
-                .map_err(|e| format!("incompatible volume requirements, {e}"))?;
+            base.intersects(v).map_err(MergeError::Volume)?;
             views.push(v);
         }
-        let topology = self
-            .topology
-            .domain_requirements(topo, &views)
-            .map_err(|r| self.topology.explain(r).to_string())?;
+        let topology =
+            Topology::domain_requirements(c.prepared, &views).map_err(MergeError::Topology)?;
         // Most pods narrow nothing (or re-pick the claim's own zone): skip the clone then.
         let narrowing: Vec<&Requirement> = views[1..]
             .iter()
@@ -945,7 +981,7 @@ impl<'a> Solve<'a> {
             .filter_map(|k| merged.get(k))
             .find(|r| r.is_empty() && !base.get(r.key()).is_some_and(|b| b.is_empty()))
         {
-            return Err(format!("requirement {} cannot be satisfied", empty.key()));
+            return Err(MergeError::Empty(empty.key().to_string()));
         }
         Ok((Some(merged), changed))
     }
@@ -1030,13 +1066,8 @@ impl<'a> Solve<'a> {
         }
     }
 
-    fn new_claim(
-        &self,
-        ti: usize,
-        pi: usize,
-        a: &Attempt,
-        topo: &PodTopology,
-    ) -> Result<Claim, String> {
+    fn new_claim(&self, ti: usize, pi: usize, c: &Check) -> Result<Claim, String> {
+        let (a, topo) = (c.a, c.topo);
         let t = &self.s.templates[ti];
         let pod = &self.pods[pi];
         let remaining = &self.remaining[ti];
@@ -1054,7 +1085,11 @@ impl<'a> Solve<'a> {
             .map_err(|r| self.topology.explain(r).to_string())?;
         let mut base = t.reqs.clone();
         base.set(Requirement::in_values(HOSTNAME, [placeholder_name(host)]));
-        let (merged, changed) = self.merge(&base, a, topo)?;
+        let (merged, changed) = self.merge(&base, c).map_err(|e| match e {
+            MergeError::Topology(r) => self.topology.explain(r).to_string(),
+            MergeError::Volume(i) => format!("incompatible volume requirements, {i}"),
+            MergeError::Empty(k) => format!("requirement {k} cannot be satisfied"),
+        })?;
         let merged = merged.unwrap_or(base);
         let within_limits: Vec<u32> = (0..t.types.len() as u32)
             .filter(|&i| {
@@ -1101,26 +1136,53 @@ impl<'a> Solve<'a> {
 
     fn finish(self, mut results: Results) -> Results {
         let max = self.s.options.max_instance_types;
+        // Price order depends only on the template and the zone/capacity-type requirements.
+        type PriceOrder = Rc<(Vec<u32>, usize)>;
+        let mut price_orders: HashMap<
+            (usize, Option<Requirement>, Option<Requirement>),
+            PriceOrder,
+        > = HashMap::new();
         for claim in self.claims {
             let t = &self.s.templates[claim.template];
             let mut reqs = claim.reqs;
             reqs.remove(HOSTNAME);
-            let offerings = OfferingFilter::new(&reqs);
-            let mut priced: Vec<(f64, u32)> = claim
-                .types
+            let key = (
+                claim.template,
+                reqs.get(super::labels::ZONE).cloned(),
+                reqs.get(CAPACITY_TYPE).cloned(),
+            );
+            let order = Rc::clone(price_orders.entry(key).or_insert_with(|| {
+                let offerings = OfferingFilter::new(&reqs);
+                let mut priced: Vec<(f64, u32)> = (0..t.types.len() as u32)
+                    .map(|i| {
+                        let price = offerings.cheapest(&t.types[i as usize].it);
+                        (price.unwrap_or(f64::MAX), i)
+                    })
+                    .collect();
+                priced.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                let capacity_types: BTreeSet<&str> = t
+                    .types
+                    .iter()
+                    .flat_map(|e| e.it.offerings.iter())
+                    .filter(|o| offerings.admits(o))
+                    .map(|o| o.capacity_type.as_str())
+                    .collect();
+                Rc::new((
+                    priced.into_iter().map(|(_, i)| i).collect(),
+                    capacity_types.len(),
+                ))
+            }));
+            let mut member = vec![0u64; t.types.len().div_ceil(64)];
+            for &i in &claim.types {
+                member[i as usize / 64] |= 1 << (i % 64);
+            }
+            let types: Vec<u32> = order
+                .0
                 .iter()
-                .map(|&i| {
-                    (
-                        offerings
-                            .cheapest(&t.types[i as usize].it)
-                            .unwrap_or(f64::MAX),
-                        i,
-                    )
-                })
+                .copied()
+                .filter(|&i| member[i as usize / 64] & (1 << (i % 64)) != 0)
+                .take(max)
                 .collect();
-            priced.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            priced.truncate(max);
-            let types: Vec<u32> = priced.iter().map(|(_, i)| *i).collect();
             let mut relaxed = claim.min_values_relaxed;
             if reqs.has_min_values() {
                 let short = min_values_shortfalls(t, &reqs, &types);
@@ -1150,6 +1212,9 @@ impl<'a> Solve<'a> {
             let offerings = OfferingFilter::new(&reqs);
             let mut capacity_types: BTreeSet<&str> = BTreeSet::new();
             for it in &instance_types {
+                if capacity_types.len() == order.1 {
+                    break; // every capacity type the template offers here is already present
+                }
                 for o in &it.offerings {
                     if offerings.admits(o) {
                         capacity_types.insert(o.capacity_type.as_str());
