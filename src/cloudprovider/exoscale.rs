@@ -302,6 +302,17 @@ impl ExoscaleCloudProvider {
             .map_err(|e| CloudProviderError::Other(e.to_string()))
     }
 
+    /// Starts the periodic instance-type refresh; abort the handle to stop it.
+    pub fn spawn_instance_type_refresh(
+        &self,
+        interval: std::time::Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        self.instance_types
+            .catalog()
+            .clone()
+            .spawn_refresh(interval)
+    }
+
     fn nodeclass_of(&self, reference: &NodeClassReference) -> Result<ExoscaleNodeClass> {
         if reference.group != EXOSCALE_GROUP || reference.kind != NODECLASS_KIND {
             return Err(CloudProviderError::create(
@@ -504,9 +515,7 @@ impl ExoscaleCloudProvider {
             )
         })?;
         let it = instance_types::build(
-            &DiscoveredType {
-                ..discovered.clone()
-            },
+            &discovered,
             nodeclass,
             &self.settings.zone,
             self.instance_types.price(&discovered),
