@@ -3,5 +3,4 @@
 
 pub mod batcher;
 pub mod eligibility;
-pub mod overlay;
 pub mod template;
