@@ -1,3 +1,5 @@
 //! karpenter-exoscale: the Karpenter core and its Exoscale cloud provider.
 
 pub mod apis;
+pub mod operator;
+pub mod state;
