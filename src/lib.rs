@@ -1,5 +1,6 @@
 //! karpenter-exoscale: the Karpenter core and its Exoscale cloud provider.
 
 pub mod apis;
+pub mod controllers;
 pub mod operator;
 pub mod state;

@@ -1,0 +1,3 @@
+//! Node controllers: termination (taint, drain, instance deletion, finalizer).
+
+pub mod drain;

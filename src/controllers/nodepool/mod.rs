@@ -1,0 +1,5 @@
+//! NodePool controllers: drift hash annotations, status counters, readiness, validation and
+//! registration health.
+
+pub mod hash;
+pub mod status;
