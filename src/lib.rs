@@ -1,6 +1,12 @@
 //! karpenter-exoscale: the Karpenter core and its Exoscale cloud provider.
 
 pub mod apis;
+pub mod catalogue;
 pub mod controllers;
+pub mod doctor;
+pub mod exoscale;
 pub mod operator;
+pub mod providers;
+pub mod scheduling;
+pub mod sim;
 pub mod state;

@@ -1,0 +1,11 @@
+//! The Exoscale pieces behind the cloud provider: instance types, pricing, templates, user
+//! data, bootstrap tokens, instances, NodeClass resolution and drift. Each has one job; the
+//! pure parts are separate from the API and Kubernetes I/O.
+
+pub mod bootstrap_token;
+pub mod drift;
+pub mod instance;
+pub mod nodeclass;
+pub mod pricing;
+pub mod template;
+pub mod userdata;
