@@ -5,6 +5,7 @@
 pub mod bootstrap_token;
 pub mod drift;
 pub mod instance;
+pub mod instance_types;
 pub mod nodeclass;
 pub mod pricing;
 pub mod template;
