@@ -150,8 +150,6 @@ pub struct Timings {
     pub instance_gc_grace_period: Duration,
     /// How often instance garbage collection runs.
     pub instance_gc_interval: Duration,
-    /// Bootstrap tokens older than this are removed (Go provider: 10 min).
-    pub bootstrap_token_ttl: Duration,
     /// How often NodeClasses are re-resolved.
     pub nodeclass_recheck_interval: Duration,
 }
@@ -163,7 +161,6 @@ impl Default for Timings {
             launch_timeout: Duration::from_secs(5 * 60),
             instance_gc_grace_period: Duration::from_secs(10 * 60),
             instance_gc_interval: Duration::from_secs(2 * 60),
-            bootstrap_token_ttl: Duration::from_secs(10 * 60),
             nodeclass_recheck_interval: Duration::from_secs(5 * 60),
         }
     }
@@ -259,8 +256,6 @@ pub struct RunArgs {
     pub instance_gc_grace_period: Option<String>,
     #[arg(long)]
     pub instance_gc_interval: Option<String>,
-    #[arg(long)]
-    pub bootstrap_token_ttl: Option<String>,
     #[arg(long)]
     pub nodeclass_recheck_interval: Option<String>,
 }
@@ -449,12 +444,6 @@ impl Config {
                 &args.instance_gc_interval,
                 "INSTANCE_GC_INTERVAL",
                 defaults.instance_gc_interval,
-                parse_positive_duration,
-            ),
-            bootstrap_token_ttl: r.parsed(
-                &args.bootstrap_token_ttl,
-                "BOOTSTRAP_TOKEN_TTL",
-                defaults.bootstrap_token_ttl,
                 parse_positive_duration,
             ),
             nodeclass_recheck_interval: r.parsed(
