@@ -2,6 +2,7 @@
 
 pub mod apis;
 pub mod catalogue;
+pub mod cloudprovider;
 pub mod controllers;
 pub mod doctor;
 pub mod exoscale;

@@ -179,7 +179,8 @@ mod tests {
 
     #[test]
     fn each_reason_fires() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut DesiredState)>)> = vec![
+        type Change = Box<dyn Fn(&mut DesiredState)>;
+        let cases: Vec<(&str, Change)> = vec![
             (
                 reasons::IMAGE_ID,
                 Box::new(|d| d.template_id = "tpl-2".into()),

@@ -14,9 +14,9 @@ use thiserror::Error;
 use crate::apis::ResourceList;
 use crate::apis::labels::{
     ARCH_AMD64, CAPACITY_TYPE_ON_DEMAND, GPU_RESOURCE, INSTANCE_CPU_LABEL, INSTANCE_FAMILY_LABEL,
-    INSTANCE_GPU_COUNT_LABEL, INSTANCE_GPU_MODEL_LABEL, INSTANCE_MEMORY_LABEL,
-    INSTANCE_SIZE_LABEL, LEGACY_ACCELERATOR_LABEL, LEGACY_GPU_COUNT_LABEL,
-    LEGACY_INSTANCE_FAMILY_LABEL, LEGACY_INSTANCE_SIZE_LABEL,
+    INSTANCE_GPU_COUNT_LABEL, INSTANCE_GPU_MODEL_LABEL, INSTANCE_MEMORY_LABEL, INSTANCE_SIZE_LABEL,
+    LEGACY_ACCELERATOR_LABEL, LEGACY_GPU_COUNT_LABEL, LEGACY_INSTANCE_FAMILY_LABEL,
+    LEGACY_INSTANCE_SIZE_LABEL,
 };
 use crate::apis::nodeclass::{ExoscaleNodeClass, KubeletConfiguration};
 use crate::exoscale::{self, Clock};
@@ -91,7 +91,10 @@ pub fn gpu_model(family: &str) -> Option<&'static str> {
 }
 
 /// Keeps the types usable here: authorized and offered in `zone`.
-pub fn usable_in_zone(types: Vec<exoscale::models::InstanceType>, zone: &str) -> Vec<DiscoveredType> {
+pub fn usable_in_zone(
+    types: Vec<exoscale::models::InstanceType>,
+    zone: &str,
+) -> Vec<DiscoveredType> {
     let mut out: Vec<DiscoveredType> = types
         .into_iter()
         .filter(|t| t.authorized && t.zones.iter().any(|z| z == zone))
@@ -159,8 +162,12 @@ impl InstanceTypeCatalog {
             loop {
                 tick.tick().await;
                 match self.refresh().await {
-                    Ok(n) => tracing::debug!(zone = %self.zone, types = n, "instance types refreshed"),
-                    Err(e) => tracing::warn!(zone = %self.zone, error = %e, "instance type refresh failed; keeping the previous list"),
+                    Ok(n) => {
+                        tracing::debug!(zone = %self.zone, types = n, "instance types refreshed")
+                    }
+                    Err(e) => {
+                        tracing::warn!(zone = %self.zone, error = %e, "instance type refresh failed; keeping the previous list")
+                    }
                 }
             }
         })
@@ -230,13 +237,16 @@ fn quantity(field: &str, value: &str) -> Result<Quantity, InstanceTypeError> {
 fn threshold(field: &str, value: &str, capacity: Quantity) -> Result<Quantity, InstanceTypeError> {
     match value.trim().strip_suffix('%') {
         Some(p) => {
-            let pct: f64 = p.trim().parse().ok().filter(|p: &f64| (0.0..=100.0).contains(p)).ok_or_else(|| {
-                InstanceTypeError::BadQuantity {
+            let pct: f64 = p
+                .trim()
+                .parse()
+                .ok()
+                .filter(|p: &f64| (0.0..=100.0).contains(p))
+                .ok_or_else(|| InstanceTypeError::BadQuantity {
                     field: field.to_string(),
                     value: value.to_string(),
                     problem: "percentage must be between 0% and 100%".into(),
-                }
-            })?;
+                })?;
             Ok(Quantity::from_milli(
                 (capacity.milli() as f64 * pct / 100.0).ceil() as i128,
             ))
@@ -251,7 +261,10 @@ pub fn capacity(t: &DiscoveredType, disk_size_gb: i64, max_pods: i32) -> Resourc
     r.set(CPU, Quantity::from_units(t.cpus as i128));
     r.set(MEMORY, Quantity::from_units(t.memory_bytes as i128));
     r.set(PODS, Quantity::from_units(max_pods as i128));
-    r.set(EPHEMERAL_STORAGE, Quantity::from_units(disk_size_gb as i128 * GIB));
+    r.set(
+        EPHEMERAL_STORAGE,
+        Quantity::from_units(disk_size_gb as i128 * GIB),
+    );
     if t.gpus > 0 {
         r.set(GPU_RESOURCE, Quantity::from_units(t.gpus as i128));
     }
@@ -307,7 +320,11 @@ pub fn overhead(
     let mem = eviction("memory.available", DEFAULT_EVICTION_MEMORY);
     add(
         MEMORY,
-        threshold("kubelet.evictionHard[memory.available]", &mem, capacity.memory())?,
+        threshold(
+            "kubelet.evictionHard[memory.available]",
+            &mem,
+            capacity.memory(),
+        )?,
     );
     let fs = eviction("nodefs.available", DEFAULT_EVICTION_NODEFS);
     add(
@@ -336,13 +353,18 @@ pub fn labels(t: &DiscoveredType, zone: &str) -> BTreeMap<String, String> {
         ),
         (ARCH.to_string(), ARCH_AMD64.to_string()),
         (OS.to_string(), "linux".to_string()),
-        (CAPACITY_TYPE.to_string(), CAPACITY_TYPE_ON_DEMAND.to_string()),
+        (
+            CAPACITY_TYPE.to_string(),
+            CAPACITY_TYPE_ON_DEMAND.to_string(),
+        ),
         (ZONE.to_string(), zone.to_string()),
         // The Exoscale CCM labels nodes with the zone as region too; match it.
         (REGION.to_string(), zone.to_string()),
     ]);
     if t.gpus > 0 {
-        let model = gpu_model(&t.family).unwrap_or(t.family.as_str()).to_string();
+        let model = gpu_model(&t.family)
+            .unwrap_or(t.family.as_str())
+            .to_string();
         l.insert(INSTANCE_GPU_COUNT_LABEL.to_string(), t.gpus.to_string());
         l.insert(INSTANCE_GPU_MODEL_LABEL.to_string(), model);
         l.insert(LEGACY_GPU_COUNT_LABEL.to_string(), t.gpus.to_string());
@@ -388,7 +410,10 @@ pub fn build(
     // identity requirements defined so the scheduler still sees the labels.
     if !available {
         requirements.set(Requirement::in_values(ZONE, [zone]));
-        requirements.set(Requirement::in_values(CAPACITY_TYPE, [CAPACITY_TYPE_ON_DEMAND]));
+        requirements.set(Requirement::in_values(
+            CAPACITY_TYPE,
+            [CAPACITY_TYPE_ON_DEMAND],
+        ));
     }
     Ok(InstanceType {
         name: t.name(),
@@ -414,7 +439,11 @@ pub struct InstanceTypeProvider {
 }
 
 impl InstanceTypeProvider {
-    pub fn new(catalog: Arc<InstanceTypeCatalog>, prices: PriceBook, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(
+        catalog: Arc<InstanceTypeCatalog>,
+        prices: PriceBook,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         InstanceTypeProvider {
             catalog,
             prices: RwLock::new(prices),
@@ -449,7 +478,10 @@ impl InstanceTypeProvider {
     }
 
     /// Every usable type under `nodeclass`, sorted by name.
-    pub fn list(&self, nodeclass: &ExoscaleNodeClass) -> Result<Vec<InstanceType>, InstanceTypeError> {
+    pub fn list(
+        &self,
+        nodeclass: &ExoscaleNodeClass,
+    ) -> Result<Vec<InstanceType>, InstanceTypeError> {
         let zone = self.catalog.zone().to_string();
         self.catalog
             .types()?
@@ -557,12 +589,20 @@ mod tests {
         let mut k = KubeletConfiguration::default();
         k.kube_reserved.memory = "1 gigabyte".into();
         nc.spec.kubelet = Some(k);
-        let e = build(&standard_large(), &nc, "z", 1.0, true).unwrap_err().to_string();
-        assert!(e.contains("kubelet.kubeReserved.memory") && e.contains("1 gigabyte"), "{e}");
+        let e = build(&standard_large(), &nc, "z", 1.0, true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("kubelet.kubeReserved.memory") && e.contains("1 gigabyte"),
+            "{e}"
+        );
         let mut k = KubeletConfiguration::default();
-        k.eviction_hard.insert("nodefs.available".into(), "150%".into());
+        k.eviction_hard
+            .insert("nodefs.available".into(), "150%".into());
         nc.spec.kubelet = Some(k);
-        let e = build(&standard_large(), &nc, "z", 1.0, true).unwrap_err().to_string();
+        let e = build(&standard_large(), &nc, "z", 1.0, true)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("nodefs.available"), "{e}");
     }
 
@@ -584,10 +624,14 @@ mod tests {
             (ZONE, "ch-gva-2"),
             (REGION, "ch-gva-2"),
         ] {
-            assert!(r.get(key).is_some_and(|q| q.has(value)), "{key}={value}: {r}");
+            assert!(
+                r.get(key).is_some_and(|q| q.has(value)),
+                "{key}={value}: {r}"
+            );
         }
         assert!(r.get(INSTANCE_GPU_COUNT_LABEL).is_some_and(|q| !q.has("1")));
-        let cpu_gt_3 = Requirement::new(INSTANCE_CPU_LABEL, crate::scheduling::Operator::Gt, ["3"]).unwrap();
+        let cpu_gt_3 =
+            Requirement::new(INSTANCE_CPU_LABEL, crate::scheduling::Operator::Gt, ["3"]).unwrap();
         assert!(r.get(INSTANCE_CPU_LABEL).unwrap().intersects(&cpu_gt_3));
     }
 

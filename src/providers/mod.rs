@@ -3,6 +3,7 @@
 //! pure parts are separate from the API and Kubernetes I/O.
 
 pub mod bootstrap_token;
+pub mod cluster_ca;
 pub mod drift;
 pub mod instance;
 pub mod instance_types;
