@@ -75,6 +75,8 @@ pub struct Context {
     pub registration_health: nodepool::status::RegistrationHealth,
     /// Resolves NodeClass references (Exoscale API); `None` disables the NodeClass controller.
     pub nodeclass_resolution: Option<Arc<dyn nodeclass::Resolution>>,
+    /// When each NodeClass generation was last resolved (status patches re-trigger reconciles).
+    pub nodeclass_checks: nodeclass::CheckTimes,
 }
 
 impl Context {
@@ -210,6 +212,119 @@ pub fn absent_ok<T>(result: Result<T>) -> Result<Option<T>> {
         Ok(v) => Ok(Some(v)),
         Err(Error::Kube(kube::Error::Api(status))) if status.code == 404 => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+/// A future that resolves when shutdown is requested.
+pub type Shutdown = futures::future::Shared<futures::future::BoxFuture<'static, ()>>;
+
+/// Builds a [`Shutdown`] from a watch channel that turns `true` on shutdown.
+pub fn shutdown_signal(mut rx: tokio::sync::watch::Receiver<bool>) -> Shutdown {
+    use futures::FutureExt;
+    async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+    .boxed()
+    .shared()
+}
+
+/// Runs every controller of this module until `shutdown`; call only while leading. The
+/// provisioning controller (and disruption) run beside these with the same [`Context`].
+pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::runtime::reflector::ObjectRef;
+    use kube::runtime::{Controller, watcher};
+
+    use crate::apis::{ExoscaleNodeClass, NodeClaim, NodePool};
+
+    let client = ctx.client.clone();
+    fn drain<T, E: std::fmt::Display>(
+        name: &'static str,
+    ) -> impl FnMut(std::result::Result<T, E>) -> std::future::Ready<()> {
+        move |result| {
+            if let Err(error) = result {
+                tracing::debug!(controller = name, %error, "controller event");
+            }
+            std::future::ready(())
+        }
+    }
+
+    let node_to_claim = {
+        let cluster = ctx.cluster.clone();
+        move |node: Node| {
+            let pid = crate::state::node_provider_id(&node).map(str::to_string);
+            pid.and_then(|pid| cluster.read().nodeclaim_by_provider_id(&pid))
+                .map(|c| ObjectRef::new(&kube::ResourceExt::name_any(c.as_ref())))
+        }
+    };
+    let nodeclaims = Controller::new(
+        Api::<NodeClaim>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .watches(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default(),
+        node_to_claim,
+    )
+    .graceful_shutdown_on(shutdown.clone())
+    .run(
+        nodeclaim::reconcile::reconcile,
+        error_policy("nodeclaim"),
+        ctx.clone(),
+    )
+    .for_each(drain("nodeclaim"));
+
+    let nodes = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            node::termination::reconcile,
+            error_policy("node.termination"),
+            ctx.clone(),
+        )
+        .for_each(drain("node.termination"));
+
+    let claim_to_pool = |claim: NodeClaim| {
+        kube::ResourceExt::labels(&claim)
+            .get(crate::apis::labels::NODEPOOL_LABEL)
+            .map(|pool| ObjectRef::<NodePool>::new(pool))
+    };
+    let nodepools = Controller::new(
+        Api::<NodePool>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .watches(
+        Api::<NodeClaim>::all(client.clone()),
+        watcher::Config::default(),
+        claim_to_pool,
+    )
+    .graceful_shutdown_on(shutdown.clone())
+    .run(
+        nodepool::reconcile::reconcile,
+        error_policy("nodepool"),
+        ctx.clone(),
+    )
+    .for_each(drain("nodepool"));
+
+    // The NodeClass controller itself skips cloud calls for status-only changes.
+    let nodeclasses = Controller::new(
+        Api::<ExoscaleNodeClass>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(shutdown.clone())
+    .run(nodeclass::reconcile, error_policy("nodeclass"), ctx.clone())
+    .for_each(drain("nodeclass"));
+
+    let mut timers = vec![
+        tokio::spawn(Arc::new(garbage_collection::Collector::default()).run(ctx.clone())),
+        tokio::spawn(bootstrap_token::run(ctx.clone())),
+    ];
+    if ctx.feature_gates.node_repair {
+        timers.push(tokio::spawn(repair::run(ctx.clone())));
+    }
+    futures::join!(nodeclaims, nodes, nodepools, nodeclasses);
+    for timer in timers {
+        timer.abort();
     }
 }
 

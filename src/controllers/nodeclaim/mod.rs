@@ -3,3 +3,4 @@
 
 pub mod expiration;
 pub mod lifecycle;
+pub mod reconcile;

@@ -69,6 +69,36 @@ impl Resolution for ExoscaleResolution {
     }
 }
 
+/// When each NodeClass (name → generation, unix time) was last resolved.
+#[derive(Default)]
+pub struct CheckTimes(std::sync::Mutex<std::collections::BTreeMap<String, (i64, i64)>>);
+
+impl CheckTimes {
+    /// Seconds until a re-check is due (0 = now) for this generation.
+    pub fn due_in(
+        &self,
+        name: &str,
+        generation: i64,
+        now: i64,
+        interval: std::time::Duration,
+    ) -> u64 {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(name) {
+            Some((g, at)) if *g == generation => {
+                (at + interval.as_secs() as i64 - now).max(0) as u64
+            }
+            _ => 0,
+        }
+    }
+
+    pub fn checked(&self, name: &str, generation: i64, now: i64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.into(), (generation, now));
+    }
+}
+
 /// Checks what the CRD schema cannot: reserved quantities parse.
 pub fn validate(nodeclass: &ExoscaleNodeClass) -> Result<(), String> {
     let kubelet = nodeclass.kubelet();
@@ -248,12 +278,23 @@ pub async fn reconcile(nc: Arc<ExoscaleNodeClass>, ctx: Arc<Context>) -> Result<
         )
         .await?;
     }
+    let generation = nc.metadata.generation.unwrap_or(0);
+    let interval = ctx.timings.nodeclass_recheck_interval;
+    let due_in = ctx
+        .nodeclass_checks
+        .due_in(&name, generation, ctx.clock.now_unix(), interval);
+    if due_in > 0 && nc.status.is_some() {
+        // A status-only change: nothing new to resolve yet.
+        return Ok(Action::requeue(std::time::Duration::from_secs(due_in)));
+    }
     let validation = validate(&nc);
     let resolved = match (&validation, &ctx.nodeclass_resolution) {
         (Ok(()), Some(resolution)) => Some(resolution.resolve(&nc).await),
         _ => None,
     };
     let status = desired_status(&nc, validation, resolved.as_ref(), ctx.now());
+    ctx.nodeclass_checks
+        .checked(&name, generation, ctx.clock.now_unix());
     let before = nc.status.clone().unwrap_or_default();
     if status != before {
         patch_status(&api, &name, &status).await?;
@@ -365,6 +406,21 @@ mod tests {
             nc.status,
             "no status patch and no transition-time churn (defect 21)"
         );
+    }
+
+    #[test]
+    fn rechecks_are_due_per_generation() {
+        let checks = CheckTimes::default();
+        let interval = std::time::Duration::from_secs(300);
+        assert_eq!(checks.due_in("a", 1, 1000, interval), 0);
+        checks.checked("a", 1, 1000);
+        assert_eq!(checks.due_in("a", 1, 1100, interval), 200);
+        assert_eq!(
+            checks.due_in("a", 2, 1100, interval),
+            0,
+            "a new generation is resolved at once"
+        );
+        assert_eq!(checks.due_in("a", 1, 1300, interval), 0);
     }
 
     #[test]

@@ -2,4 +2,5 @@
 //! registration health.
 
 pub mod hash;
+pub mod reconcile;
 pub mod status;
