@@ -3,10 +3,13 @@
 pub mod apis;
 pub mod catalogue;
 pub mod cloudprovider;
+pub mod controllers;
 pub mod doctor;
 pub mod exoscale;
+pub mod operator;
 pub mod providers;
 pub mod provisioning;
 pub mod scheduling;
 pub mod sim;
 pub mod simulate;
+pub mod state;

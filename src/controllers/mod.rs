@@ -1,0 +1,354 @@
+//! Controllers: each a thin shell that reads cluster state, calls pure decision code and
+//! writes the result back. Reconcilers have the kube-rs shape
+//! `async fn reconcile(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action>` and never sleep:
+//! waiting is a requeue.
+
+pub mod bootstrap_token;
+pub mod garbage_collection;
+pub mod node;
+pub mod nodeclaim;
+pub mod nodeclass;
+pub mod nodepool;
+pub mod repair;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use thiserror::Error;
+
+use crate::exoscale::Clock;
+use crate::operator::config::{FeatureGates, Timings};
+use crate::operator::events::{EventSink, Recorded, Severity};
+use crate::operator::leader::Leadership;
+use crate::operator::metrics::{Metrics, labels};
+use crate::state::Cluster;
+
+/// Field manager of every write this process makes.
+pub const FIELD_MANAGER: &str = "karpenter-exoscale";
+
+/// Reconcile failures, countable by kind.
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("cloud provider: {0}")]
+    Cloud(#[from] crate::cloudprovider::CloudProviderError),
+    #[error("cannot encode a patch: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// A stable label for `karpenter_exoscale_reconcile_errors_total{error}`.
+    pub fn metric_label(&self) -> String {
+        match self {
+            Error::Kube(kube::Error::Api(status)) => format!("kube_{}", status.code),
+            Error::Kube(_) => "kube".into(),
+            Error::Cloud(e) => format!("cloud_{}", e.kind()),
+            Error::Encode(_) => "encode".into(),
+            Error::Invalid(_) => "invalid".into(),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything a reconciler needs. Built once by `operator::run`; tests build it with fakes.
+pub struct Context {
+    pub client: kube::Client,
+    pub cluster: Arc<Cluster>,
+    pub cloud: Arc<dyn crate::cloudprovider::CloudProvider>,
+    pub events: Arc<dyn EventSink>,
+    pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
+    pub timings: Timings,
+    pub feature_gates: FeatureGates,
+    pub leadership: Leadership,
+    pub registration_health: nodepool::status::RegistrationHealth,
+    /// Resolves NodeClass references (Exoscale API); `None` disables the NodeClass controller.
+    pub nodeclass_resolution: Option<Arc<dyn nodeclass::Resolution>>,
+    /// When each NodeClass generation was last resolved (status patches re-trigger reconciles).
+    pub nodeclass_checks: nodeclass::CheckTimes,
+}
+
+impl Context {
+    pub fn now(&self) -> Timestamp {
+        Timestamp::from_second(self.clock.now_unix()).unwrap_or(Timestamp::UNIX_EPOCH)
+    }
+
+    /// Publishes an event about `obj`.
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        severity: Severity,
+        reason: &str,
+        message: impl Into<String>,
+    ) {
+        self.events
+            .publish(Recorded {
+                object: obj.object_ref(&()),
+                severity,
+                reason: reason.into(),
+                message: message.into(),
+            })
+            .await;
+    }
+}
+
+/// A clock tests move by hand.
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicI64);
+
+impl ManualClock {
+    pub fn at(unix: i64) -> Self {
+        ManualClock(AtomicI64::new(unix))
+    }
+    pub fn advance(&self, by: Duration) {
+        self.0.fetch_add(by.as_secs() as i64, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_unix(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The error policy shared by all controllers: count, log, back off.
+pub fn error_policy<K: Resource<DynamicType = ()>>(
+    controller: &'static str,
+) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
+    move |obj, error, ctx| {
+        let label = error.metric_label();
+        ctx.metrics
+            .reconcile_errors
+            .get_or_create(&labels([("controller", controller), ("error", &label)]))
+            .inc();
+        let name = obj.meta().name.clone().unwrap_or_default();
+        tracing::warn!(controller, %name, %error, "reconcile failed");
+        Action::requeue(Duration::from_secs(5))
+    }
+}
+
+/// Merge-patches `status` of a cluster-scoped or namespaced object.
+pub async fn patch_status<K, S>(api: &Api<K>, name: &str, status: &S) -> Result<K>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    S: Serialize,
+{
+    let patch = serde_json::json!({ "status": status });
+    Ok(api
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(&patch),
+        )
+        .await?)
+}
+
+/// Merge-patches metadata/spec (labels, annotations, finalizers, taints...). `resource_version`
+/// makes it conditional so a concurrent writer is never overwritten.
+pub async fn patch_object<K>(
+    api: &Api<K>,
+    name: &str,
+    mut patch: serde_json::Value,
+    resource_version: Option<&str>,
+) -> Result<K>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    if let Some(rv) = resource_version {
+        patch["metadata"]["resourceVersion"] = serde_json::json!(rv);
+    }
+    Ok(api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?)
+}
+
+/// The finalizer list with `finalizer` added (None when already present).
+pub fn with_finalizer(finalizers: &[String], finalizer: &str) -> Option<Vec<String>> {
+    if finalizers.iter().any(|f| f == finalizer) {
+        return None;
+    }
+    let mut out = finalizers.to_vec();
+    out.push(finalizer.into());
+    Some(out)
+}
+
+/// The finalizer list with `finalizer` removed (None when absent).
+pub fn without_finalizer(finalizers: &[String], finalizer: &str) -> Option<Vec<String>> {
+    if !finalizers.iter().any(|f| f == finalizer) {
+        return None;
+    }
+    Some(
+        finalizers
+            .iter()
+            .filter(|f| *f != finalizer)
+            .cloned()
+            .collect(),
+    )
+}
+
+/// Treats 404 as success (the object is already gone).
+pub fn ignore_not_found<T>(result: std::result::Result<T, kube::Error>) -> Result<Option<T>> {
+    match result {
+        Ok(v) => Ok(Some(v)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Treats a 404 from one of our helpers as "already gone".
+pub fn absent_ok<T>(result: Result<T>) -> Result<Option<T>> {
+    match result {
+        Ok(v) => Ok(Some(v)),
+        Err(Error::Kube(kube::Error::Api(status))) if status.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A future that resolves when shutdown is requested.
+pub type Shutdown = futures::future::Shared<futures::future::BoxFuture<'static, ()>>;
+
+/// Builds a [`Shutdown`] from a watch channel that turns `true` on shutdown.
+pub fn shutdown_signal(mut rx: tokio::sync::watch::Receiver<bool>) -> Shutdown {
+    use futures::FutureExt;
+    async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+    .boxed()
+    .shared()
+}
+
+/// Runs every controller of this module until `shutdown`; call only while leading. The
+/// provisioning controller (and disruption) run beside these with the same [`Context`].
+pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::runtime::reflector::ObjectRef;
+    use kube::runtime::{Controller, watcher};
+
+    use crate::apis::{ExoscaleNodeClass, NodeClaim, NodePool};
+
+    let client = ctx.client.clone();
+    fn drain<T, E: std::fmt::Display>(
+        name: &'static str,
+    ) -> impl FnMut(std::result::Result<T, E>) -> std::future::Ready<()> {
+        move |result| {
+            if let Err(error) = result {
+                tracing::debug!(controller = name, %error, "controller event");
+            }
+            std::future::ready(())
+        }
+    }
+
+    let node_to_claim = {
+        let cluster = ctx.cluster.clone();
+        move |node: Node| {
+            let pid = crate::state::node_provider_id(&node).map(str::to_string);
+            pid.and_then(|pid| cluster.read().nodeclaim_by_provider_id(&pid))
+                .map(|c| ObjectRef::new(&kube::ResourceExt::name_any(c.as_ref())))
+        }
+    };
+    let nodeclaims = Controller::new(
+        Api::<NodeClaim>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .watches(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default(),
+        node_to_claim,
+    )
+    .graceful_shutdown_on(shutdown.clone())
+    .run(
+        nodeclaim::reconcile::reconcile,
+        error_policy("nodeclaim"),
+        ctx.clone(),
+    )
+    .for_each(drain("nodeclaim"));
+
+    let nodes = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            node::termination::reconcile,
+            error_policy("node.termination"),
+            ctx.clone(),
+        )
+        .for_each(drain("node.termination"));
+
+    let claim_to_pool = |claim: NodeClaim| {
+        kube::ResourceExt::labels(&claim)
+            .get(crate::apis::labels::NODEPOOL_LABEL)
+            .map(|pool| ObjectRef::<NodePool>::new(pool))
+    };
+    let nodepools = Controller::new(
+        Api::<NodePool>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .watches(
+        Api::<NodeClaim>::all(client.clone()),
+        watcher::Config::default(),
+        claim_to_pool,
+    )
+    .graceful_shutdown_on(shutdown.clone())
+    .run(
+        nodepool::reconcile::reconcile,
+        error_policy("nodepool"),
+        ctx.clone(),
+    )
+    .for_each(drain("nodepool"));
+
+    // The NodeClass controller itself skips cloud calls for status-only changes.
+    let nodeclasses = Controller::new(
+        Api::<ExoscaleNodeClass>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(shutdown.clone())
+    .run(nodeclass::reconcile, error_policy("nodeclass"), ctx.clone())
+    .for_each(drain("nodeclass"));
+
+    let mut timers = vec![
+        tokio::spawn(Arc::new(garbage_collection::Collector::default()).run(ctx.clone())),
+        tokio::spawn(bootstrap_token::run(ctx.clone())),
+    ];
+    if ctx.feature_gates.node_repair {
+        timers.push(tokio::spawn(repair::run(ctx.clone())));
+    }
+    futures::join!(nodeclaims, nodes, nodepools, nodeclasses);
+    for timer in timers {
+        timer.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finalizer_lists() {
+        let list = vec!["a".to_string()];
+        assert_eq!(
+            with_finalizer(&list, "b"),
+            Some(vec!["a".into(), "b".into()])
+        );
+        assert_eq!(with_finalizer(&list, "a"), None);
+        assert_eq!(without_finalizer(&list, "a"), Some(vec![]));
+        assert_eq!(without_finalizer(&list, "b"), None);
+    }
+
+    #[test]
+    fn manual_clock_moves_only_when_told() {
+        let clock = ManualClock::at(100);
+        assert_eq!(clock.now_unix(), 100);
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(clock.now_unix(), 105);
+    }
+}

@@ -1,0 +1,4 @@
+//! Node controllers: termination (taint, drain, instance deletion, finalizer).
+
+pub mod drain;
+pub mod termination;

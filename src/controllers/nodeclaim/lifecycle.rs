@@ -1,0 +1,605 @@
+//! Pure decisions of the NodeClaim lifecycle (karpenter-core §4.1): merging a launch result,
+//! syncing the registered Node, the initialization checks and the liveness deadlines.
+
+use std::borrow::Borrow;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Taint as CoreTaint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::apis::labels::{
+    DO_NOT_SYNC_TAINTS_LABEL, NODE_INITIALIZED_LABEL, NODE_REGISTERED_LABEL, TERMINATION_FINALIZER,
+    UNREGISTERED_TAINT_KEY, conditions,
+};
+use crate::apis::{
+    Condition, ConditionStatus, ConditionsExt, NodeClaim, NodeClaimStatus, Taint, TaintEffect,
+};
+use crate::state::quantity::parse_milli;
+
+/// Taints that go away on their own while a node starts; initialization waits for them.
+pub fn is_known_ephemeral_taint(taint: &CoreTaint) -> bool {
+    let key = taint.key.as_str();
+    let effect = taint.effect.as_str();
+    (key == "node.kubernetes.io/not-ready" && (effect == "NoSchedule" || effect == "NoExecute"))
+        || (key == "node.kubernetes.io/unreachable" && effect == "NoSchedule")
+        || (key == "node.cloudprovider.kubernetes.io/uninitialized" && effect == "NoSchedule")
+        || (key == UNREGISTERED_TAINT_KEY && effect == "NoExecute")
+        || key.starts_with("readiness.k8s.io/")
+}
+
+fn effect_str(effect: TaintEffect) -> &'static str {
+    match effect {
+        TaintEffect::NoSchedule => "NoSchedule",
+        TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+        TaintEffect::NoExecute => "NoExecute",
+    }
+}
+
+/// Converts a CRD taint to a core/v1 taint.
+pub fn to_core_taint(taint: &Taint) -> CoreTaint {
+    CoreTaint {
+        key: taint.key.clone(),
+        value: taint.value.clone(),
+        effect: effect_str(taint.effect).into(),
+        time_added: taint.time_added.clone(),
+    }
+}
+
+fn same_taint(a: &CoreTaint, b: &CoreTaint) -> bool {
+    a.key == b.key
+        && a.effect == b.effect
+        && a.value.as_deref().unwrap_or("") == b.value.as_deref().unwrap_or("")
+}
+
+/// Merges what the cloud provider returned from Create into the NodeClaim: provider labels
+/// under the NodeClaim's own (which win), annotations likewise, and the status fields.
+pub fn merge_launched(claim: &NodeClaim, launched: &NodeClaim) -> NodeClaim {
+    let mut out = claim.clone();
+    let mut labels = launched.labels().clone();
+    labels.extend(claim.labels().clone());
+    out.metadata.labels = Some(labels);
+    let mut annotations = launched.annotations().clone();
+    annotations.extend(claim.annotations().clone());
+    out.metadata.annotations = (!annotations.is_empty()).then_some(annotations);
+    let from = launched.status.clone().unwrap_or_default();
+    let status = out.status.get_or_insert_with(NodeClaimStatus::default);
+    status.provider_id = from.provider_id;
+    status.image_id = from.image_id;
+    status.capacity = from.capacity;
+    status.allocatable = from.allocatable;
+    out
+}
+
+/// Outcome of looking for the Node of a launched NodeClaim.
+#[derive(Debug, PartialEq)]
+pub enum Registration {
+    /// No Node reports the provider ID yet.
+    NodeNotFound,
+    /// More than one Node claims the provider ID.
+    MultipleNodesFound(Vec<String>),
+    /// The Node as it must be after registration (only write it when it differs).
+    Register(Box<Node>),
+}
+
+/// Decides registration given the Nodes with the NodeClaim's provider ID.
+pub fn registration(claim: &NodeClaim, nodes: &[impl Borrow<Node>]) -> Registration {
+    match nodes {
+        [] => Registration::NodeNotFound,
+        [node] => Registration::Register(Box::new(synced_node(claim, node.borrow()))),
+        many => {
+            Registration::MultipleNodesFound(many.iter().map(|n| n.borrow().name_any()).collect())
+        }
+    }
+}
+
+/// The Node with the NodeClaim's labels, annotations, taints, finalizer and owner reference,
+/// the unregistered taint removed and `karpenter.sh/registered=true`.
+pub fn synced_node(claim: &NodeClaim, node: &Node) -> Node {
+    let mut out = node.clone();
+    let registered_before = claim
+        .status
+        .as_ref()
+        .is_some_and(|s| s.conditions.is_true(conditions::REGISTERED));
+    let mut labels = out.labels().clone();
+    labels.extend(claim.labels().clone());
+    labels.insert(NODE_REGISTERED_LABEL.into(), "true".into());
+    out.metadata.labels = Some(labels);
+    let mut annotations = out.annotations().clone();
+    annotations.extend(claim.annotations().clone());
+    out.metadata.annotations = (!annotations.is_empty()).then_some(annotations);
+
+    let finalizers = out.metadata.finalizers.get_or_insert_with(Vec::new);
+    if !finalizers.iter().any(|f| f == TERMINATION_FINALIZER) {
+        finalizers.push(TERMINATION_FINALIZER.into());
+    }
+    let owner = OwnerReference {
+        api_version: "karpenter.sh/v1".into(),
+        kind: "NodeClaim".into(),
+        name: claim.name_any(),
+        uid: claim.metadata.uid.clone().unwrap_or_default(),
+        block_owner_deletion: Some(true),
+        controller: None,
+    };
+    let owners = out.metadata.owner_references.get_or_insert_with(Vec::new);
+    if !owners
+        .iter()
+        .any(|o| o.uid == owner.uid && o.kind == owner.kind)
+    {
+        owners.push(owner);
+    }
+
+    let spec = out.spec.get_or_insert_with(Default::default);
+    let mut taints = spec.taints.clone().unwrap_or_default();
+    let do_not_sync = node
+        .labels()
+        .get(DO_NOT_SYNC_TAINTS_LABEL)
+        .is_some_and(|v| v == "true");
+    // Taints are synced once: startup taints removed later by daemons must not come back.
+    if !do_not_sync && !registered_before {
+        for taint in claim.spec.taints.iter().chain(&claim.spec.startup_taints) {
+            let core = to_core_taint(taint);
+            if !taints.iter().any(|t| same_taint(t, &core)) {
+                taints.push(core);
+            }
+        }
+    }
+    taints.retain(|t| t.key != UNREGISTERED_TAINT_KEY);
+    spec.taints = (!taints.is_empty()).then_some(taints);
+    out
+}
+
+/// Why a registered NodeClaim is not initialized yet.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NotInitialized {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Initialization: the Node is Ready, startup and ephemeral taints are gone, and every
+/// requested resource is present in allocatable (device plugins registered).
+pub fn initialization(claim: &NodeClaim, node: Option<&Node>) -> Result<(), NotInitialized> {
+    let Some(node) = node else {
+        return Err(NotInitialized {
+            reason: "NodeNotFound",
+            message: "Node not registered with cluster".into(),
+        });
+    };
+    if !node_ready(node) {
+        return Err(NotInitialized {
+            reason: "NodeNotReady",
+            message: "Node status is NotReady".into(),
+        });
+    }
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    if let Some(t) = claim
+        .spec
+        .startup_taints
+        .iter()
+        .map(to_core_taint)
+        .find(|st| taints.iter().any(|t| same_taint(t, st)))
+    {
+        return Err(NotInitialized {
+            reason: "StartupTaintsExist",
+            message: format!("StartupTaint {:?} still exists", t.key),
+        });
+    }
+    if let Some(t) = taints.iter().find(|t| is_known_ephemeral_taint(t)) {
+        return Err(NotInitialized {
+            reason: "KnownEphemeralTaintsExist",
+            message: format!("KnownEphemeralTaint {:?} still exists", t.key),
+        });
+    }
+    let allocatable = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.clone())
+        .unwrap_or_default();
+    for (name, quantity) in &claim.spec.resources.requests {
+        if parse_milli(&quantity.0).unwrap_or(0) == 0 {
+            continue;
+        }
+        let present = allocatable
+            .get(name)
+            .and_then(|q| parse_milli(&q.0))
+            .unwrap_or(0);
+        if present == 0 {
+            return Err(NotInitialized {
+                reason: "ResourceNotRegistered",
+                message: format!("Resource {name:?} was requested but not registered"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Labels the Node initialized.
+pub fn initialized_node(node: &Node) -> Node {
+    let mut out = node.clone();
+    out.labels_mut()
+        .insert(NODE_INITIALIZED_LABEL.into(), "true".into());
+    out
+}
+
+/// The liveness verdict for an unregistered NodeClaim.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// Registered (or nothing to watch): no deadline.
+    Alive,
+    /// Check again after this long.
+    RecheckAfter(Duration),
+    /// Delete the NodeClaim: `launch_timeout` or `registration_timeout`.
+    Expired(&'static str),
+}
+
+fn condition<'a>(claim: &'a NodeClaim, type_: &str) -> Option<&'a Condition> {
+    claim.status.as_ref()?.conditions.get_condition(type_)
+}
+
+fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
+    let secs = now.duration_since(since).as_secs();
+    Duration::from_secs(secs.max(0) as u64)
+}
+
+/// Launch timeout counts from the Launched condition's last transition (or creation); the
+/// registration TTL from the Registered condition's (set Unknown at launch).
+pub fn liveness(
+    claim: &NodeClaim,
+    now: Timestamp,
+    launch_timeout: Duration,
+    registration_ttl: Duration,
+) -> Liveness {
+    if condition(claim, conditions::REGISTERED).is_some_and(|c| c.status == ConditionStatus::True) {
+        return Liveness::Alive;
+    }
+    let created = claim
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or(now);
+    let launched = condition(claim, conditions::LAUNCHED);
+    if !launched.is_some_and(|c| c.status == ConditionStatus::True) {
+        let since = launched
+            .map(|c| c.last_transition_time.0)
+            .unwrap_or(created);
+        let age = elapsed(since, now);
+        return if age >= launch_timeout {
+            Liveness::Expired("launch_timeout")
+        } else {
+            Liveness::RecheckAfter(launch_timeout - age)
+        };
+    }
+    let since = condition(claim, conditions::REGISTERED)
+        .map(|c| c.last_transition_time.0)
+        .or(launched.map(|c| c.last_transition_time.0))
+        .unwrap_or(created);
+    let age = elapsed(since, now);
+    if age >= registration_ttl {
+        Liveness::Expired("registration_timeout")
+    } else {
+        Liveness::RecheckAfter(registration_ttl - age)
+    }
+}
+
+/// Sets Ready from Launched, Registered and Initialized; returns whether anything changed.
+pub fn set_ready(status: &mut NodeClaimStatus, generation: Option<i64>, now: Timestamp) -> bool {
+    let parts = [
+        conditions::LAUNCHED,
+        conditions::REGISTERED,
+        conditions::INITIALIZED,
+    ];
+    let blocking = parts
+        .iter()
+        .find(|t| !status.conditions.is_true(t))
+        .copied();
+    match blocking {
+        None => status.conditions.set_condition(
+            conditions::READY,
+            ConditionStatus::True,
+            conditions::READY,
+            "",
+            generation,
+            now,
+        ),
+        Some(part) => {
+            let (st, reason) = status
+                .conditions
+                .get_condition(part)
+                .map(|c| (c.status, c.reason.clone()))
+                .unwrap_or((ConditionStatus::Unknown, "AwaitingReconciliation".into()));
+            let st = if st == ConditionStatus::False {
+                ConditionStatus::False
+            } else {
+                ConditionStatus::Unknown
+            };
+            let reason = if reason.is_empty() {
+                format!("{part}NotTrue")
+            } else {
+                reason
+            };
+            status.conditions.set_condition(
+                conditions::READY,
+                st,
+                &reason,
+                &format!("{part} is not True"),
+                generation,
+                now,
+            )
+        }
+    }
+}
+
+/// Labels a merged map without empty entries (helper for patches).
+pub fn non_empty(map: BTreeMap<String, String>) -> Option<BTreeMap<String, String>> {
+    (!map.is_empty()).then_some(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::testing::*;
+    use k8s_openapi::api::core::v1::NodeCondition;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    fn ready(mut n: Node) -> Node {
+        n.status.get_or_insert_with(Default::default).conditions = Some(vec![NodeCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..Default::default()
+        }]);
+        n
+    }
+
+    #[test]
+    fn launch_merges_provider_labels_without_overwriting_the_claims() {
+        let mut claim = nodeclaim("c", "pool", None);
+        claim.labels_mut().insert("team".into(), "mine".into());
+        let mut launched = with_capacity(
+            nodeclaim("c", "pool", Some("exoscale://i")),
+            &[("cpu", "2")],
+        );
+        launched.metadata.labels = Some(BTreeMap::from([
+            ("team".to_string(), "provider".to_string()),
+            (
+                "node.kubernetes.io/instance-type".to_string(),
+                "standard.small".to_string(),
+            ),
+        ]));
+        let merged = merge_launched(&claim, &launched);
+        assert_eq!(merged.labels()["team"], "mine");
+        assert_eq!(
+            merged.labels()["node.kubernetes.io/instance-type"],
+            "standard.small"
+        );
+        assert_eq!(merged.labels()["karpenter.sh/nodepool"], "pool");
+        let status = merged.status.unwrap();
+        assert_eq!(status.provider_id.as_deref(), Some("exoscale://i"));
+        assert_eq!(status.capacity["cpu"], Quantity("2".into()));
+    }
+
+    #[test]
+    fn registration_syncs_the_node() {
+        let mut claim = nodeclaim("c", "pool", Some("exoscale://i"));
+        claim.spec.taints = vec![Taint::new(
+            "dedicated",
+            Some("gpu"),
+            TaintEffect::NoSchedule,
+        )];
+        claim.spec.startup_taints = vec![Taint::new("cni/not-ready", None, TaintEffect::NoExecute)];
+        claim.annotations_mut().insert("a".into(), "b".into());
+        let n = node(
+            "n",
+            Some("exoscale://i"),
+            &[(UNREGISTERED_TAINT_KEY, "NoExecute")],
+        );
+        let Registration::Register(synced) = registration(&claim, &[n]) else {
+            panic!("expected registration");
+        };
+        assert_eq!(synced.labels()[NODE_REGISTERED_LABEL], "true");
+        assert_eq!(synced.labels()["karpenter.sh/nodepool"], "pool");
+        assert_eq!(synced.annotations()["a"], "b");
+        assert_eq!(synced.finalizers(), &[TERMINATION_FINALIZER.to_string()]);
+        let owner = &synced.owner_references()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("NodeClaim", "c")
+        );
+        let keys: Vec<&str> = synced
+            .spec
+            .as_ref()
+            .unwrap()
+            .taints
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|t| t.key.as_str())
+            .collect();
+        assert_eq!(keys, vec!["dedicated", "cni/not-ready"]);
+        // Idempotent: syncing again changes nothing.
+        assert_eq!(synced_node(&claim, &synced), *synced);
+    }
+
+    #[test]
+    fn registered_claims_do_not_re_add_removed_startup_taints_and_respect_do_not_sync() {
+        let mut claim = registered(nodeclaim("c", "pool", Some("exoscale://i")));
+        claim.spec.startup_taints = vec![Taint::new("cni/not-ready", None, TaintEffect::NoExecute)];
+        let n = node("n", Some("exoscale://i"), &[]);
+        let synced = synced_node(&claim, &n);
+        assert!(synced.spec.unwrap().taints.is_none());
+
+        let fresh = nodeclaim("c", "pool", Some("exoscale://i"));
+        let mut claim = fresh.clone();
+        claim.spec.taints = vec![Taint::new("x", None, TaintEffect::NoSchedule)];
+        let mut n = node("n", Some("exoscale://i"), &[]);
+        n.labels_mut()
+            .insert(DO_NOT_SYNC_TAINTS_LABEL.into(), "true".into());
+        assert!(synced_node(&claim, &n).spec.unwrap().taints.is_none());
+    }
+
+    #[test]
+    fn multiple_nodes_are_a_conflict() {
+        let claim = nodeclaim("c", "pool", Some("exoscale://i"));
+        let nodes = [
+            node("a", Some("exoscale://i"), &[]),
+            node("b", Some("exoscale://i"), &[]),
+        ];
+        assert_eq!(
+            registration(&claim, &nodes),
+            Registration::MultipleNodesFound(vec!["a".into(), "b".into()])
+        );
+        assert_eq!(
+            registration(&claim, &Vec::<Node>::new()),
+            Registration::NodeNotFound
+        );
+    }
+
+    #[test]
+    fn initialization_waits_for_ready_taints_and_resources() {
+        let mut claim = nodeclaim("c", "pool", Some("exoscale://i"));
+        claim.spec.startup_taints = vec![Taint::new("cni/not-ready", None, TaintEffect::NoExecute)];
+        claim.spec.resources.requests = resources(&[("cpu", "1"), ("nvidia.com/gpu", "1")]);
+        assert_eq!(
+            initialization(&claim, None).unwrap_err().reason,
+            "NodeNotFound"
+        );
+        let n = node("n", Some("exoscale://i"), &[("cni/not-ready", "NoExecute")]);
+        assert_eq!(
+            initialization(&claim, Some(&n)).unwrap_err().reason,
+            "NodeNotReady"
+        );
+        let n = ready(n);
+        assert_eq!(
+            initialization(&claim, Some(&n)).unwrap_err().reason,
+            "StartupTaintsExist"
+        );
+        let n = ready(node(
+            "n",
+            Some("exoscale://i"),
+            &[("readiness.k8s.io/net", "NoSchedule")],
+        ));
+        assert_eq!(
+            initialization(&claim, Some(&n)).unwrap_err().reason,
+            "KnownEphemeralTaintsExist"
+        );
+        let n = ready(with_node_capacity(
+            node("n", Some("exoscale://i"), &[]),
+            &[("cpu", "2")],
+        ));
+        let err = initialization(&claim, Some(&n)).unwrap_err();
+        assert_eq!(err.reason, "ResourceNotRegistered");
+        assert!(err.message.contains("nvidia.com/gpu"));
+        let n = ready(with_node_capacity(
+            node("n", Some("exoscale://i"), &[]),
+            &[("cpu", "2"), ("nvidia.com/gpu", "1")],
+        ));
+        assert_eq!(initialization(&claim, Some(&n)), Ok(()));
+        assert_eq!(
+            initialized_node(&n).labels()[NODE_INITIALIZED_LABEL],
+            "true"
+        );
+    }
+
+    #[test]
+    fn liveness_deadlines() {
+        let launch = Duration::from_secs(300);
+        let ttl = Duration::from_secs(900);
+        // Not launched, Launched=Unknown since t=0.
+        let claim = set_condition(
+            nodeclaim("c", "p", None),
+            conditions::LAUNCHED,
+            ConditionStatus::Unknown,
+            0,
+        );
+        assert_eq!(
+            liveness(&claim, ts(100).0, launch, ttl),
+            Liveness::RecheckAfter(Duration::from_secs(200))
+        );
+        assert_eq!(
+            liveness(&claim, ts(300).0, launch, ttl),
+            Liveness::Expired("launch_timeout")
+        );
+        // Launched at t=10, Registered Unknown since t=10.
+        let claim = set_condition(
+            nodeclaim("c", "p", Some("exoscale://i")),
+            conditions::LAUNCHED,
+            ConditionStatus::True,
+            10,
+        );
+        let claim = set_condition(claim, conditions::REGISTERED, ConditionStatus::Unknown, 10);
+        assert_eq!(
+            liveness(&claim, ts(500).0, launch, ttl),
+            Liveness::RecheckAfter(Duration::from_secs(410))
+        );
+        assert_eq!(
+            liveness(&claim, ts(910).0, launch, ttl),
+            Liveness::Expired("registration_timeout")
+        );
+        let claim = registered(nodeclaim("c", "p", Some("exoscale://i")));
+        assert_eq!(
+            liveness(&claim, ts(100_000).0, launch, ttl),
+            Liveness::Alive
+        );
+    }
+
+    #[test]
+    fn ready_follows_the_lifecycle_conditions() {
+        let mut status = NodeClaimStatus::default();
+        let now = ts(0).0;
+        status.conditions.set_condition(
+            conditions::LAUNCHED,
+            ConditionStatus::True,
+            "Launched",
+            "",
+            None,
+            now,
+        );
+        status.conditions.set_condition(
+            conditions::REGISTERED,
+            ConditionStatus::Unknown,
+            "NodeNotFound",
+            "",
+            None,
+            now,
+        );
+        set_ready(&mut status, None, now);
+        let ready = status.conditions.get_condition(conditions::READY).unwrap();
+        assert_eq!(
+            (ready.status, ready.reason.as_str()),
+            (ConditionStatus::Unknown, "NodeNotFound")
+        );
+        status.conditions.set_condition(
+            conditions::REGISTERED,
+            ConditionStatus::True,
+            "Registered",
+            "",
+            None,
+            now,
+        );
+        status.conditions.set_condition(
+            conditions::INITIALIZED,
+            ConditionStatus::True,
+            "Initialized",
+            "",
+            None,
+            now,
+        );
+        assert!(set_ready(&mut status, None, now));
+        assert!(status.conditions.is_true(conditions::READY));
+    }
+}

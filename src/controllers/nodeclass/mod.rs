@@ -1,0 +1,441 @@
+//! ExoscaleNodeClass controller (exoscale-provider §3.1, with §8 defects 3, 6, 19 and 21 fixed):
+//! resolves the template, security groups, anti-affinity groups and private networks into the
+//! status; Ready is computed from all four and names what failed; a finalizer blocks deletion
+//! while NodeClaims use the class; resolution is re-checked periodically.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+
+use crate::apis::labels::{NODECLASS_FINALIZER, conditions};
+use crate::apis::{ConditionStatus, ConditionsExt, ExoscaleNodeClass, ExoscaleNodeClassStatus};
+use crate::operator::events::Severity;
+use crate::state::quantity::parse_milli;
+
+use super::{Context, Result, patch_object, patch_status, with_finalizer, without_finalizer};
+
+/// The outcome of resolving each part of a NodeClass; errors are human-readable messages.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resolved {
+    pub template: Result<String, String>,
+    pub security_groups: Result<Vec<String>, String>,
+    pub anti_affinity_groups: Result<Vec<String>, String>,
+    pub private_networks: Result<Vec<String>, String>,
+}
+
+/// Resolves a NodeClass against the cloud (Exoscale API in production, fixed answers in tests).
+pub trait Resolution: Send + Sync {
+    fn resolve<'a>(&'a self, nodeclass: &'a ExoscaleNodeClass) -> BoxFuture<'a, Resolved>;
+}
+
+/// Resolution through the Exoscale providers.
+pub struct ExoscaleResolution {
+    pub groups: crate::providers::nodeclass::NodeClassResolver,
+    pub templates: Arc<crate::providers::template::TemplateResolver>,
+}
+
+impl Resolution for ExoscaleResolution {
+    fn resolve<'a>(&'a self, nodeclass: &'a ExoscaleNodeClass) -> BoxFuture<'a, Resolved> {
+        Box::pin(async move {
+            let spec = &nodeclass.spec;
+            Resolved {
+                template: self
+                    .templates
+                    .resolve_and_verify(nodeclass)
+                    .await
+                    .map(|t| t.id)
+                    .map_err(|e| e.to_string()),
+                security_groups: self
+                    .groups
+                    .resolve_security_groups(spec)
+                    .await
+                    .map_err(|e| e.to_string()),
+                anti_affinity_groups: self
+                    .groups
+                    .resolve_anti_affinity_groups(spec)
+                    .await
+                    .map_err(|e| e.to_string()),
+                private_networks: self
+                    .groups
+                    .resolve_private_networks(spec)
+                    .await
+                    .map_err(|e| e.to_string()),
+            }
+        })
+    }
+}
+
+/// When each NodeClass (name → generation, unix time) was last resolved.
+#[derive(Default)]
+pub struct CheckTimes(std::sync::Mutex<std::collections::BTreeMap<String, (i64, i64)>>);
+
+impl CheckTimes {
+    /// Seconds until a re-check is due (0 = now) for this generation.
+    pub fn due_in(
+        &self,
+        name: &str,
+        generation: i64,
+        now: i64,
+        interval: std::time::Duration,
+    ) -> u64 {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(name) {
+            Some((g, at)) if *g == generation => {
+                (at + interval.as_secs() as i64 - now).max(0) as u64
+            }
+            _ => 0,
+        }
+    }
+
+    pub fn checked(&self, name: &str, generation: i64, now: i64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.into(), (generation, now));
+    }
+}
+
+/// Checks what the CRD schema cannot: reserved quantities parse.
+pub fn validate(nodeclass: &ExoscaleNodeClass) -> Result<(), String> {
+    let kubelet = nodeclass.kubelet();
+    let checks = [
+        ("kubeReserved.cpu", &kubelet.kube_reserved.cpu),
+        ("kubeReserved.memory", &kubelet.kube_reserved.memory),
+        (
+            "kubeReserved.ephemeralStorage",
+            &kubelet.kube_reserved.ephemeral_storage,
+        ),
+        ("systemReserved.cpu", &kubelet.system_reserved.cpu),
+        ("systemReserved.memory", &kubelet.system_reserved.memory),
+        (
+            "systemReserved.ephemeralStorage",
+            &kubelet.system_reserved.ephemeral_storage,
+        ),
+    ];
+    let bad: Vec<String> = checks
+        .iter()
+        .filter(|(_, v)| !v.is_empty() && parse_milli(v).is_none())
+        .map(|(field, v)| format!("kubelet.{field} {v:?} is not a quantity"))
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(bad.join("; "))
+    }
+}
+
+const STEPS: [(&str, &str); 4] = [
+    (conditions::TEMPLATE_RESOLVED, "TemplateResolutionFailed"),
+    (
+        conditions::SECURITY_GROUPS_RESOLVED,
+        "SecurityGroupResolutionFailed",
+    ),
+    (
+        conditions::ANTI_AFFINITY_GROUPS_RESOLVED,
+        "AntiAffinityGroupResolutionFailed",
+    ),
+    (
+        conditions::PRIVATE_NETWORKS_RESOLVED,
+        "PrivateNetworkResolutionFailed",
+    ),
+];
+
+/// The status a NodeClass should have. A failed step keeps its previous IDs (so a transient
+/// API error does not wipe them) but makes Ready False with a message naming every failure.
+pub fn desired_status(
+    nodeclass: &ExoscaleNodeClass,
+    validation: Result<(), String>,
+    resolved: Option<&Resolved>,
+    now: Timestamp,
+) -> ExoscaleNodeClassStatus {
+    let mut status = nodeclass.status.clone().unwrap_or_default();
+    let generation = nodeclass.metadata.generation;
+    if let Err(why) = validation {
+        status.conditions.set_condition(
+            conditions::READY,
+            ConditionStatus::False,
+            "ValidationFailed",
+            &format!("Validation failed: {why}"),
+            generation,
+            now,
+        );
+        return status;
+    }
+    let Some(resolved) = resolved else {
+        return status;
+    };
+    let results: [Result<(), &String>; 4] = [
+        resolved.template.as_ref().map(|_| ()),
+        resolved.security_groups.as_ref().map(|_| ()),
+        resolved.anti_affinity_groups.as_ref().map(|_| ()),
+        resolved.private_networks.as_ref().map(|_| ()),
+    ];
+    if let Ok(id) = &resolved.template {
+        status.template_id = Some(id.clone());
+    }
+    if let Ok(ids) = &resolved.security_groups {
+        status.security_groups = ids.clone();
+    }
+    if let Ok(ids) = &resolved.anti_affinity_groups {
+        status.anti_affinity_groups = ids.clone();
+    }
+    if let Ok(ids) = &resolved.private_networks {
+        status.private_networks = ids.clone();
+    }
+    let mut failures = Vec::new();
+    for ((type_, reason), result) in STEPS.iter().zip(results) {
+        match result {
+            Ok(()) => status.conditions.set_condition(
+                type_,
+                ConditionStatus::True,
+                type_,
+                "",
+                generation,
+                now,
+            ),
+            Err(message) => {
+                failures.push(format!("{type_}: {message}"));
+                status.conditions.set_condition(
+                    type_,
+                    ConditionStatus::False,
+                    reason,
+                    message,
+                    generation,
+                    now,
+                )
+            }
+        };
+    }
+    if failures.is_empty() {
+        status.conditions.set_condition(
+            conditions::READY,
+            ConditionStatus::True,
+            conditions::READY,
+            "",
+            generation,
+            now,
+        );
+    } else {
+        status.conditions.set_condition(
+            conditions::READY,
+            ConditionStatus::False,
+            "ReconcilingFailed",
+            &failures.join("; "),
+            generation,
+            now,
+        );
+    }
+    status
+}
+
+/// Active (non-deleting) NodeClaims that use this NodeClass.
+fn users(ctx: &Context, name: &str) -> usize {
+    ctx.cluster
+        .read()
+        .nodeclaims_of_nodeclass(name)
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .count()
+}
+
+pub async fn reconcile(nc: Arc<ExoscaleNodeClass>, ctx: Arc<Context>) -> Result<Action> {
+    let api: Api<ExoscaleNodeClass> = Api::all(ctx.client.clone());
+    let name = nc.name_any();
+    if nc.metadata.deletion_timestamp.is_some() {
+        let count = users(&ctx, &name);
+        if count > 0 {
+            ctx.event(
+                nc.as_ref(),
+                Severity::Warning,
+                "DeletionBlocked",
+                format!("Cannot delete NodeClass: {count} active NodeClaim(s) still using this NodeClass"),
+            )
+            .await;
+            return Ok(Action::requeue(std::time::Duration::from_secs(30)));
+        }
+        if let Some(finalizers) = without_finalizer(nc.finalizers(), NODECLASS_FINALIZER) {
+            patch_object(
+                &api,
+                &name,
+                serde_json::json!({"metadata": {"finalizers": finalizers}}),
+                nc.resource_version().as_deref(),
+            )
+            .await?;
+        }
+        return Ok(Action::await_change());
+    }
+    // Add the finalizer and carry on in the same reconcile (the Go provider waited a minute).
+    if let Some(finalizers) = with_finalizer(nc.finalizers(), NODECLASS_FINALIZER) {
+        patch_object(
+            &api,
+            &name,
+            serde_json::json!({"metadata": {"finalizers": finalizers}}),
+            nc.resource_version().as_deref(),
+        )
+        .await?;
+    }
+    let generation = nc.metadata.generation.unwrap_or(0);
+    let interval = ctx.timings.nodeclass_recheck_interval;
+    let due_in = ctx
+        .nodeclass_checks
+        .due_in(&name, generation, ctx.clock.now_unix(), interval);
+    if due_in > 0 && nc.status.is_some() {
+        // A status-only change: nothing new to resolve yet.
+        return Ok(Action::requeue(std::time::Duration::from_secs(due_in)));
+    }
+    let validation = validate(&nc);
+    let resolved = match (&validation, &ctx.nodeclass_resolution) {
+        (Ok(()), Some(resolution)) => Some(resolution.resolve(&nc).await),
+        _ => None,
+    };
+    let status = desired_status(&nc, validation, resolved.as_ref(), ctx.now());
+    ctx.nodeclass_checks
+        .checked(&name, generation, ctx.clock.now_unix());
+    let before = nc.status.clone().unwrap_or_default();
+    if status != before {
+        patch_status(&api, &name, &status).await?;
+        let was_ready = before.conditions.is_true(conditions::READY);
+        let ready = status.conditions.get_condition(conditions::READY);
+        match ready {
+            Some(c) if c.status == ConditionStatus::True && !was_ready => {
+                ctx.event(
+                    nc.as_ref(),
+                    Severity::Normal,
+                    "Ready",
+                    "NodeClass is ready for use",
+                )
+                .await
+            }
+            Some(c)
+                if c.status == ConditionStatus::False
+                    && before
+                        .conditions
+                        .get_condition(conditions::READY)
+                        .map(|b| &b.message)
+                        != Some(&c.message) =>
+            {
+                ctx.event(nc.as_ref(), Severity::Warning, &c.reason, c.message.clone())
+                    .await
+            }
+            _ => {}
+        }
+    }
+    Ok(Action::requeue(ctx.timings.nodeclass_recheck_interval))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::testing::ts;
+    use serde_json::json;
+
+    fn nodeclass() -> ExoscaleNodeClass {
+        serde_json::from_value(json!({
+            "apiVersion": "karpenter.exoscale.com/v1", "kind": "ExoscaleNodeClass",
+            "metadata": {"name": "default", "generation": 2},
+            "spec": {"templateID": "8f6ad5a8-3ab7-4b2b-9a1c-6c0d0a4b8a3e",
+                     "securityGroupSelectorTerms": [{"name": "web"}]}
+        }))
+        .unwrap()
+    }
+
+    fn ok() -> Resolved {
+        Resolved {
+            template: Ok("tpl".into()),
+            security_groups: Ok(vec!["sg-1".into()]),
+            anti_affinity_groups: Ok(vec![]),
+            private_networks: Ok(vec!["pn-1".into()]),
+        }
+    }
+
+    #[test]
+    fn all_resolved_is_ready_with_ids_in_status() {
+        let status = desired_status(&nodeclass(), Ok(()), Some(&ok()), ts(0).0);
+        assert!(status.conditions.is_true("Ready"));
+        assert_eq!(status.security_groups, vec!["sg-1"]);
+        assert_eq!(status.private_networks, vec!["pn-1"]);
+        assert_eq!(status.template_id.as_deref(), Some("tpl"));
+        for (t, _) in STEPS {
+            assert!(status.conditions.is_true(t), "{t}");
+        }
+    }
+
+    #[test]
+    fn any_failed_step_makes_ready_false_naming_it_even_when_later_steps_succeed() {
+        // The Go provider reported Ready=True here after a generation change (defect 3).
+        let mut resolved = ok();
+        resolved.security_groups = Err("security group with name web not found".into());
+        let mut nc = nodeclass();
+        nc.status = Some(desired_status(&nc, Ok(()), Some(&ok()), ts(0).0));
+        let status = desired_status(&nc, Ok(()), Some(&resolved), ts(1).0);
+        let ready = status.conditions.get_condition("Ready").unwrap();
+        assert_eq!(ready.status, ConditionStatus::False);
+        assert!(
+            ready
+                .message
+                .contains("SecurityGroupsResolved: security group with name web not found"),
+            "{}",
+            ready.message
+        );
+        let sg = status
+            .conditions
+            .get_condition("SecurityGroupsResolved")
+            .unwrap();
+        assert_eq!(
+            (sg.status, sg.reason.as_str()),
+            (ConditionStatus::False, "SecurityGroupResolutionFailed")
+        );
+        assert_eq!(
+            status.security_groups,
+            vec!["sg-1"],
+            "previous IDs kept on a failed step"
+        );
+    }
+
+    #[test]
+    fn a_healthy_steady_state_does_not_rewrite_the_status() {
+        let mut nc = nodeclass();
+        nc.status = Some(desired_status(&nc, Ok(()), Some(&ok()), ts(0).0));
+        let again = desired_status(&nc, Ok(()), Some(&ok()), ts(300).0);
+        assert_eq!(
+            Some(again),
+            nc.status,
+            "no status patch and no transition-time churn (defect 21)"
+        );
+    }
+
+    #[test]
+    fn rechecks_are_due_per_generation() {
+        let checks = CheckTimes::default();
+        let interval = std::time::Duration::from_secs(300);
+        assert_eq!(checks.due_in("a", 1, 1000, interval), 0);
+        checks.checked("a", 1, 1000);
+        assert_eq!(checks.due_in("a", 1, 1100, interval), 200);
+        assert_eq!(
+            checks.due_in("a", 2, 1100, interval),
+            0,
+            "a new generation is resolved at once"
+        );
+        assert_eq!(checks.due_in("a", 1, 1300, interval), 0);
+    }
+
+    #[test]
+    fn invalid_reservations_fail_validation() {
+        let mut nc = nodeclass();
+        let mut kubelet = nc.kubelet();
+        kubelet.kube_reserved.cpu = "lots".into();
+        nc.spec.kubelet = Some(kubelet);
+        let err = validate(&nc).unwrap_err();
+        assert!(err.contains("kubeReserved.cpu"), "{err}");
+        let status = desired_status(&nc, Err(err), None, ts(0).0);
+        assert_eq!(
+            status.conditions.get_condition("Ready").unwrap().reason,
+            "ValidationFailed"
+        );
+        assert_eq!(validate(&nodeclass()), Ok(()));
+    }
+}

@@ -1,0 +1,6 @@
+//! NodePool controllers: drift hash annotations, status counters, readiness, validation and
+//! registration health.
+
+pub mod hash;
+pub mod reconcile;
+pub mod status;

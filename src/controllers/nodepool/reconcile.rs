@@ -1,0 +1,99 @@
+//! The NodePool controller: hash annotations (and their migration to NodeClaims when the hash
+//! version changes), status counters from cluster state, NodeClass readiness, validation and
+//! registration health.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+
+use crate::apis::labels::{NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION_ANNOTATION, conditions};
+use crate::apis::{ConditionsExt, ExoscaleNodeClass, NodeClaim, NodePool};
+use crate::controllers::{Context, Result, absent_ok, patch_object, patch_status};
+use crate::operator::metrics::labels;
+use crate::state::quantity::parse_milli;
+
+use super::hash::{hash_annotations, needs_hash_migration};
+use super::status::{desired_status, epoch};
+
+const RESYNC: Duration = Duration::from_secs(30);
+
+pub async fn reconcile(pool: Arc<NodePool>, ctx: Arc<Context>) -> Result<Action> {
+    if pool.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let name = pool.name_any();
+    let api: Api<NodePool> = Api::all(ctx.client.clone());
+
+    // Hash annotations.
+    let wanted = hash_annotations(&pool);
+    let stale = wanted
+        .iter()
+        .any(|(k, v)| pool.annotations().get(k) != Some(v));
+    if stale {
+        let version_changed =
+            pool.annotations().get(NODEPOOL_HASH_VERSION_ANNOTATION) != Some(&wanted[1].1);
+        patch_object(&api, &name, serde_json::json!({"metadata": {"annotations": {
+            NODEPOOL_HASH_ANNOTATION: wanted[0].1, NODEPOOL_HASH_VERSION_ANNOTATION: wanted[1].1,
+        }}}), None).await?;
+        if version_changed {
+            migrate_claims(&ctx, &name, &wanted).await?;
+        }
+    }
+
+    // Status.
+    let nodeclass_name = &pool.spec.template.spec.node_class_ref.name;
+    let nodeclass = Api::<ExoscaleNodeClass>::all(ctx.client.clone())
+        .get_opt(nodeclass_name)
+        .await?;
+    let usage = ctx.cluster.read().nodepool_usage(&name);
+    let health = ctx
+        .registration_health
+        .verdict(&name, &epoch(&pool, nodeclass.as_ref()));
+    let status = desired_status(&pool, nodeclass.as_ref(), &usage, health, ctx.now());
+    if Some(&status) != pool.status.as_ref() {
+        patch_status(&api, &name, &status).await?;
+    }
+    for (resource, quantity) in &usage.resources {
+        if let Some(milli) = parse_milli(&quantity.0) {
+            ctx.metrics
+                .nodepools_usage
+                .get_or_create(&labels([("nodepool", &name), ("resource_type", resource)]))
+                .set(milli as f64 / 1000.0);
+        }
+    }
+    for (resource, quantity) in pool.spec.limits.iter().flatten() {
+        if let Some(milli) = parse_milli(&quantity.0) {
+            ctx.metrics
+                .nodepools_limit
+                .get_or_create(&labels([("nodepool", &name), ("resource_type", resource)]))
+                .set(milli as f64 / 1000.0);
+        }
+    }
+    Ok(Action::requeue(RESYNC))
+}
+
+/// Rewrites hash annotations of this pool's non-drifted NodeClaims after a hash-version bump,
+/// so the new hash algorithm does not drift every node at once.
+async fn migrate_claims(ctx: &Context, pool: &str, wanted: &[(String, String); 2]) -> Result<()> {
+    let api: Api<NodeClaim> = Api::all(ctx.client.clone());
+    let claims = ctx.cluster.read().nodeclaims_of_nodepool(pool);
+    for claim in claims {
+        let drifted = claim
+            .status
+            .as_ref()
+            .is_some_and(|s| s.conditions.is_true(conditions::DRIFTED));
+        let version = claim
+            .annotations()
+            .get(NODEPOOL_HASH_VERSION_ANNOTATION)
+            .map(String::as_str);
+        if needs_hash_migration(version, drifted) {
+            absent_ok(patch_object(&api, &claim.name_any(), serde_json::json!({"metadata": {"annotations": {
+                NODEPOOL_HASH_ANNOTATION: wanted[0].1, NODEPOOL_HASH_VERSION_ANNOTATION: wanted[1].1,
+            }}}), None).await)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,734 @@
+//! Run-time configuration: command-line flags win over environment variables, which win over
+//! defaults (upstream Karpenter's rule). Every missing or invalid value is collected and reported
+//! in one error so an operator fixes a Deployment in one round trip.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use clap::Args;
+use thiserror::Error;
+
+/// Every invalid or missing setting, one per line.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("invalid configuration:\n  {}", .0.join("\n  "))]
+pub struct ConfigError(pub Vec<String>);
+
+/// A secret string: never printed by `Debug` or `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    /// The secret value, for the one place that needs it (request signing).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// Log verbosity (upstream accepts debug, info, error; we also take warn).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    pub fn as_filter(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreferencePolicy {
+    Respect,
+    Ignore,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MinValuesPolicy {
+    Strict,
+    BestEffort,
+}
+
+/// Upstream feature gates; unknown names are refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FeatureGates {
+    pub node_repair: bool,
+    pub reserved_capacity: bool,
+    pub spot_to_spot_consolidation: bool,
+    pub node_overlay: bool,
+    pub static_capacity: bool,
+    pub capacity_buffer: bool,
+}
+
+impl Default for FeatureGates {
+    fn default() -> Self {
+        FeatureGates {
+            node_repair: false,
+            reserved_capacity: true,
+            spot_to_spot_consolidation: false,
+            node_overlay: false,
+            static_capacity: false,
+            capacity_buffer: false,
+        }
+    }
+}
+
+impl FeatureGates {
+    /// Parses `Name=bool,Name=bool` over the defaults.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let mut gates = FeatureGates::default();
+        for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((name, enabled)) = part.split_once('=') else {
+                return Err(format!("feature gate {part:?} must look like Name=true"));
+            };
+            let enabled: bool = enabled
+                .trim()
+                .parse()
+                .map_err(|_| format!("feature gate {name}: {enabled:?} is not true or false"))?;
+            let slot = match name.trim() {
+                "NodeRepair" => &mut gates.node_repair,
+                "ReservedCapacity" => &mut gates.reserved_capacity,
+                "SpotToSpotConsolidation" => &mut gates.spot_to_spot_consolidation,
+                "NodeOverlay" => &mut gates.node_overlay,
+                "StaticCapacity" => &mut gates.static_capacity,
+                "CapacityBuffer" => &mut gates.capacity_buffer,
+                other => return Err(format!("unknown feature gate {other:?}")),
+            };
+            *slot = enabled;
+        }
+        Ok(gates)
+    }
+}
+
+/// Exoscale provider settings (same variable names as the Go provider).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExoscaleSettings {
+    pub api_key: Secret,
+    pub api_secret: Secret,
+    pub zone: String,
+    pub sks_cluster_id: uuid::Uuid,
+    pub instance_prefix: String,
+    pub cluster_domain: String,
+    /// API server URL written into user data; the kube client's URL when unset.
+    pub cluster_endpoint: Option<String>,
+    pub api_endpoint: Option<String>,
+    pub api_environment: Option<String>,
+}
+
+/// Lifecycle timings; configurable so tests need not wait upstream's 15 minutes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timings {
+    /// A launched NodeClaim whose Node has not registered by then is replaced (upstream 15 min).
+    pub registration_ttl: Duration,
+    /// A NodeClaim whose Create keeps failing is deleted after this (upstream 5 min).
+    pub launch_timeout: Duration,
+    /// An instance of our cluster without a NodeClaim for this long is deleted.
+    pub instance_gc_grace_period: Duration,
+    /// How often instance garbage collection runs.
+    pub instance_gc_interval: Duration,
+    /// How often NodeClasses are re-resolved.
+    pub nodeclass_recheck_interval: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings {
+            registration_ttl: Duration::from_secs(15 * 60),
+            launch_timeout: Duration::from_secs(5 * 60),
+            instance_gc_grace_period: Duration::from_secs(10 * 60),
+            instance_gc_interval: Duration::from_secs(2 * 60),
+            nodeclass_recheck_interval: Duration::from_secs(5 * 60),
+        }
+    }
+}
+
+/// Everything `karpenter-exoscale run` needs, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub exoscale: ExoscaleSettings,
+    pub karpenter_service: String,
+    pub metrics_port: u16,
+    pub health_probe_port: u16,
+    pub kube_client_qps: f32,
+    pub kube_client_burst: u32,
+    pub disable_leader_election: bool,
+    pub disable_cluster_state_observability: bool,
+    pub leader_election_name: String,
+    /// Empty means the namespace of the kube client (in-cluster: the pod's namespace).
+    pub leader_election_namespace: String,
+    pub cpu_requests: u32,
+    pub log_level: LogLevel,
+    pub log_format: LogFormat,
+    pub batch_max_duration: Duration,
+    pub batch_idle_duration: Duration,
+    pub preference_policy: PreferencePolicy,
+    pub min_values_policy: MinValuesPolicy,
+    pub ignore_dra_requests: bool,
+    pub feature_gates: FeatureGates,
+    pub timings: Timings,
+    /// Identity of this replica in the Lease (pod name, or hostname + random suffix).
+    pub identity: String,
+}
+
+/// Flags of `karpenter-exoscale run`; each has an environment variable of the same name in
+/// SCREAMING_SNAKE_CASE. Values are kept raw here and validated together in [`Config::resolve`].
+#[derive(Args, Clone, Debug, Default)]
+pub struct RunArgs {
+    #[arg(long)]
+    pub exoscale_zone: Option<String>,
+    #[arg(long)]
+    pub exoscale_sks_cluster_id: Option<String>,
+    #[arg(long)]
+    pub exoscale_compute_instance_prefix: Option<String>,
+    #[arg(long)]
+    pub cluster_domain: Option<String>,
+    #[arg(long)]
+    pub cluster_endpoint: Option<String>,
+    #[arg(long)]
+    pub exoscale_api_endpoint: Option<String>,
+    #[arg(long)]
+    pub exoscale_api_environment: Option<String>,
+    #[arg(long)]
+    pub karpenter_service: Option<String>,
+    #[arg(long)]
+    pub metrics_port: Option<String>,
+    #[arg(long)]
+    pub health_probe_port: Option<String>,
+    #[arg(long)]
+    pub kube_client_qps: Option<String>,
+    #[arg(long)]
+    pub kube_client_burst: Option<String>,
+    #[arg(long)]
+    pub disable_leader_election: Option<String>,
+    #[arg(long)]
+    pub disable_cluster_state_observability: Option<String>,
+    #[arg(long)]
+    pub leader_election_name: Option<String>,
+    #[arg(long)]
+    pub leader_election_namespace: Option<String>,
+    #[arg(long)]
+    pub cpu_requests: Option<String>,
+    #[arg(long)]
+    pub log_level: Option<String>,
+    #[arg(long)]
+    pub log_format: Option<String>,
+    #[arg(long)]
+    pub batch_max_duration: Option<String>,
+    #[arg(long)]
+    pub batch_idle_duration: Option<String>,
+    #[arg(long)]
+    pub preference_policy: Option<String>,
+    #[arg(long)]
+    pub min_values_policy: Option<String>,
+    #[arg(long)]
+    pub ignore_dra_requests: Option<String>,
+    #[arg(long)]
+    pub feature_gates: Option<String>,
+    #[arg(long)]
+    pub nodeclaim_registration_ttl: Option<String>,
+    #[arg(long)]
+    pub nodeclaim_launch_timeout: Option<String>,
+    #[arg(long)]
+    pub instance_gc_grace_period: Option<String>,
+    #[arg(long)]
+    pub instance_gc_interval: Option<String>,
+    #[arg(long)]
+    pub nodeclass_recheck_interval: Option<String>,
+}
+
+/// Reads flag > env > default, remembering every failure.
+struct Resolver<'a> {
+    env: &'a BTreeMap<String, String>,
+    errors: Vec<String>,
+}
+
+impl Resolver<'_> {
+    /// The raw value: the flag if given, else the env var; empty strings count as unset.
+    fn raw(&self, flag: &Option<String>, env: &str) -> Option<String> {
+        flag.clone()
+            .or_else(|| self.env.get(env).cloned())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn required(&mut self, flag: &Option<String>, env: &str) -> String {
+        self.raw(flag, env).unwrap_or_else(|| {
+            self.errors
+                .push(format!("{env} environment variable is required"));
+            String::new()
+        })
+    }
+
+    fn parsed<T>(
+        &mut self,
+        flag: &Option<String>,
+        env: &str,
+        default: T,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> T {
+        match self.raw(flag, env) {
+            None => default,
+            Some(raw) => parse(&raw).unwrap_or_else(|reason| {
+                self.errors.push(format!("{env}={raw:?}: {reason}"));
+                default
+            }),
+        }
+    }
+}
+
+fn parse_bool(v: &str) -> Result<bool, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err("expected true or false".into()),
+    }
+}
+
+fn parse_port(v: &str) -> Result<u16, String> {
+    v.parse::<u16>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| "expected a port number 1-65535".into())
+}
+
+fn parse_positive_duration(v: &str) -> Result<Duration, String> {
+    let d = parse_go_duration(v)?;
+    if d.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+/// Parses Go duration syntax (`500ms`, `10s`, `1m30s`, `2h`).
+pub fn parse_go_duration(value: &str) -> Result<Duration, String> {
+    let invalid = || "expected a duration like 500ms, 10s, 1m30s".to_string();
+    if value.is_empty() {
+        return Err(invalid());
+    }
+    let mut rest = value;
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(invalid)?;
+        if digits == 0 {
+            return Err(invalid());
+        }
+        let number: f64 = rest[..digits].parse().map_err(|_| invalid())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds_per_unit = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(invalid()),
+        };
+        total += Duration::from_secs_f64(number * seconds_per_unit);
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}
+
+impl Config {
+    /// Builds the configuration from flags and an environment snapshot.
+    pub fn resolve(args: &RunArgs, env: &BTreeMap<String, String>) -> Result<Config, ConfigError> {
+        let mut r = Resolver {
+            env,
+            errors: Vec::new(),
+        };
+        let none = None;
+        let api_key = r.required(&none, "EXOSCALE_API_KEY");
+        let api_secret = r.required(&none, "EXOSCALE_API_SECRET");
+        let zone = r.required(&args.exoscale_zone, "EXOSCALE_ZONE");
+        let cluster_id_raw = r.required(&args.exoscale_sks_cluster_id, "EXOSCALE_SKS_CLUSTER_ID");
+        let sks_cluster_id = if cluster_id_raw.is_empty() {
+            uuid::Uuid::nil()
+        } else {
+            uuid::Uuid::parse_str(&cluster_id_raw).unwrap_or_else(|_| {
+                r.errors.push(
+                    "EXOSCALE_SKS_CLUSTER_ID environment variable is not a valid UUID".into(),
+                );
+                uuid::Uuid::nil()
+            })
+        };
+        let api_environment = r.raw(&args.exoscale_api_environment, "EXOSCALE_API_ENVIRONMENT");
+        if let Some(environment) = &api_environment
+            && environment != "ppapi"
+        {
+            r.errors.push(format!(
+                "EXOSCALE_API_ENVIRONMENT={environment:?}: only \"ppapi\" is recognised"
+            ));
+        }
+        let api_endpoint = r.raw(&args.exoscale_api_endpoint, "EXOSCALE_API_ENDPOINT");
+        if let Some(endpoint) = &api_endpoint
+            && url::Url::parse(endpoint).is_err()
+        {
+            r.errors
+                .push(format!("EXOSCALE_API_ENDPOINT={endpoint:?}: not a URL"));
+        }
+        let cluster_endpoint = r.raw(&args.cluster_endpoint, "CLUSTER_ENDPOINT");
+        if let Some(endpoint) = &cluster_endpoint
+            && url::Url::parse(endpoint).is_err()
+        {
+            r.errors
+                .push(format!("CLUSTER_ENDPOINT={endpoint:?}: not a URL"));
+        }
+        let exoscale = ExoscaleSettings {
+            api_key: Secret::new(api_key),
+            api_secret: Secret::new(api_secret),
+            zone,
+            sks_cluster_id,
+            instance_prefix: r
+                .raw(
+                    &args.exoscale_compute_instance_prefix,
+                    "EXOSCALE_COMPUTE_INSTANCE_PREFIX",
+                )
+                .unwrap_or_default(),
+            cluster_domain: r
+                .raw(&args.cluster_domain, "CLUSTER_DOMAIN")
+                .unwrap_or_else(|| "cluster.local".into()),
+            cluster_endpoint,
+            api_endpoint,
+            api_environment,
+        };
+
+        let defaults = Timings::default();
+        let timings = Timings {
+            registration_ttl: r.parsed(
+                &args.nodeclaim_registration_ttl,
+                "NODECLAIM_REGISTRATION_TTL",
+                defaults.registration_ttl,
+                parse_positive_duration,
+            ),
+            launch_timeout: r.parsed(
+                &args.nodeclaim_launch_timeout,
+                "NODECLAIM_LAUNCH_TIMEOUT",
+                defaults.launch_timeout,
+                parse_positive_duration,
+            ),
+            instance_gc_grace_period: r.parsed(
+                &args.instance_gc_grace_period,
+                "INSTANCE_GC_GRACE_PERIOD",
+                defaults.instance_gc_grace_period,
+                parse_positive_duration,
+            ),
+            instance_gc_interval: r.parsed(
+                &args.instance_gc_interval,
+                "INSTANCE_GC_INTERVAL",
+                defaults.instance_gc_interval,
+                parse_positive_duration,
+            ),
+            nodeclass_recheck_interval: r.parsed(
+                &args.nodeclass_recheck_interval,
+                "NODECLASS_RECHECK_INTERVAL",
+                defaults.nodeclass_recheck_interval,
+                parse_positive_duration,
+            ),
+        };
+
+        let metrics_port = r.parsed(&args.metrics_port, "METRICS_PORT", 8080, parse_port);
+        let health_probe_port = r.parsed(
+            &args.health_probe_port,
+            "HEALTH_PROBE_PORT",
+            8081,
+            parse_port,
+        );
+        if metrics_port == health_probe_port {
+            r.errors.push(format!(
+                "METRICS_PORT and HEALTH_PROBE_PORT must differ (both {metrics_port})"
+            ));
+        }
+        let config = Config {
+            exoscale,
+            karpenter_service: r
+                .raw(&args.karpenter_service, "KARPENTER_SERVICE")
+                .unwrap_or_default(),
+            metrics_port,
+            health_probe_port,
+            kube_client_qps: r.parsed(&args.kube_client_qps, "KUBE_CLIENT_QPS", 200.0, |v| {
+                v.parse::<f32>()
+                    .ok()
+                    .filter(|q| *q > 0.0)
+                    .ok_or_else(|| "expected a positive number".into())
+            }),
+            kube_client_burst: r.parsed(&args.kube_client_burst, "KUBE_CLIENT_BURST", 300, |v| {
+                v.parse::<u32>()
+                    .ok()
+                    .filter(|b| *b > 0)
+                    .ok_or_else(|| "expected a positive integer".into())
+            }),
+            disable_leader_election: r.parsed(
+                &args.disable_leader_election,
+                "DISABLE_LEADER_ELECTION",
+                false,
+                parse_bool,
+            ),
+            disable_cluster_state_observability: r.parsed(
+                &args.disable_cluster_state_observability,
+                "DISABLE_CLUSTER_STATE_OBSERVABILITY",
+                false,
+                parse_bool,
+            ),
+            leader_election_name: r
+                .raw(&args.leader_election_name, "LEADER_ELECTION_NAME")
+                .unwrap_or_else(|| "karpenter-leader-election".into()),
+            leader_election_namespace: r
+                .raw(&args.leader_election_namespace, "LEADER_ELECTION_NAMESPACE")
+                .unwrap_or_default(),
+            cpu_requests: r.parsed(&args.cpu_requests, "CPU_REQUESTS", 1000, |v| {
+                // Upstream: values <= 0 mean the default.
+                v.parse::<i64>()
+                    .map(|n| {
+                        if n <= 0 {
+                            1000
+                        } else {
+                            n.min(u32::MAX as i64) as u32
+                        }
+                    })
+                    .map_err(|_| "expected millicores as an integer".into())
+            }),
+            log_level: r.parsed(&args.log_level, "LOG_LEVEL", LogLevel::Info, |v| match v {
+                "debug" => Ok(LogLevel::Debug),
+                "info" => Ok(LogLevel::Info),
+                "warn" => Ok(LogLevel::Warn),
+                "error" => Ok(LogLevel::Error),
+                _ => Err("expected debug, info, warn or error".into()),
+            }),
+            log_format: r.parsed(
+                &args.log_format,
+                "LOG_FORMAT",
+                LogFormat::Json,
+                |v| match v {
+                    "json" => Ok(LogFormat::Json),
+                    "text" => Ok(LogFormat::Text),
+                    _ => Err("expected json or text".into()),
+                },
+            ),
+            batch_max_duration: r.parsed(
+                &args.batch_max_duration,
+                "BATCH_MAX_DURATION",
+                Duration::from_secs(10),
+                parse_positive_duration,
+            ),
+            batch_idle_duration: r.parsed(
+                &args.batch_idle_duration,
+                "BATCH_IDLE_DURATION",
+                Duration::from_secs(1),
+                parse_positive_duration,
+            ),
+            preference_policy: r.parsed(
+                &args.preference_policy,
+                "PREFERENCE_POLICY",
+                PreferencePolicy::Respect,
+                |v| match v {
+                    "Respect" => Ok(PreferencePolicy::Respect),
+                    "Ignore" => Ok(PreferencePolicy::Ignore),
+                    _ => Err("expected Respect or Ignore".into()),
+                },
+            ),
+            min_values_policy: r.parsed(
+                &args.min_values_policy,
+                "MIN_VALUES_POLICY",
+                MinValuesPolicy::Strict,
+                |v| match v {
+                    "Strict" => Ok(MinValuesPolicy::Strict),
+                    "BestEffort" => Ok(MinValuesPolicy::BestEffort),
+                    _ => Err("expected Strict or BestEffort".into()),
+                },
+            ),
+            ignore_dra_requests: r.parsed(
+                &args.ignore_dra_requests,
+                "IGNORE_DRA_REQUESTS",
+                true,
+                parse_bool,
+            ),
+            feature_gates: r.parsed(
+                &args.feature_gates,
+                "FEATURE_GATES",
+                FeatureGates::default(),
+                FeatureGates::parse,
+            ),
+            timings,
+            identity: env
+                .get("POD_NAME")
+                .or_else(|| env.get("HOSTNAME"))
+                .filter(|v| !v.is_empty())
+                .cloned()
+                .unwrap_or_else(|| format!("karpenter-{}", uuid::Uuid::new_v4())),
+        };
+        if config.batch_idle_duration > config.batch_max_duration {
+            r.errors.push(format!(
+                "BATCH_IDLE_DURATION ({:?}) must not exceed BATCH_MAX_DURATION ({:?})",
+                config.batch_idle_duration, config.batch_max_duration
+            ));
+        }
+        if r.errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError(r.errors))
+        }
+    }
+
+    /// Reads the process environment.
+    pub fn from_process(args: &RunArgs) -> Result<Config, ConfigError> {
+        let env: BTreeMap<String, String> = std::env::vars().collect();
+        Config::resolve(args, &env)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn minimal() -> BTreeMap<String, String> {
+        env(&[
+            ("EXOSCALE_API_KEY", "EXOkey"),
+            ("EXOSCALE_API_SECRET", "s3cret"),
+            ("EXOSCALE_ZONE", "ch-gva-2"),
+            (
+                "EXOSCALE_SKS_CLUSTER_ID",
+                "5f0c9a58-1b8c-4a5e-9a43-3b1c1f2b6d11",
+            ),
+        ])
+    }
+
+    #[test]
+    fn defaults_match_upstream() {
+        let config = Config::resolve(&RunArgs::default(), &minimal()).unwrap();
+        assert_eq!(config.metrics_port, 8080);
+        assert_eq!(config.health_probe_port, 8081);
+        assert_eq!(config.leader_election_name, "karpenter-leader-election");
+        assert_eq!(config.batch_max_duration, Duration::from_secs(10));
+        assert_eq!(config.batch_idle_duration, Duration::from_secs(1));
+        assert_eq!(config.exoscale.cluster_domain, "cluster.local");
+        assert_eq!(config.exoscale.instance_prefix, "");
+        assert!(!config.feature_gates.node_repair);
+        assert!(config.feature_gates.reserved_capacity);
+        assert_eq!(config.timings.registration_ttl, Duration::from_secs(900));
+        assert_eq!(config.log_level, LogLevel::Info);
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let e = env(&[
+            ("EXOSCALE_SKS_CLUSTER_ID", "not-a-uuid"),
+            ("METRICS_PORT", "eighty"),
+            ("LOG_LEVEL", "loud"),
+            ("FEATURE_GATES", "NodeRepair=maybe"),
+            ("BATCH_MAX_DURATION", "10 seconds"),
+        ]);
+        let err = Config::resolve(&RunArgs::default(), &e).unwrap_err();
+        let text = err.to_string();
+        for needle in [
+            "EXOSCALE_API_KEY environment variable is required",
+            "EXOSCALE_API_SECRET environment variable is required",
+            "EXOSCALE_ZONE environment variable is required",
+            "EXOSCALE_SKS_CLUSTER_ID environment variable is not a valid UUID",
+            "METRICS_PORT=\"eighty\"",
+            "LOG_LEVEL=\"loud\"",
+            "NodeRepair",
+            "BATCH_MAX_DURATION=\"10 seconds\"",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in {text}");
+        }
+        assert_eq!(err.0.len(), 8);
+    }
+
+    #[test]
+    fn flags_win_over_environment_and_empty_env_is_unset() {
+        let mut e = minimal();
+        e.insert("METRICS_PORT".into(), "9000".into());
+        e.insert("CLUSTER_DOMAIN".into(), String::new());
+        let args = RunArgs {
+            metrics_port: Some("9100".into()),
+            ..RunArgs::default()
+        };
+        let config = Config::resolve(&args, &e).unwrap();
+        assert_eq!(config.metrics_port, 9100);
+        assert_eq!(config.exoscale.cluster_domain, "cluster.local");
+    }
+
+    #[test]
+    fn secrets_are_not_in_debug_output() {
+        let config = Config::resolve(&RunArgs::default(), &minimal()).unwrap();
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("s3cret"), "{debug}");
+        assert!(!debug.contains("EXOkey"), "{debug}");
+        assert_eq!(config.exoscale.api_secret.expose(), "s3cret");
+    }
+
+    #[test]
+    fn feature_gates_parse_over_defaults() {
+        let gates = FeatureGates::parse("NodeRepair=true, SpotToSpotConsolidation=false").unwrap();
+        assert!(gates.node_repair);
+        assert!(gates.reserved_capacity);
+        assert!(
+            FeatureGates::parse("Bogus=true")
+                .unwrap_err()
+                .contains("Bogus")
+        );
+    }
+
+    #[test]
+    fn go_durations_parse() {
+        assert_eq!(
+            parse_go_duration("500ms").unwrap(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(parse_go_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_go_duration("2h").unwrap(), Duration::from_secs(7200));
+        assert!(parse_go_duration("10").is_err());
+        assert!(parse_go_duration("s").is_err());
+    }
+
+    #[test]
+    fn test_timings_are_configurable() {
+        let mut e = minimal();
+        e.insert("NODECLAIM_REGISTRATION_TTL".into(), "20s".into());
+        e.insert("INSTANCE_GC_GRACE_PERIOD".into(), "0s".into());
+        let err = Config::resolve(&RunArgs::default(), &e).unwrap_err();
+        assert_eq!(err.0.len(), 1, "{err}");
+        e.insert("INSTANCE_GC_GRACE_PERIOD".into(), "5s".into());
+        let config = Config::resolve(&RunArgs::default(), &e).unwrap();
+        assert_eq!(config.timings.registration_ttl, Duration::from_secs(20));
+        assert_eq!(
+            config.timings.instance_gc_grace_period,
+            Duration::from_secs(5)
+        );
+    }
+}

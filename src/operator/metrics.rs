@@ -1,0 +1,300 @@
+//! Prometheus metrics with upstream Karpenter's `karpenter_*` names (dashboards keep working)
+//! plus `karpenter_exoscale_api_*` for the Exoscale API client.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Label pairs in a fixed order.
+pub type Labels = Vec<(String, String)>;
+type CounterFamily = Family<Labels, Counter>;
+type GaugeFamily = Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>;
+type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// controller-runtime style buckets, 5 ms to 10 min.
+const DURATION_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 300.0, 600.0,
+];
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+/// Builds a label list from `(key, value)` pairs.
+pub fn labels<const N: usize>(pairs: [(&str, &str); N]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// All metrics this process exports.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub nodeclaims_created: CounterFamily,
+    pub nodeclaims_terminated: CounterFamily,
+    pub nodeclaims_disrupted: CounterFamily,
+    pub nodeclaims_unhealthy_disrupted: CounterFamily,
+    pub nodeclaims_termination_duration: HistogramFamily,
+    pub nodeclaims_instance_termination_duration: HistogramFamily,
+    pub nodes_created: CounterFamily,
+    pub nodes_terminated: CounterFamily,
+    pub nodes_drained: CounterFamily,
+    pub nodes_termination_duration: HistogramFamily,
+    pub nodes_lifetime_duration: HistogramFamily,
+    pub pods_eviction_requests: CounterFamily,
+    pub pods_drained: CounterFamily,
+    pub pods_disruption_initiated: CounterFamily,
+    pub nodepools_usage: GaugeFamily,
+    pub nodepools_limit: GaugeFamily,
+    pub cluster_state_synced: GaugeFamily,
+    pub cluster_state_node_count: GaugeFamily,
+    pub cloudprovider_duration: HistogramFamily,
+    pub cloudprovider_errors: CounterFamily,
+    pub reconcile_errors: CounterFamily,
+    pub exoscale_api_requests: CounterFamily,
+    pub exoscale_api_duration: HistogramFamily,
+    pub exoscale_api_errors: CounterFamily,
+    pub build_info: GaugeFamily,
+    pub leader: GaugeFamily,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let counter = |registry: &mut Registry, name: &str, help: &str| {
+            let family = CounterFamily::default();
+            // prometheus-client appends `_total` to counters.
+            registry.register(name, help, family.clone());
+            family
+        };
+        let gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let family = GaugeFamily::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        let histogram = |registry: &mut Registry, name: &str, help: &str| {
+            let family: HistogramFamily =
+                Family::new_with_constructor(duration_histogram as fn() -> Histogram);
+            registry.register(name, help, family.clone());
+            family
+        };
+        let r = &mut registry;
+        let metrics = Metrics {
+            nodeclaims_created: counter(
+                r,
+                "karpenter_nodeclaims_created",
+                "NodeClaims created, by reason and nodepool.",
+            ),
+            nodeclaims_terminated: counter(
+                r,
+                "karpenter_nodeclaims_terminated",
+                "NodeClaims terminated, by nodepool, capacity type and zone.",
+            ),
+            nodeclaims_disrupted: counter(
+                r,
+                "karpenter_nodeclaims_disrupted",
+                "NodeClaims disrupted, by reason.",
+            ),
+            nodeclaims_unhealthy_disrupted: counter(
+                r,
+                "karpenter_nodeclaims_unhealthy_disrupted",
+                "NodeClaims deleted by node repair, by condition.",
+            ),
+            nodeclaims_termination_duration: histogram(
+                r,
+                "karpenter_nodeclaims_termination_duration_seconds",
+                "Time from NodeClaim deletion to finalizer removal.",
+            ),
+            nodeclaims_instance_termination_duration: histogram(
+                r,
+                "karpenter_nodeclaims_instance_termination_duration_seconds",
+                "Time from the first cloud delete to the instance being gone.",
+            ),
+            nodes_created: counter(
+                r,
+                "karpenter_nodes_created",
+                "Nodes registered, by nodepool and zone.",
+            ),
+            nodes_terminated: counter(
+                r,
+                "karpenter_nodes_terminated",
+                "Nodes terminated, by nodepool and zone.",
+            ),
+            nodes_drained: counter(r, "karpenter_nodes_drained", "Nodes drained, by nodepool."),
+            nodes_termination_duration: histogram(
+                r,
+                "karpenter_nodes_termination_duration_seconds",
+                "Time from Node deletion to finalizer removal.",
+            ),
+            nodes_lifetime_duration: histogram(
+                r,
+                "karpenter_nodes_lifetime_duration_seconds",
+                "Node lifetime from creation to termination.",
+            ),
+            pods_eviction_requests: counter(
+                r,
+                "karpenter_pods_eviction_requests",
+                "Eviction requests, by HTTP code.",
+            ),
+            pods_drained: counter(
+                r,
+                "karpenter_pods_drained",
+                "Pods drained, by disruption reason.",
+            ),
+            pods_disruption_initiated: counter(
+                r,
+                "karpenter_pods_disruption_initiated",
+                "Pods whose disruption was initiated.",
+            ),
+            nodepools_usage: gauge(
+                r,
+                "karpenter_nodepools_usage",
+                "Resources provisioned by a NodePool.",
+            ),
+            nodepools_limit: gauge(
+                r,
+                "karpenter_nodepools_limit",
+                "Resource limits of a NodePool.",
+            ),
+            cluster_state_synced: gauge(
+                r,
+                "karpenter_cluster_state_synced",
+                "1 when the cluster state cache is synced.",
+            ),
+            cluster_state_node_count: gauge(
+                r,
+                "karpenter_cluster_state_node_count",
+                "Nodes known to the cluster state.",
+            ),
+            cloudprovider_duration: histogram(
+                r,
+                "karpenter_cloudprovider_duration_seconds",
+                "Cloud provider call latency, by method.",
+            ),
+            cloudprovider_errors: counter(
+                r,
+                "karpenter_cloudprovider_errors",
+                "Cloud provider call errors, by method and error.",
+            ),
+            reconcile_errors: counter(
+                r,
+                "karpenter_exoscale_reconcile_errors",
+                "Reconcile errors, by controller and error kind.",
+            ),
+            exoscale_api_requests: counter(
+                r,
+                "karpenter_exoscale_api_requests",
+                "Exoscale API requests, by operation and status code.",
+            ),
+            exoscale_api_duration: histogram(
+                r,
+                "karpenter_exoscale_api_request_duration_seconds",
+                "Exoscale API request latency, by operation.",
+            ),
+            exoscale_api_errors: counter(
+                r,
+                "karpenter_exoscale_api_errors",
+                "Exoscale API errors, by operation and kind.",
+            ),
+            build_info: gauge(r, "karpenter_build_info", "Build information."),
+            leader: gauge(
+                r,
+                "karpenter_exoscale_leader",
+                "1 while this replica holds the leader Lease.",
+            ),
+            registry: Mutex::new(registry),
+        };
+        metrics
+            .build_info
+            .get_or_create(&labels([("version", env!("CARGO_PKG_VERSION"))]))
+            .set(1.0);
+        metrics
+    }
+
+    /// The text exposition format served on `/metrics`.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &registry);
+        out
+    }
+
+    /// Records one cloud provider call.
+    pub fn observe_cloud_call(&self, method: &str, elapsed: Duration, error: Option<&str>) {
+        self.cloudprovider_duration
+            .get_or_create(&labels([("method", method), ("provider", "exoscale")]))
+            .observe(elapsed.as_secs_f64());
+        if let Some(error) = error {
+            self.cloudprovider_errors
+                .get_or_create(&labels([
+                    ("method", method),
+                    ("provider", "exoscale"),
+                    ("error", error),
+                ]))
+                .inc();
+        }
+    }
+
+    /// Records one Exoscale API request (the client calls this through its hook).
+    pub fn observe_exoscale_request(&self, operation: &str, status: u16, elapsed: Duration) {
+        let code = status.to_string();
+        self.exoscale_api_requests
+            .get_or_create(&labels([("operation", operation), ("code", &code)]))
+            .inc();
+        self.exoscale_api_duration
+            .get_or_create(&labels([("operation", operation)]))
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a NodeClaim deleted by a controller for `reason` (`expired`, `launch_timeout`...).
+    pub fn nodeclaim_disrupted(&self, reason: &str, nodepool: &str, capacity_type: &str) {
+        self.nodeclaims_disrupted
+            .get_or_create(&labels([
+                ("reason", reason),
+                ("nodepool", nodepool),
+                ("capacity_type", capacity_type),
+            ]))
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exports_upstream_names() {
+        let metrics = Metrics::new();
+        metrics.nodeclaim_disrupted("expired", "default", "on-demand");
+        metrics.observe_exoscale_request("create-instance", 200, Duration::from_millis(20));
+        metrics.observe_cloud_call(
+            "Create",
+            Duration::from_millis(5),
+            Some("InsufficientCapacityError"),
+        );
+        let text = metrics.render();
+        for name in [
+            "karpenter_nodeclaims_disrupted_total{reason=\"expired\",nodepool=\"default\",capacity_type=\"on-demand\"} 1",
+            "karpenter_exoscale_api_requests_total{operation=\"create-instance\",code=\"200\"} 1",
+            "karpenter_cloudprovider_errors_total{method=\"Create\",provider=\"exoscale\",error=\"InsufficientCapacityError\"} 1",
+            "karpenter_cloudprovider_duration_seconds_bucket",
+            "karpenter_build_info{version=",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! The `karpenter-exoscale run` process: configuration, logging, leader election, metrics and
+//! health servers, events, and the wiring of cluster state and controllers.
+
+pub mod config;
+pub mod events;
+pub mod health;
+pub mod leader;
+pub mod logging;
+pub mod metrics;
+
+pub use config::{Config, ConfigError, RunArgs};

@@ -1,0 +1,473 @@
+//! The pure cluster index: synchronous `apply`/`delete` per kind and derived queries. No I/O;
+//! unit-tested by applying objects and asserting what it derives.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
+
+use crate::apis::labels::{CAPACITY_TYPE_LABEL, NODEPOOL_LABEL};
+use crate::apis::{NodeClaim, NodePool, ResourceList};
+
+use super::quantity;
+
+/// Kinds the index holds; each must finish its initial list before the index is synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Node,
+    NodeClaim,
+    NodePool,
+    Pod,
+    DaemonSet,
+    PodDisruptionBudget,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::Node,
+        Kind::NodeClaim,
+        Kind::NodePool,
+        Kind::Pod,
+        Kind::DaemonSet,
+        Kind::PodDisruptionBudget,
+    ];
+}
+
+/// `namespace/name` of a namespaced object.
+pub type NamespacedName = (String, String);
+
+fn namespaced<K: ResourceExt>(obj: &K) -> NamespacedName {
+    (obj.namespace().unwrap_or_default(), obj.name_any())
+}
+
+/// Resources and node count a NodePool has provisioned.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodePoolUsage {
+    pub resources: ResourceList,
+    pub nodes: i64,
+}
+
+#[derive(Default)]
+pub struct ClusterIndex {
+    nodes: BTreeMap<String, Arc<Node>>,
+    nodeclaims: BTreeMap<String, Arc<NodeClaim>>,
+    nodepools: BTreeMap<String, Arc<NodePool>>,
+    pods: BTreeMap<NamespacedName, Arc<Pod>>,
+    pods_by_node: BTreeMap<String, BTreeSet<NamespacedName>>,
+    daemonsets: BTreeMap<NamespacedName, Arc<DaemonSet>>,
+    pdbs: BTreeMap<NamespacedName, Arc<PodDisruptionBudget>>,
+    listed: BTreeSet<Kind>,
+    /// Names seen during a re-list in progress, per kind.
+    relisting: BTreeMap<Kind, BTreeSet<String>>,
+}
+
+/// The provider ID of a Node.
+pub fn node_provider_id(node: &Node) -> Option<&str> {
+    node.spec.as_ref()?.provider_id.as_deref()
+}
+
+/// The provider ID of a NodeClaim.
+pub fn nodeclaim_provider_id(claim: &NodeClaim) -> Option<&str> {
+    claim.status.as_ref()?.provider_id.as_deref()
+}
+
+fn pod_node(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.node_name.as_deref()
+}
+
+fn key_string(kind: Kind, key: &NamespacedName) -> String {
+    match kind {
+        Kind::Node | Kind::NodeClaim | Kind::NodePool => key.1.clone(),
+        _ => format!("{}/{}", key.0, key.1),
+    }
+}
+
+impl ClusterIndex {
+    // ---- feeding ---------------------------------------------------------------------------
+
+    pub fn apply_node(&mut self, node: Node) {
+        self.seen(Kind::Node, &namespaced(&node));
+        self.nodes.insert(node.name_any(), Arc::new(node));
+    }
+    pub fn delete_node(&mut self, name: &str) {
+        self.nodes.remove(name);
+    }
+    pub fn apply_nodeclaim(&mut self, claim: NodeClaim) {
+        self.seen(Kind::NodeClaim, &namespaced(&claim));
+        self.nodeclaims.insert(claim.name_any(), Arc::new(claim));
+    }
+    pub fn delete_nodeclaim(&mut self, name: &str) {
+        self.nodeclaims.remove(name);
+    }
+    pub fn apply_nodepool(&mut self, pool: NodePool) {
+        self.seen(Kind::NodePool, &namespaced(&pool));
+        self.nodepools.insert(pool.name_any(), Arc::new(pool));
+    }
+    pub fn delete_nodepool(&mut self, name: &str) {
+        self.nodepools.remove(name);
+    }
+    pub fn apply_pod(&mut self, pod: Pod) {
+        let key = namespaced(&pod);
+        self.seen(Kind::Pod, &key);
+        self.unbind(&key);
+        if let Some(node) = pod_node(&pod) {
+            self.pods_by_node
+                .entry(node.to_string())
+                .or_default()
+                .insert(key.clone());
+        }
+        self.pods.insert(key, Arc::new(pod));
+    }
+    pub fn delete_pod(&mut self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        self.unbind(&key);
+        self.pods.remove(&key);
+    }
+    pub fn apply_daemonset(&mut self, ds: DaemonSet) {
+        let key = namespaced(&ds);
+        self.seen(Kind::DaemonSet, &key);
+        self.daemonsets.insert(key, Arc::new(ds));
+    }
+    pub fn delete_daemonset(&mut self, namespace: &str, name: &str) {
+        self.daemonsets
+            .remove(&(namespace.to_string(), name.to_string()));
+    }
+    pub fn apply_pdb(&mut self, pdb: PodDisruptionBudget) {
+        let key = namespaced(&pdb);
+        self.seen(Kind::PodDisruptionBudget, &key);
+        self.pdbs.insert(key, Arc::new(pdb));
+    }
+    pub fn delete_pdb(&mut self, namespace: &str, name: &str) {
+        self.pdbs.remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    fn unbind(&mut self, key: &NamespacedName) {
+        if let Some(old) = self.pods.get(key)
+            && let Some(node) = pod_node(old)
+            && let Some(set) = self.pods_by_node.get_mut(node)
+        {
+            set.remove(key);
+            if set.is_empty() {
+                self.pods_by_node.remove(node);
+            }
+        }
+    }
+
+    fn seen(&mut self, kind: Kind, key: &NamespacedName) {
+        if let Some(names) = self.relisting.get_mut(&kind) {
+            names.insert(key_string(kind, key));
+        }
+    }
+
+    /// A watch (re)started listing `kind`: objects not seen before [`Self::finish_list`] are gone.
+    pub fn begin_list(&mut self, kind: Kind) {
+        self.relisting.insert(kind, BTreeSet::new());
+    }
+
+    /// The list of `kind` is complete: drop what it did not contain and mark the kind listed.
+    pub fn finish_list(&mut self, kind: Kind) {
+        let seen = self.relisting.remove(&kind).unwrap_or_default();
+        match kind {
+            Kind::Node => self.nodes.retain(|name, _| seen.contains(name)),
+            Kind::NodeClaim => self.nodeclaims.retain(|name, _| seen.contains(name)),
+            Kind::NodePool => self.nodepools.retain(|name, _| seen.contains(name)),
+            Kind::Pod => {
+                let gone: Vec<NamespacedName> = self
+                    .pods
+                    .keys()
+                    .filter(|k| !seen.contains(&key_string(kind, k)))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    self.delete_pod(&key.0, &key.1);
+                }
+            }
+            Kind::DaemonSet => self
+                .daemonsets
+                .retain(|k, _| seen.contains(&key_string(kind, k))),
+            Kind::PodDisruptionBudget => {
+                self.pdbs.retain(|k, _| seen.contains(&key_string(kind, k)))
+            }
+        }
+        self.listed.insert(kind);
+    }
+
+    // ---- queries ---------------------------------------------------------------------------
+
+    /// Upstream `Synced()`: every kind listed once, and no NodeClaim waiting for its provider ID
+    /// (an in-flight launch could otherwise be double-counted or missed by provisioning).
+    pub fn synced(&self) -> bool {
+        Kind::ALL.iter().all(|k| self.listed.contains(k))
+            && self
+                .nodeclaims
+                .values()
+                .all(|c| nodeclaim_provider_id(c).is_some())
+    }
+
+    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
+        self.nodes.get(name).cloned()
+    }
+    pub fn nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes.values().cloned().collect()
+    }
+    pub fn nodeclaim(&self, name: &str) -> Option<Arc<NodeClaim>> {
+        self.nodeclaims.get(name).cloned()
+    }
+    pub fn nodeclaims(&self) -> Vec<Arc<NodeClaim>> {
+        self.nodeclaims.values().cloned().collect()
+    }
+    pub fn nodepool(&self, name: &str) -> Option<Arc<NodePool>> {
+        self.nodepools.get(name).cloned()
+    }
+    pub fn nodepools(&self) -> Vec<Arc<NodePool>> {
+        self.nodepools.values().cloned().collect()
+    }
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.values().cloned().collect()
+    }
+    pub fn daemonsets(&self) -> Vec<Arc<DaemonSet>> {
+        self.daemonsets.values().cloned().collect()
+    }
+    pub fn pdbs(&self) -> Vec<Arc<PodDisruptionBudget>> {
+        self.pdbs.values().cloned().collect()
+    }
+    /// PodDisruptionBudgets of one namespace.
+    pub fn pdbs_in(&self, namespace: &str) -> Vec<Arc<PodDisruptionBudget>> {
+        self.pdbs
+            .range((namespace.to_string(), String::new())..)
+            .take_while(|((ns, _), _)| ns == namespace)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// Pods bound to a node (any phase).
+    pub fn pods_on_node(&self, node: &str) -> Vec<Arc<Pod>> {
+        self.pods_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| self.pods.get(key).cloned())
+            .collect()
+    }
+
+    /// Nodes reporting this provider ID (more than one is a registration conflict).
+    pub fn nodes_by_provider_id(&self, provider_id: &str) -> Vec<Arc<Node>> {
+        self.nodes
+            .values()
+            .filter(|n| node_provider_id(n) == Some(provider_id))
+            .cloned()
+            .collect()
+    }
+
+    pub fn nodeclaim_by_provider_id(&self, provider_id: &str) -> Option<Arc<NodeClaim>> {
+        self.nodeclaims
+            .values()
+            .find(|c| nodeclaim_provider_id(c) == Some(provider_id))
+            .cloned()
+    }
+
+    /// NodeClaims not yet registered and not being deleted: capacity on its way.
+    pub fn in_flight_nodeclaims(&self) -> Vec<Arc<NodeClaim>> {
+        use crate::apis::ConditionsExt;
+        use crate::apis::labels::conditions::REGISTERED;
+        self.nodeclaims
+            .values()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .filter(|c| {
+                !c.status
+                    .as_ref()
+                    .is_some_and(|s| s.conditions.is_true(REGISTERED))
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// NodeClaims of a NodePool (label `karpenter.sh/nodepool`).
+    pub fn nodeclaims_of_nodepool(&self, nodepool: &str) -> Vec<Arc<NodeClaim>> {
+        self.nodeclaims
+            .values()
+            .filter(|c| c.labels().get(NODEPOOL_LABEL).map(String::as_str) == Some(nodepool))
+            .cloned()
+            .collect()
+    }
+
+    /// NodeClaims referencing an ExoscaleNodeClass by name.
+    pub fn nodeclaims_of_nodeclass(&self, nodeclass: &str) -> Vec<Arc<NodeClaim>> {
+        self.nodeclaims
+            .values()
+            .filter(|c| {
+                c.spec.node_class_ref.name == nodeclass
+                    && c.spec.node_class_ref.kind == "ExoscaleNodeClass"
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Capacity and count of a NodePool's NodeClaims not marked for deletion. A node's own
+    /// capacity wins per resource once it reports a non-zero value (upstream's fallback rule).
+    pub fn nodepool_usage(&self, nodepool: &str) -> NodePoolUsage {
+        let mut total = BTreeMap::new();
+        let mut nodes = 0;
+        for claim in self.nodeclaims_of_nodepool(nodepool) {
+            if claim.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            nodes += 1;
+            let mut capacity = claim
+                .status
+                .as_ref()
+                .map(|s| s.capacity.clone())
+                .unwrap_or_default();
+            let node_capacity = nodeclaim_provider_id(&claim)
+                .and_then(|pid| self.nodes_by_provider_id(pid).into_iter().next())
+                .and_then(|n| n.status.as_ref()?.capacity.clone())
+                .unwrap_or_default();
+            for (name, q) in node_capacity {
+                if quantity::parse_milli(&q.0).is_some_and(|m| m > 0) {
+                    capacity.insert(name, q);
+                }
+            }
+            quantity::add_into(&mut total, &capacity);
+        }
+        NodePoolUsage {
+            resources: quantity::to_resource_list(&total),
+            nodes,
+        }
+    }
+
+    /// Capacity type label of a NodeClaim (for metric labels).
+    pub fn capacity_type(claim: &NodeClaim) -> String {
+        claim
+            .labels()
+            .get(CAPACITY_TYPE_LABEL)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::testing::*;
+
+    #[test]
+    fn pods_are_indexed_by_node_and_rebound() {
+        let mut index = ClusterIndex::default();
+        index.apply_pod(pod("default", "a", Some("n1")));
+        index.apply_pod(pod("default", "b", Some("n1")));
+        index.apply_pod(pod("default", "c", None));
+        assert_eq!(index.pods_on_node("n1").len(), 2);
+        index.apply_pod(pod("default", "a", Some("n2")));
+        assert_eq!(index.pods_on_node("n1").len(), 1);
+        assert_eq!(index.pods_on_node("n2").len(), 1);
+        index.delete_pod("default", "b");
+        assert!(index.pods_on_node("n1").is_empty());
+        assert_eq!(index.pods().len(), 2);
+    }
+
+    #[test]
+    fn synced_needs_every_list_and_every_provider_id() {
+        let mut index = ClusterIndex::default();
+        for kind in Kind::ALL {
+            index.begin_list(kind);
+        }
+        index.apply_nodeclaim(nodeclaim("c1", "default", None));
+        for kind in Kind::ALL[..5].iter() {
+            index.finish_list(*kind);
+        }
+        assert!(!index.synced(), "PDB list not finished");
+        index.finish_list(Kind::PodDisruptionBudget);
+        assert!(!index.synced(), "c1 has no provider ID yet");
+        index.apply_nodeclaim(nodeclaim("c1", "default", Some("exoscale://1")));
+        assert!(index.synced());
+    }
+
+    #[test]
+    fn relist_drops_objects_that_vanished_while_disconnected() {
+        let mut index = ClusterIndex::default();
+        index.apply_node(node("n1", Some("exoscale://1"), &[]));
+        index.apply_node(node("n2", Some("exoscale://2"), &[]));
+        index.apply_pod(pod("ns", "p", Some("n2")));
+        index.begin_list(Kind::Node);
+        index.begin_list(Kind::Pod);
+        index.apply_node(node("n1", Some("exoscale://1"), &[]));
+        index.finish_list(Kind::Node);
+        index.finish_list(Kind::Pod);
+        assert!(index.node("n2").is_none());
+        assert!(index.node("n1").is_some());
+        assert!(index.pods_on_node("n2").is_empty());
+    }
+
+    #[test]
+    fn nodepool_usage_sums_capacity_and_skips_deleting_claims() {
+        let mut index = ClusterIndex::default();
+        index.apply_nodeclaim(with_capacity(
+            nodeclaim("c1", "pool", Some("exoscale://1")),
+            &[("cpu", "2"), ("memory", "4Gi")],
+        ));
+        index.apply_nodeclaim(with_capacity(
+            nodeclaim("c2", "pool", Some("exoscale://2")),
+            &[("cpu", "4"), ("memory", "8Gi")],
+        ));
+        let mut deleting = with_capacity(
+            nodeclaim("c3", "pool", Some("exoscale://3")),
+            &[("cpu", "8")],
+        );
+        deleting.metadata.deletion_timestamp = Some(ts(0));
+        index.apply_nodeclaim(deleting);
+        index.apply_nodeclaim(with_capacity(
+            nodeclaim("other", "other", Some("exoscale://4")),
+            &[("cpu", "16")],
+        ));
+        // The registered node of c1 reports its real capacity, which wins.
+        index.apply_node(with_node_capacity(
+            node("n1", Some("exoscale://1"), &[]),
+            &[("cpu", "2"), ("memory", "3Gi")],
+        ));
+        let usage = index.nodepool_usage("pool");
+        assert_eq!(usage.nodes, 2);
+        assert_eq!(usage.resources["cpu"].0, "6");
+        assert_eq!(
+            usage.resources["memory"].0,
+            (11u64 * 1024 * 1024 * 1024).to_string()
+        );
+    }
+
+    #[test]
+    fn in_flight_claims_are_unregistered_and_not_deleting() {
+        let mut index = ClusterIndex::default();
+        index.apply_nodeclaim(nodeclaim("launching", "p", None));
+        index.apply_nodeclaim(registered(nodeclaim("done", "p", Some("exoscale://1"))));
+        let names: Vec<String> = index
+            .in_flight_nodeclaims()
+            .iter()
+            .map(|c| c.name_any())
+            .collect();
+        assert_eq!(names, vec!["launching"]);
+        assert_eq!(
+            index
+                .nodeclaim_by_provider_id("exoscale://1")
+                .unwrap()
+                .name_any(),
+            "done"
+        );
+    }
+
+    #[test]
+    fn pdbs_are_listed_per_namespace() {
+        let mut index = ClusterIndex::default();
+        index.apply_pdb(pdb("a", "x"));
+        index.apply_pdb(pdb("b", "y"));
+        index.apply_pdb(pdb("b", "z"));
+        assert_eq!(index.pdbs_in("b").len(), 2);
+        assert_eq!(index.pdbs_in("a").len(), 1);
+        assert!(index.pdbs_in("c").is_empty());
+    }
+}

@@ -1,0 +1,192 @@
+//! Cluster state: an in-memory view of Nodes, NodeClaims, NodePools, Pods, DaemonSets and
+//! PodDisruptionBudgets fed by kube-rs watchers. Controllers read it instead of listing from
+//! the API server; decisions are computed from it by pure code.
+
+mod index;
+pub mod quantity;
+#[cfg(test)]
+pub mod testing;
+
+use std::fmt::Debug;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+pub use index::{
+    ClusterIndex, Kind, NamespacedName, NodePoolUsage, node_provider_id, nodeclaim_provider_id,
+};
+
+use crate::apis::{NodeClaim, NodePool};
+
+/// Shared, thread-safe cluster state. Every change bumps a revision that consumers can await.
+pub struct Cluster {
+    index: RwLock<ClusterIndex>,
+    revision: watch::Sender<u64>,
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Cluster {
+            index: RwLock::new(ClusterIndex::default()),
+            revision: watch::channel(0).0,
+        }
+    }
+}
+
+impl Cluster {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Cluster::default())
+    }
+
+    /// Read access to the index.
+    pub fn read(&self) -> RwLockReadGuard<'_, ClusterIndex> {
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies a change and notifies subscribers.
+    pub fn update<T>(&self, change: impl FnOnce(&mut ClusterIndex) -> T) -> T {
+        let out = {
+            let mut guard: RwLockWriteGuard<'_, ClusterIndex> =
+                self.index.write().unwrap_or_else(|p| p.into_inner());
+            change(&mut guard)
+        };
+        self.revision.send_modify(|r| *r += 1);
+        out
+    }
+
+    /// A receiver whose value changes on every update (provisioning triggers, tests).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.revision.subscribe()
+    }
+
+    pub fn synced(&self) -> bool {
+        self.read().synced()
+    }
+}
+
+/// How one kind is written into the index.
+trait Indexed:
+    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static
+{
+    const KIND: Kind;
+    fn apply(self, index: &mut ClusterIndex);
+    fn delete(&self, index: &mut ClusterIndex);
+}
+
+macro_rules! indexed {
+    ($ty:ty, $kind:expr, $apply:ident, cluster $delete:ident) => {
+        impl Indexed for $ty {
+            const KIND: Kind = $kind;
+            fn apply(self, index: &mut ClusterIndex) {
+                index.$apply(self)
+            }
+            fn delete(&self, index: &mut ClusterIndex) {
+                index.$delete(&self.name_any())
+            }
+        }
+    };
+    ($ty:ty, $kind:expr, $apply:ident, namespaced $delete:ident) => {
+        impl Indexed for $ty {
+            const KIND: Kind = $kind;
+            fn apply(self, index: &mut ClusterIndex) {
+                index.$apply(self)
+            }
+            fn delete(&self, index: &mut ClusterIndex) {
+                index.$delete(&self.namespace().unwrap_or_default(), &self.name_any())
+            }
+        }
+    };
+}
+
+indexed!(Node, Kind::Node, apply_node, cluster delete_node);
+indexed!(NodeClaim, Kind::NodeClaim, apply_nodeclaim, cluster delete_nodeclaim);
+indexed!(NodePool, Kind::NodePool, apply_nodepool, cluster delete_nodepool);
+indexed!(Pod, Kind::Pod, apply_pod, namespaced delete_pod);
+indexed!(DaemonSet, Kind::DaemonSet, apply_daemonset, namespaced delete_daemonset);
+indexed!(PodDisruptionBudget, Kind::PodDisruptionBudget, apply_pdb, namespaced delete_pdb);
+
+/// Applies one watcher event to the cluster.
+fn apply_event<K: Indexed>(cluster: &Cluster, event: Event<K>) {
+    cluster.update(|index| match event {
+        Event::Init => index.begin_list(K::KIND),
+        Event::InitApply(obj) | Event::Apply(obj) => obj.apply(index),
+        Event::InitDone => index.finish_list(K::KIND),
+        Event::Delete(obj) => obj.delete(index),
+    })
+}
+
+async fn feed_kind<K: Indexed>(api: Api<K>, cluster: Arc<Cluster>) {
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => apply_event(&cluster, event),
+            // The backoff keeps retrying; errors are only worth a log line.
+            Err(error) => tracing::warn!(kind = ?K::KIND, %error, "cluster state watch error"),
+        }
+    }
+}
+
+/// Starts one watcher per kind feeding `cluster`; the tasks run until aborted.
+pub fn feed(client: kube::Client, cluster: Arc<Cluster>) -> Vec<tokio::task::JoinHandle<()>> {
+    vec![
+        tokio::spawn(feed_kind(Api::<Node>::all(client.clone()), cluster.clone())),
+        tokio::spawn(feed_kind(
+            Api::<NodeClaim>::all(client.clone()),
+            cluster.clone(),
+        )),
+        tokio::spawn(feed_kind(
+            Api::<NodePool>::all(client.clone()),
+            cluster.clone(),
+        )),
+        tokio::spawn(feed_kind(Api::<Pod>::all(client.clone()), cluster.clone())),
+        tokio::spawn(feed_kind(
+            Api::<DaemonSet>::all(client.clone()),
+            cluster.clone(),
+        )),
+        tokio::spawn(feed_kind(Api::<PodDisruptionBudget>::all(client), cluster)),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::testing::*;
+
+    #[test]
+    fn watcher_events_drive_the_index_and_bump_the_revision() {
+        let cluster = Cluster::default();
+        let rx = cluster.subscribe();
+        apply_event(&cluster, Event::<Node>::Init);
+        apply_event(
+            &cluster,
+            Event::InitApply(node("n1", Some("exoscale://1"), &[])),
+        );
+        apply_event(&cluster, Event::<Node>::InitDone);
+        apply_event(
+            &cluster,
+            Event::Apply(node("n2", Some("exoscale://2"), &[])),
+        );
+        apply_event(
+            &cluster,
+            Event::Delete(node("n1", Some("exoscale://1"), &[])),
+        );
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(*rx.borrow(), 5);
+        let names: Vec<String> = cluster
+            .read()
+            .nodes()
+            .iter()
+            .map(|n| n.name_any())
+            .collect();
+        assert_eq!(names, vec!["n2"]);
+    }
+}

@@ -1,0 +1,141 @@
+//! Object builders for unit tests of the state index and the controllers.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, PodSpec, Taint as CoreTaint};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::apis::labels::{NODEPOOL_LABEL, conditions};
+use crate::apis::nodeclaim::ResourceRequirements;
+use crate::apis::{
+    ConditionStatus, ConditionsExt, NodeClaim, NodeClaimSpec, NodeClaimStatus, NodeClassReference,
+    ResourceList,
+};
+
+pub fn ts(seconds: i64) -> Time {
+    Time(Timestamp::from_second(1_700_000_000 + seconds).unwrap())
+}
+
+pub fn pod(namespace: &str, name: &str, node: Option<&str>) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{namespace}-{name}")),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: node.map(Into::into),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn node(name: &str, provider_id: Option<&str>, taints: &[(&str, &str)]) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            provider_id: provider_id.map(Into::into),
+            taints: (!taints.is_empty()).then(|| {
+                taints
+                    .iter()
+                    .map(|(key, effect)| CoreTaint {
+                        key: key.to_string(),
+                        effect: effect.to_string(),
+                        ..Default::default()
+                    })
+                    .collect()
+            }),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus::default()),
+    }
+}
+
+pub fn resources(pairs: &[(&str, &str)]) -> ResourceList {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+        .collect()
+}
+
+pub fn with_node_capacity(mut node: Node, pairs: &[(&str, &str)]) -> Node {
+    let status = node.status.get_or_insert_with(Default::default);
+    status.capacity = Some(resources(pairs));
+    status.allocatable = Some(resources(pairs));
+    node
+}
+
+pub fn nodeclaim(name: &str, nodepool: &str, provider_id: Option<&str>) -> NodeClaim {
+    let mut claim = NodeClaim::new(
+        name,
+        NodeClaimSpec {
+            taints: vec![],
+            startup_taints: vec![],
+            requirements: vec![],
+            resources: ResourceRequirements::default(),
+            node_class_ref: NodeClassReference {
+                group: "karpenter.exoscale.com".into(),
+                kind: "ExoscaleNodeClass".into(),
+                name: "default".into(),
+            },
+            termination_grace_period: None,
+            expire_after: "720h".into(),
+        },
+    );
+    claim.metadata.labels = Some(BTreeMap::from([(
+        NODEPOOL_LABEL.to_string(),
+        nodepool.to_string(),
+    )]));
+    claim.metadata.uid = Some(format!("uid-{name}"));
+    claim.metadata.creation_timestamp = Some(ts(0));
+    claim.status = Some(NodeClaimStatus {
+        provider_id: provider_id.map(Into::into),
+        ..Default::default()
+    });
+    claim
+}
+
+pub fn with_capacity(mut claim: NodeClaim, pairs: &[(&str, &str)]) -> NodeClaim {
+    let status = claim.status.get_or_insert_with(Default::default);
+    status.capacity = resources(pairs);
+    status.allocatable = resources(pairs);
+    claim
+}
+
+pub fn set_condition(
+    mut claim: NodeClaim,
+    type_: &str,
+    status: ConditionStatus,
+    at: i64,
+) -> NodeClaim {
+    claim
+        .status
+        .get_or_insert_with(Default::default)
+        .conditions
+        .set_condition(type_, status, type_, "", None, ts(at).0);
+    claim
+}
+
+pub fn registered(claim: NodeClaim) -> NodeClaim {
+    let claim = set_condition(claim, conditions::LAUNCHED, ConditionStatus::True, 0);
+    set_condition(claim, conditions::REGISTERED, ConditionStatus::True, 0)
+}
+
+pub fn pdb(namespace: &str, name: &str) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: ObjectMeta {
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
