@@ -3,4 +3,5 @@
 
 pub mod batcher;
 pub mod eligibility;
+pub mod input;
 pub mod template;
