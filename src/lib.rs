@@ -6,5 +6,7 @@ pub mod cloudprovider;
 pub mod doctor;
 pub mod exoscale;
 pub mod providers;
+pub mod provisioning;
 pub mod scheduling;
 pub mod sim;
+pub mod simulate;
