@@ -291,7 +291,10 @@ impl ControlPlane {
                     "service-account-signing-key-file",
                     &pki.service_account_key_file,
                 ),
-                path_arg("service-account-key-file", &pki.service_account_key_file),
+                path_arg(
+                    "service-account-key-file",
+                    &pki.service_account_public_key_file,
+                ),
                 "--service-cluster-ip-range=10.96.0.0/24".into(),
                 // A loopback address cannot go into the `kubernetes` Endpoints.
                 "--endpoint-reconciler-type=none".into(),
@@ -402,13 +405,23 @@ impl ControlPlane {
     /// A fresh client for the caller's runtime (a client must not outlive the runtime it
     /// was made in, and every `#[tokio::test]` has its own).
     pub async fn client(&self) -> kube::Client {
-        let config = kube::Config::from_custom_kubeconfig(
-            self.kubeconfig.clone(),
-            &KubeConfigOptions::default(),
-        )
-        .await
-        .expect("the generated kubeconfig is valid");
+        kube::Client::try_from(self.config().await).expect("a client from the generated kubeconfig")
+    }
+
+    /// A client that returns 429/503/504 answers at once. kube's default client retries
+    /// them (up to 15 times, backing off for minutes), which hides e.g. an eviction that a
+    /// PodDisruptionBudget refuses.
+    pub async fn client_without_retries(&self) -> kube::Client {
+        let mut config = self.config().await;
+        config.default_retry = false;
         kube::Client::try_from(config).expect("a client from the generated kubeconfig")
+    }
+
+    /// The admin client configuration (token auth, the plane's CA).
+    pub async fn config(&self) -> kube::Config {
+        kube::Config::from_custom_kubeconfig(self.kubeconfig.clone(), &KubeConfigOptions::default())
+            .await
+            .expect("the generated kubeconfig is valid")
     }
 
     /// Creates a namespace `<prefix>-<random>` for one test and returns its name.
@@ -510,7 +523,15 @@ pub fn shared() -> Option<&'static ControlPlane> {
             panic!("control plane binaries are required in CI: {why}")
         }
         Err(why) => {
-            eprintln!("SKIPPED: no control plane binaries: {why}");
+            // Straight to stderr: libtest hides `eprintln!` output of passing tests.
+            static SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
+            SKIP_NOTICE.call_once(|| {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIPPING the control-plane tests of this binary (CI is not true): {why}"
+                );
+            });
             return None;
         }
     };
@@ -521,7 +542,14 @@ pub fn shared() -> Option<&'static ControlPlane> {
                 .enable_all()
                 .build()
                 .map_err(|e| format!("building a runtime: {e}"))?;
-            runtime.block_on(ControlPlane::start(&bin_dir, &Options::full()))
+            let started = Instant::now();
+            let plane = runtime.block_on(ControlPlane::start(&bin_dir, &Options::full()))?;
+            eprintln!(
+                "control plane ready in {:.1} s (binaries from {})",
+                started.elapsed().as_secs_f64(),
+                bin_dir.display()
+            );
+            Ok(plane)
         })
         .join()
         .unwrap_or_else(|_| Err("control plane start-up panicked".to_string()))

@@ -16,6 +16,7 @@ pub struct Pki {
     pub serving_cert_file: PathBuf,
     pub serving_key_file: PathBuf,
     pub service_account_key_file: PathBuf,
+    pub service_account_public_key_file: PathBuf,
 }
 
 fn write(dir: &Path, name: &str, contents: &str) -> Result<PathBuf, String> {
@@ -81,5 +82,11 @@ pub fn generate(dir: &Path) -> Result<Pki, String> {
         serving_cert_file: write(dir, "apiserver.crt", &serving_cert.pem())?,
         serving_key_file: write(dir, "apiserver.key", &serving_key.serialize_pem())?,
         service_account_key_file: write(dir, "sa.key", &service_account_key.serialize_pem())?,
+        // --service-account-key-file does not derive the public key from a PKCS#8 key.
+        service_account_public_key_file: write(
+            dir,
+            "sa.pub",
+            &service_account_key.public_key_pem(),
+        )?,
     })
 }
