@@ -74,7 +74,7 @@ fi
 
 export GOTOOLCHAIN=local       # never fetch a toolchain behind our back
 export CGO_ENABLED=0           # static binaries, as upstream builds them
-export GOFLAGS="-mod=readonly -trimpath"
+export GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath"
 export GOCACHE=${GOCACHE:-$cache_root/go-build}
 
 staging="$dest.partial.$$"

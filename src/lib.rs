@@ -1,2 +1,13 @@
 //! karpenter-exoscale: the Karpenter core and its Exoscale cloud provider.
+
+pub mod apis;
+pub mod catalogue;
+pub mod cloudprovider;
+pub mod doctor;
+pub mod exoscale;
 pub mod kubelet_sim;
+pub mod providers;
+pub mod provisioning;
+pub mod scheduling;
+pub mod sim;
+pub mod simulate;

@@ -1,1 +1,167 @@
-fn main() {}
+//! `karpenter-exoscale`: the Karpenter node autoscaler for Exoscale, in one binary.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "karpenter-exoscale",
+    version,
+    about = "Karpenter node autoscaler and Exoscale cloud provider"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the controller against the cluster in KUBECONFIG (or in-cluster) and the Exoscale API.
+    Run,
+    /// Simulate provisioning for manifests (NodePools, NodeClasses, workloads) without a cluster.
+    Simulate {
+        /// Manifest file or directory of multi-document YAML; repeatable.
+        #[arg(short = 'f', long = "filename", required = true)]
+        paths: Vec<PathBuf>,
+        /// Exoscale zone to simulate.
+        #[arg(long, default_value = "ch-gva-2")]
+        zone: String,
+        /// Currency of the list prices.
+        #[arg(long, default_value = "EUR")]
+        currency: String,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+        output: OutputFormat,
+    },
+    /// Check configuration, credentials, zone, instance types, SKS cluster and templates.
+    Doctor,
+    /// Serve the simulated Exoscale API v2 on loopback, for tests and local trials.
+    Sim {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Zone the simulated cloud serves.
+        #[arg(long, default_value = "ch-gva-2")]
+        zone: String,
+    },
+    /// Print the CustomResourceDefinitions this binary serves, as YAML.
+    Crds {
+        /// Write one file per CRD into this directory instead of printing.
+        #[arg(long)]
+        output_dir: Option<PathBuf>,
+    },
+    /// Print the version.
+    Version,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // One TLS crypto backend for kube and reqwest alike, chosen here rather than by features.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match cli.command {
+        Command::Crds { output_dir } => write_crds(output_dir),
+        Command::Version => {
+            println!("karpenter-exoscale {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Command::Doctor => runtime().block_on(doctor()),
+        Command::Sim { listen, zone } => runtime().block_on(async move {
+            match karpenter_exoscale::sim::serve(listen, zone, None, None).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("sim: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }),
+        Command::Simulate {
+            paths,
+            zone,
+            currency,
+            output,
+        } => simulate(paths, zone, currency, output),
+        Command::Run => {
+            eprintln!("this command is not built yet in this version");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn simulate(paths: Vec<PathBuf>, zone: String, currency: String, output: OutputFormat) -> ExitCode {
+    use karpenter_exoscale::simulate;
+    let options = simulate::Options {
+        paths,
+        zone,
+        currency,
+    };
+    match simulate::run(&options) {
+        Ok(report) => {
+            match output {
+                OutputFormat::Table => print!("{}", simulate::render_table(&report)),
+                OutputFormat::Json => {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&report).expect("the report serialises")
+                    )
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("simulate: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime starts")
+}
+
+async fn doctor() -> ExitCode {
+    use karpenter_exoscale::doctor;
+    let mut config = match doctor::DoctorConfig::from_env() {
+        Ok(config) => config,
+        Err(missing) => {
+            eprintln!("✗ configuration: {missing}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match doctor::read_nodeclass_refs(std::time::Duration::from_secs(10)).await {
+        Ok(refs) => config.nodeclass_refs = Some(refs),
+        Err(why) => eprintln!("note: NodeClass references not checked: {why}"),
+    }
+    let mut out = std::io::stdout();
+    if doctor::run(&config, &mut out).await {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn write_crds(output_dir: Option<PathBuf>) -> ExitCode {
+    use karpenter_exoscale::apis::crd;
+    let Some(dir) = output_dir else {
+        print!("{}", crd::render_all());
+        return ExitCode::SUCCESS;
+    };
+    for (file, definition) in crd::all() {
+        let path = dir.join(file);
+        if let Err(error) = std::fs::write(&path, crd::render(&definition)) {
+            eprintln!("cannot write {}: {error}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}

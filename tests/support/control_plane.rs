@@ -17,6 +17,8 @@ use super::process::{Component, Reaper};
 
 /// Directory holding the four binaries; printed by `hack/control-plane.sh`.
 pub const BIN_DIR_ENV: &str = "KARPENTER_EXOSCALE_CONTROL_PLANE_BIN_DIR";
+/// Accepted too: the name `hack/test.sh` exports.
+pub const BIN_DIR_ENV_ALIAS: &str = "KARPENTER_TEST_BIN_DIR";
 const BINARIES: [&str; 4] = [
     "etcd",
     "kube-apiserver",
@@ -84,7 +86,8 @@ pub struct ControlPlane {
 
 /// Where the binaries are, or why they are not usable.
 pub fn find_bin_dir() -> Result<PathBuf, String> {
-    let dir = match std::env::var_os(BIN_DIR_ENV) {
+    let from_env = std::env::var_os(BIN_DIR_ENV).or_else(|| std::env::var_os(BIN_DIR_ENV_ALIAS));
+    let dir = match from_env {
         Some(dir) => PathBuf::from(dir),
         None => default_bin_dir()?,
     };

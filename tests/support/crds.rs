@@ -9,17 +9,9 @@ use serde::Deserialize;
 
 const ESTABLISHED_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Upstream CRDs used while the project's `crds/` is still empty (temporary).
-const STAND_IN_CRD_DIR: &str = "/work/shared/reference/karpenter-crds";
-
 /// The project's generated CRDs (`crds/`).
 pub fn project_crd_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
-    if yaml_files(&dir).is_ok_and(|files| !files.is_empty()) {
-        return dir;
-    }
-    eprintln!("crds/ has no manifests yet: using the upstream stand-ins in {STAND_IN_CRD_DIR}");
-    PathBuf::from(STAND_IN_CRD_DIR)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crds")
 }
 
 fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>, String> {

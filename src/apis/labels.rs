@@ -1,0 +1,185 @@
+//! Well-known label, annotation, taint and finalizer keys shared with upstream Karpenter and the
+//! Go Exoscale provider. Changing any value here breaks wire compatibility.
+
+/// API group of the Karpenter core CRDs.
+pub const KARPENTER_GROUP: &str = "karpenter.sh";
+/// API group of the Exoscale NodeClass.
+pub const EXOSCALE_GROUP: &str = "karpenter.exoscale.com";
+
+// --- labels written by the core -------------------------------------------------------------
+pub const NODEPOOL_LABEL: &str = "karpenter.sh/nodepool";
+pub const CAPACITY_TYPE_LABEL: &str = "karpenter.sh/capacity-type";
+pub const NODE_REGISTERED_LABEL: &str = "karpenter.sh/registered";
+pub const NODE_INITIALIZED_LABEL: &str = "karpenter.sh/initialized";
+pub const DO_NOT_SYNC_TAINTS_LABEL: &str = "karpenter.sh/do-not-sync-taints";
+pub const NODE_EXCLUDE_FROM_LB_LABEL: &str =
+    "node.kubernetes.io/exclude-from-external-load-balancers";
+/// Label linking a NodeClaim/Node to its ExoscaleNodeClass: `<group>/<lowercase kind>`.
+pub const NODECLASS_LABEL: &str = "karpenter.exoscale.com/exoscalenodeclass";
+
+// --- Kubernetes well-known labels -----------------------------------------------------------
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
+pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
+pub const ARCH_LABEL: &str = "kubernetes.io/arch";
+pub const OS_LABEL: &str = "kubernetes.io/os";
+pub const WINDOWS_BUILD_LABEL: &str = "node.kubernetes.io/windows-build";
+
+// --- Exoscale instance-type labels ----------------------------------------------------------
+pub const INSTANCE_FAMILY_LABEL: &str = "karpenter.exoscale.com/instance-family";
+pub const INSTANCE_SIZE_LABEL: &str = "karpenter.exoscale.com/instance-size";
+pub const INSTANCE_CPU_LABEL: &str = "karpenter.exoscale.com/instance-cpu";
+pub const INSTANCE_MEMORY_LABEL: &str = "karpenter.exoscale.com/instance-memory";
+pub const INSTANCE_GPU_COUNT_LABEL: &str = "karpenter.exoscale.com/instance-gpu-count";
+pub const INSTANCE_GPU_MODEL_LABEL: &str = "karpenter.exoscale.com/instance-gpu-model";
+/// Aliases used by the Go provider; kept so existing NodePools keep selecting the same types.
+pub const LEGACY_INSTANCE_FAMILY_LABEL: &str = "exoscale.com/instance-family";
+pub const LEGACY_INSTANCE_SIZE_LABEL: &str = "exoscale.com/instance-size";
+pub const LEGACY_GPU_COUNT_LABEL: &str = "karpenter.sh/instance-gpu-count";
+pub const LEGACY_ACCELERATOR_LABEL: &str = "karpenter.sh/instance-accelerator";
+
+// --- labels written on Exoscale instances ---------------------------------------------------
+pub const INSTANCE_MANAGED_BY_LABEL: &str = "exoscale.com/managed-by";
+pub const INSTANCE_MANAGED_BY_VALUE: &str = "karpenter";
+pub const INSTANCE_CLUSTER_ID_LABEL: &str = "exoscale.com/cluster-id";
+pub const INSTANCE_NODECLAIM_LABEL: &str = "exoscale.com/node-claim";
+pub const INSTANCE_NODEPOOL_LABEL: &str = "exoscale.com/nodepool-name";
+
+// --- bootstrap-token Secret bookkeeping (Go provider compatible) ---------------------------
+pub const BOOTSTRAP_TOKEN_ANNOTATION: &str = "exoscale.com/bootstrap-token";
+pub const TOKEN_CREATED_ANNOTATION: &str = "exoscale.com/token-created";
+pub const TOKEN_PROVIDER_LABEL: &str = "exoscale.com/token-provider";
+pub const TOKEN_PROVIDER_VALUE: &str = "karpenter-exoscale";
+pub const TOKEN_NODE_REGISTERED_ANNOTATION: &str = "exoscale.com/node-registered";
+
+// --- annotations -----------------------------------------------------------------------------
+pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
+pub const NODEPOOL_HASH_ANNOTATION: &str = "karpenter.sh/nodepool-hash";
+pub const NODEPOOL_HASH_VERSION_ANNOTATION: &str = "karpenter.sh/nodepool-hash-version";
+/// Bumped whenever the drift hash changes in a way that would drift every node.
+pub const NODEPOOL_HASH_VERSION: &str = "v3";
+pub const NODECLASS_HASH_ANNOTATION: &str = "karpenter.exoscale.com/nodeclass-hash";
+pub const NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION: &str =
+    "karpenter.sh/nodeclaim-termination-timestamp";
+pub const NODECLAIM_MIN_VALUES_RELAXED_ANNOTATION: &str =
+    "karpenter.sh/nodeclaim-min-values-relaxed";
+pub const PRICE_OVERLAY_APPLIED_ANNOTATION: &str = "karpenter.sh/price-overlay-applied";
+pub const CAPACITY_OVERLAY_APPLIED_ANNOTATION: &str = "karpenter.sh/capacity-overlay-applied";
+pub const PROVIDER_COMPATIBILITY_ANNOTATION: &str = "compatibility.karpenter.sh/provider";
+
+// --- finalizers ------------------------------------------------------------------------------
+pub const TERMINATION_FINALIZER: &str = "karpenter.sh/termination";
+pub const NODECLASS_FINALIZER: &str = "exoscale.com/nodeclass-finalizer";
+
+// --- taints ----------------------------------------------------------------------------------
+pub const UNREGISTERED_TAINT_KEY: &str = "karpenter.sh/unregistered";
+pub const DISRUPTED_TAINT_KEY: &str = "karpenter.sh/disrupted";
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+// --- capacity types and architectures --------------------------------------------------------
+pub const CAPACITY_TYPE_ON_DEMAND: &str = "on-demand";
+pub const CAPACITY_TYPE_SPOT: &str = "spot";
+pub const CAPACITY_TYPE_RESERVED: &str = "reserved";
+pub const ARCH_AMD64: &str = "amd64";
+pub const ARCH_ARM64: &str = "arm64";
+
+/// Labels that may appear in requirements without any NodePool defining them.
+pub const WELL_KNOWN_LABELS: &[&str] = &[
+    NODEPOOL_LABEL,
+    ZONE_LABEL,
+    REGION_LABEL,
+    INSTANCE_TYPE_LABEL,
+    ARCH_LABEL,
+    OS_LABEL,
+    CAPACITY_TYPE_LABEL,
+    WINDOWS_BUILD_LABEL,
+    INSTANCE_FAMILY_LABEL,
+    INSTANCE_SIZE_LABEL,
+    INSTANCE_CPU_LABEL,
+    INSTANCE_MEMORY_LABEL,
+    INSTANCE_GPU_COUNT_LABEL,
+    INSTANCE_GPU_MODEL_LABEL,
+    LEGACY_INSTANCE_FAMILY_LABEL,
+    LEGACY_INSTANCE_SIZE_LABEL,
+    LEGACY_GPU_COUNT_LABEL,
+    LEGACY_ACCELERATOR_LABEL,
+];
+
+/// Deprecated label keys and the keys they are rewritten to before use.
+pub const NORMALIZED_LABELS: &[(&str, &str)] = &[
+    ("failure-domain.beta.kubernetes.io/zone", ZONE_LABEL),
+    ("failure-domain.beta.kubernetes.io/region", REGION_LABEL),
+    ("beta.kubernetes.io/arch", ARCH_LABEL),
+    ("beta.kubernetes.io/os", OS_LABEL),
+    ("beta.kubernetes.io/instance-type", INSTANCE_TYPE_LABEL),
+];
+
+/// Returns the canonical key for a possibly deprecated label key.
+pub fn normalize_label(key: &str) -> &str {
+    NORMALIZED_LABELS
+        .iter()
+        .find(|(old, _)| *old == key)
+        .map(|(_, new)| *new)
+        .unwrap_or(key)
+}
+
+/// A label Karpenter owns: users may not set it in templates or requirements.
+pub fn is_restricted_label(key: &str) -> bool {
+    if key == HOSTNAME_LABEL {
+        return true;
+    }
+    let domain = key.split_once('/').map(|(d, _)| d).unwrap_or("");
+    let karpenter_domain = domain == "karpenter.sh" || domain.ends_with(".karpenter.sh");
+    karpenter_domain && !WELL_KNOWN_LABELS.contains(&key)
+}
+
+/// Condition types shared by the CRDs.
+pub mod conditions {
+    pub const READY: &str = "Ready";
+    // NodeClaim
+    pub const LAUNCHED: &str = "Launched";
+    pub const REGISTERED: &str = "Registered";
+    pub const INITIALIZED: &str = "Initialized";
+    pub const CONSOLIDATABLE: &str = "Consolidatable";
+    pub const DRIFTED: &str = "Drifted";
+    pub const DRAINED: &str = "Drained";
+    pub const VOLUMES_DETACHED: &str = "VolumesDetached";
+    pub const INSTANCE_TERMINATING: &str = "InstanceTerminating";
+    pub const CONSISTENT_STATE_FOUND: &str = "ConsistentStateFound";
+    pub const DISRUPTION_REASON: &str = "DisruptionReason";
+    // NodePool
+    pub const VALIDATION_SUCCEEDED: &str = "ValidationSucceeded";
+    pub const NODECLASS_READY: &str = "NodeClassReady";
+    pub const NODE_REGISTRATION_HEALTHY: &str = "NodeRegistrationHealthy";
+    // ExoscaleNodeClass
+    pub const TEMPLATE_RESOLVED: &str = "TemplateResolved";
+    pub const SECURITY_GROUPS_RESOLVED: &str = "SecurityGroupsResolved";
+    pub const ANTI_AFFINITY_GROUPS_RESOLVED: &str = "AntiAffinityGroupsResolved";
+    pub const PRIVATE_NETWORKS_RESOLVED: &str = "PrivateNetworksResolved";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restricted_labels_follow_upstream_rules() {
+        assert!(is_restricted_label("kubernetes.io/hostname"));
+        assert!(is_restricted_label("karpenter.sh/foo"));
+        assert!(is_restricted_label("sub.karpenter.sh/foo"));
+        assert!(!is_restricted_label("karpenter.sh/capacity-type"));
+        assert!(!is_restricted_label("team.example.com/owner"));
+        assert!(!is_restricted_label("notkarpenter.shx/a"));
+    }
+
+    #[test]
+    fn deprecated_labels_are_normalized() {
+        assert_eq!(normalize_label("beta.kubernetes.io/arch"), ARCH_LABEL);
+        assert_eq!(
+            normalize_label("failure-domain.beta.kubernetes.io/zone"),
+            ZONE_LABEL
+        );
+        assert_eq!(normalize_label("custom/key"), "custom/key");
+    }
+}

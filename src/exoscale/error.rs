@@ -1,0 +1,359 @@
+//! One typed error for every API call, parsed from all error body shapes (exoscale-api.md §4).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Errors of the Exoscale client. Messages come from the API; no variant carries credentials.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    #[error("not found: {message}")]
+    NotFound { message: String },
+    /// Bad or expired signature, unknown key, or IAM denial (401/403).
+    #[error("unauthorized ({status}): {message}")]
+    Unauthorized { status: u16, message: String },
+    #[error("rate limited: {message}")]
+    RateLimited {
+        retry_after: Option<Duration>,
+        message: String,
+    },
+    /// The organisation's quota for a resource is used up.
+    #[error("quota exceeded ({status}): {message}")]
+    QuotaExceeded { status: u16, message: String },
+    /// The zone has no capacity for the request (e.g. GPU hosts).
+    #[error("insufficient capacity ({status}): {message}")]
+    InsufficientCapacity { status: u16, message: String },
+    /// Any other 4xx: validation, conflict, precondition.
+    #[error("request rejected ({status}): {message}")]
+    BadRequest { status: u16, message: String },
+    #[error("server error ({status}): {message}")]
+    Server { status: u16, message: String },
+    #[error("timed out: {what}")]
+    Timeout { what: String },
+    #[error("transport error: {message}")]
+    Transport {
+        message: String,
+        /// True when the connection failed before the request could have been sent.
+        connect: bool,
+    },
+    #[error("cannot decode {what}: {message}")]
+    Decode { what: String, message: String },
+    #[error("operation {id} ended in state {state}: {reason} {message}")]
+    OperationFailed {
+        id: String,
+        state: String,
+        reason: String,
+        message: String,
+    },
+    #[error("zone {zone:?} is not served by this endpoint (known zones: {known})")]
+    UnknownZone { zone: String, known: String },
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+}
+
+impl Error {
+    /// Quota or capacity problems: the provider maps these to InsufficientCapacity.
+    pub fn is_capacity_error(&self) -> bool {
+        match self {
+            Error::QuotaExceeded { .. } | Error::InsufficientCapacity { .. } => true,
+            Error::OperationFailed {
+                reason, message, ..
+            } => capacity_kind(&format!("{reason} {message}")).is_some(),
+            _ => false,
+        }
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::NotFound { .. })
+    }
+
+    /// Transient failures that a retry may cure.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::RateLimited { .. } | Error::Timeout { .. } | Error::Transport { .. } => true,
+            Error::Server { status, .. } => *status != 501,
+            _ => false,
+        }
+    }
+
+    /// A short stable label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::NotFound { .. } => "not_found",
+            Error::Unauthorized { .. } => "unauthorized",
+            Error::RateLimited { .. } => "rate_limited",
+            Error::QuotaExceeded { .. } => "quota_exceeded",
+            Error::InsufficientCapacity { .. } => "insufficient_capacity",
+            Error::BadRequest { .. } => "bad_request",
+            Error::Server { .. } => "server",
+            Error::Timeout { .. } => "timeout",
+            Error::Transport { .. } => "transport",
+            Error::Decode { .. } => "decode",
+            Error::OperationFailed { .. } => "operation_failed",
+            Error::UnknownZone { .. } => "unknown_zone",
+            Error::InvalidRequest(_) => "invalid_request",
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum CapacityKind {
+    Quota,
+    Capacity,
+}
+
+fn capacity_kind(message: &str) -> Option<CapacityKind> {
+    let m = message.to_ascii_lowercase();
+    if m.contains("quota") || m.contains("limit reached") || m.contains("limit exceeded") {
+        Some(CapacityKind::Quota)
+    } else if m.contains("capacity")
+        || m.contains("no host")
+        || m.contains("insufficient")
+        || m.contains("not enough resources")
+        || m.contains("is full")
+    {
+        Some(CapacityKind::Capacity)
+    } else {
+        None
+    }
+}
+
+/// The union of the three JSON error shapes: `{"message"}`, `{"error","retry_after"}` and
+/// RFC 9457 problem details.
+#[derive(Debug, Default, Deserialize)]
+struct ErrorBody {
+    message: Option<String>,
+    error: Option<String>,
+    retry_after: Option<f64>,
+    title: Option<String>,
+    detail: Option<String>,
+    #[serde(default)]
+    errors: Vec<serde_json::Value>,
+}
+
+impl ErrorBody {
+    fn text(&self) -> Option<String> {
+        let mut parts: Vec<String> = Vec::new();
+        for p in [&self.message, &self.error, &self.title, &self.detail]
+            .into_iter()
+            .flatten()
+        {
+            if !p.is_empty() {
+                parts.push(p.clone());
+            }
+        }
+        for e in &self.errors {
+            match e {
+                serde_json::Value::String(s) => parts.push(s.clone()),
+                serde_json::Value::Object(o) => {
+                    let loc = o.get("location").and_then(|v| v.as_str()).unwrap_or("");
+                    let detail = o.get("detail").and_then(|v| v.as_str()).unwrap_or("");
+                    parts.push(format!("{loc} {detail}").trim().to_string());
+                }
+                other => parts.push(other.to_string()),
+            }
+        }
+        (!parts.is_empty()).then(|| parts.join(": "))
+    }
+}
+
+/// Maps an HTTP error response to a typed error. `retry_after_header` is the parsed
+/// `Retry-After` header, which wins over a `retry_after` body field.
+pub fn from_response(status: u16, body: &[u8], retry_after_header: Option<Duration>) -> Error {
+    let parsed: Option<ErrorBody> = serde_json::from_slice(body).ok();
+    let message = parsed
+        .as_ref()
+        .and_then(ErrorBody::text)
+        .unwrap_or_else(|| {
+            let raw = String::from_utf8_lossy(body).trim().to_string();
+            if raw.is_empty() {
+                format!("HTTP {status}")
+            } else {
+                raw.chars().take(500).collect()
+            }
+        });
+    let retry_after = retry_after_header.or_else(|| {
+        parsed
+            .as_ref()
+            .and_then(|b| b.retry_after)
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64)
+    });
+    match status {
+        429 => Error::RateLimited {
+            retry_after,
+            message,
+        },
+        404 => Error::NotFound { message },
+        400..=499 => match capacity_kind(&message) {
+            Some(CapacityKind::Quota) => Error::QuotaExceeded { status, message },
+            Some(CapacityKind::Capacity) => Error::InsufficientCapacity { status, message },
+            None if status == 401 || status == 403 => Error::Unauthorized { status, message },
+            None => Error::BadRequest { status, message },
+        },
+        _ => match capacity_kind(&message) {
+            Some(CapacityKind::Capacity) if status == 503 => {
+                Error::InsufficientCapacity { status, message }
+            }
+            _ => Error::Server { status, message },
+        },
+    }
+}
+
+/// Parses `Retry-After`: delay-seconds or an HTTP date (relative to `now_unix`).
+pub fn parse_retry_after(value: &str, now_unix: i64) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(value)
+        .ok()?
+        .timestamp();
+    Some(Duration::from_secs(
+        at.saturating_sub(now_unix).max(0) as u64
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classic_message_shape() {
+        assert_eq!(
+            from_response(404, br#"{"message":"Instance not found"}"#, None),
+            Error::NotFound {
+                message: "Instance not found".into()
+            }
+        );
+        assert_eq!(
+            from_response(403, br#"{"message":"Invalid request signature"}"#, None),
+            Error::Unauthorized {
+                status: 403,
+                message: "Invalid request signature".into()
+            }
+        );
+        assert!(matches!(
+            from_response(
+                503,
+                br#"{"message":"Endpoint template temporarily unavailable"}"#,
+                None
+            ),
+            Error::Server { status: 503, .. }
+        ));
+    }
+
+    #[test]
+    fn error_shape_with_retry_after_in_body() {
+        let e = from_response(429, br#"{"error":"slow down","retry_after":7}"#, None);
+        assert_eq!(
+            e,
+            Error::RateLimited {
+                retry_after: Some(Duration::from_secs(7)),
+                message: "slow down".into()
+            }
+        );
+        let e = from_response(
+            429,
+            br#"{"error":"x","retry_after":7}"#,
+            Some(Duration::from_secs(2)),
+        );
+        assert!(
+            matches!(e, Error::RateLimited { retry_after: Some(d), .. } if d == Duration::from_secs(2))
+        );
+    }
+
+    #[test]
+    fn problem_details_shape() {
+        let body = br##"{"type":"#/http-problem-types/request-invalid-body","title":"Invalid Request Body","status":422,"errors":[{"location":"$['x']","detail":"bad"},"other"]}"##;
+        match from_response(422, body, None) {
+            Error::BadRequest { status, message } => {
+                assert_eq!(status, 422);
+                assert_eq!(message, "Invalid Request Body: $['x'] bad: other");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn non_json_and_empty_bodies() {
+        assert_eq!(
+            from_response(502, b"<html>bad gateway</html>", None),
+            Error::Server {
+                status: 502,
+                message: "<html>bad gateway</html>".into()
+            }
+        );
+        assert_eq!(
+            from_response(500, b"", None),
+            Error::Server {
+                status: 500,
+                message: "HTTP 500".into()
+            }
+        );
+    }
+
+    #[test]
+    fn quota_and_capacity_are_recognised() {
+        let e = from_response(
+            403,
+            br#"{"message":"Quota exceeded for resource instance"}"#,
+            None,
+        );
+        assert!(matches!(e, Error::QuotaExceeded { status: 403, .. }));
+        assert!(e.is_capacity_error());
+        let e = from_response(
+            412,
+            br#"{"message":"Insufficient capacity for gpu3.small"}"#,
+            None,
+        );
+        assert!(matches!(e, Error::InsufficientCapacity { status: 412, .. }));
+        assert!(
+            !from_response(400, br#"{"message":"disk-size too small"}"#, None).is_capacity_error()
+        );
+        let op = Error::OperationFailed {
+            id: "1".into(),
+            state: "failure".into(),
+            reason: "unavailable".into(),
+            message: "no host available".into(),
+        };
+        assert!(op.is_capacity_error());
+    }
+
+    #[test]
+    fn retry_after_parsing() {
+        assert_eq!(parse_retry_after("3", 0), Some(Duration::from_secs(3)));
+        let now = chrono::DateTime::parse_from_rfc2822("Wed, 21 Oct 2015 07:28:00 GMT")
+            .unwrap()
+            .timestamp();
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(parse_retry_after("soon", 0), None);
+    }
+
+    #[test]
+    fn transient_classification() {
+        assert!(
+            Error::Server {
+                status: 503,
+                message: String::new()
+            }
+            .is_transient()
+        );
+        assert!(
+            !Error::Server {
+                status: 501,
+                message: String::new()
+            }
+            .is_transient()
+        );
+        assert!(
+            !Error::NotFound {
+                message: String::new()
+            }
+            .is_transient()
+        );
+    }
+}

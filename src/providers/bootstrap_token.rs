@@ -1,0 +1,505 @@
+//! Kubernetes bootstrap tokens, one per NodeClaim: a `kube-system/bootstrap-token-<id>` Secret
+//! the new node's kubelet uses once to join (exoscale-provider.md §4.5).
+//!
+//! The pure parts (generation, the Secret's shape, expiry and "may be deleted" decisions) are
+//! separate from the few small async functions that read and write Secrets.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::core::ObjectMeta;
+use kube::{Api, Client};
+use rand::Rng;
+use thiserror::Error;
+
+use crate::apis::labels::{
+    BOOTSTRAP_TOKEN_ANNOTATION, TOKEN_CREATED_ANNOTATION, TOKEN_NODE_REGISTERED_ANNOTATION,
+    TOKEN_PROVIDER_LABEL, TOKEN_PROVIDER_VALUE,
+};
+
+pub const NAMESPACE: &str = "kube-system";
+pub const SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
+pub const SECRET_NAME_PREFIX: &str = "bootstrap-token-";
+/// Long enough for a VM to boot and join; short enough that a leaked token is soon useless.
+pub const TOKEN_TTL: Duration = Duration::from_secs(10 * 60);
+const AUTH_EXTRA_GROUPS: &str = "system:bootstrappers:worker,system:bootstrappers:ingress";
+const ID_LEN: usize = 6;
+const SECRET_LEN: usize = 16;
+const CREATE_ATTEMPTS: usize = 3;
+
+#[derive(Debug, Error)]
+pub enum TokenError {
+    #[error("invalid bootstrap token {what}: expected {expected}")]
+    Invalid {
+        what: &'static str,
+        expected: &'static str,
+    },
+    #[error("bootstrap token Secret {name}: {source}")]
+    Kube {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("could not create a bootstrap token with a fresh id after {CREATE_ATTEMPTS} attempts")]
+    Collision,
+}
+
+/// A token `<id>.<secret>`. The secret never appears in Debug or Display.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BootstrapToken {
+    id: String,
+    secret: String,
+}
+
+impl fmt::Debug for BootstrapToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BootstrapToken")
+            .field("id", &self.id)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+fn is_token_chars(s: &str, len: usize) -> bool {
+    s.len() == len
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+impl BootstrapToken {
+    /// A fresh random token (lowercase hex, as the Go provider makes them).
+    pub fn generate() -> Self {
+        let mut rng = rand::rng();
+        let mut hex = |n: usize| -> String {
+            (0..n)
+                .map(|_| char::from_digit(rng.random_range(0..16), 16).expect("digit < 16"))
+                .collect()
+        };
+        BootstrapToken {
+            id: hex(ID_LEN),
+            secret: hex(SECRET_LEN),
+        }
+    }
+
+    /// Validates the Kubernetes token format `[a-z0-9]{6}` / `[a-z0-9]{16}`.
+    pub fn from_parts(id: &str, secret: &str) -> Result<Self, TokenError> {
+        if !is_token_chars(id, ID_LEN) {
+            return Err(TokenError::Invalid {
+                what: "id",
+                expected: "6 characters [a-z0-9]",
+            });
+        }
+        if !is_token_chars(secret, SECRET_LEN) {
+            return Err(TokenError::Invalid {
+                what: "secret",
+                expected: "16 characters [a-z0-9]",
+            });
+        }
+        Ok(BootstrapToken {
+            id: id.to_string(),
+            secret: secret.to_string(),
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// `<id>.<secret>`, for the node's user data only.
+    pub fn token(&self) -> String {
+        format!("{}.{}", self.id, self.secret)
+    }
+
+    pub fn secret_name(&self) -> String {
+        secret_name(&self.id)
+    }
+}
+
+pub fn secret_name(token_id: &str) -> String {
+    format!("{SECRET_NAME_PREFIX}{token_id}")
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// The Secret for `token`, owned by `nodeclaim`, created at `now`.
+pub fn build_secret(token: &BootstrapToken, nodeclaim: &str, now: DateTime<Utc>) -> Secret {
+    let expiration = now + chrono::Duration::from_std(TOKEN_TTL).expect("small duration");
+    let data: BTreeMap<String, ByteString> = [
+        ("token-id", token.id.clone()),
+        ("token-secret", token.secret.clone()),
+        ("usage-bootstrap-authentication", "true".into()),
+        ("usage-bootstrap-signing", "true".into()),
+        ("auth-extra-groups", AUTH_EXTRA_GROUPS.into()),
+        ("expiration", rfc3339(expiration)),
+        (
+            "description",
+            format!("Bootstrap token for {nodeclaim} created by Karpenter"),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
+    .collect();
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(token.secret_name()),
+            namespace: Some(NAMESPACE.into()),
+            labels: Some(BTreeMap::from([(
+                TOKEN_PROVIDER_LABEL.to_string(),
+                TOKEN_PROVIDER_VALUE.to_string(),
+            )])),
+            annotations: Some(BTreeMap::from([
+                (
+                    BOOTSTRAP_TOKEN_ANNOTATION.to_string(),
+                    nodeclaim.to_string(),
+                ),
+                (TOKEN_CREATED_ANNOTATION.to_string(), rfc3339(now)),
+            ])),
+            ..ObjectMeta::default()
+        },
+        type_: Some(SECRET_TYPE.into()),
+        data: Some(data),
+        ..Secret::default()
+    }
+}
+
+fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
+    secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// A bootstrap-token Secret this provider made.
+pub fn is_ours(secret: &Secret) -> bool {
+    secret.type_.as_deref() == Some(SECRET_TYPE)
+        && secret
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(TOKEN_PROVIDER_LABEL))
+            .is_some_and(|v| v == TOKEN_PROVIDER_VALUE)
+}
+
+/// The NodeClaim the token was made for.
+pub fn nodeclaim_of(secret: &Secret) -> Option<&str> {
+    annotation(secret, BOOTSTRAP_TOKEN_ANNOTATION)
+}
+
+/// Creation time: our annotation, else `metadata.creationTimestamp`. `None` when unknown or
+/// unparsable, which callers treat as expired.
+pub fn created_at(secret: &Secret) -> Option<DateTime<Utc>> {
+    match annotation(secret, TOKEN_CREATED_ANNOTATION) {
+        Some(v) => DateTime::parse_from_rfc3339(v)
+            .ok()
+            .map(|t| t.with_timezone(&Utc)),
+        None => secret
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0)),
+    }
+}
+
+/// Time left before the token expires (zero when expired or of unknown age).
+pub fn remaining(secret: &Secret, now: DateTime<Utc>) -> Duration {
+    let Some(created) = created_at(secret) else {
+        return Duration::ZERO;
+    };
+    let age = (now - created).to_std().unwrap_or(Duration::ZERO);
+    TOKEN_TTL.saturating_sub(age)
+}
+
+pub fn is_expired(secret: &Secret, now: DateTime<Utc>) -> bool {
+    remaining(secret, now).is_zero()
+}
+
+/// Why a token Secret may go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CleanupReason {
+    Expired,
+    /// The node of its NodeClaim registered: the kubelet has its own credentials now.
+    NodeRegistered,
+    /// Its NodeClaim no longer exists.
+    NodeClaimGone,
+}
+
+/// The state of one NodeClaim as the cleanup decision needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeClaimState {
+    Launching,
+    Registered,
+}
+
+/// Our token Secrets that should be deleted now, with the reason. `nodeclaims` maps every
+/// existing NodeClaim name to its state; `now` comes from the caller's clock.
+pub fn tokens_to_delete<'a>(
+    secrets: impl IntoIterator<Item = &'a Secret>,
+    nodeclaims: &BTreeMap<String, NodeClaimState>,
+    now: DateTime<Utc>,
+) -> Vec<(String, CleanupReason)> {
+    secrets
+        .into_iter()
+        .filter(|s| is_ours(s))
+        .filter_map(|s| {
+            let name = s.metadata.name.clone()?;
+            let reason = if is_expired(s, now) {
+                CleanupReason::Expired
+            } else if annotation(s, TOKEN_NODE_REGISTERED_ANNOTATION) == Some("true") {
+                CleanupReason::NodeRegistered
+            } else {
+                match nodeclaim_of(s).and_then(|nc| nodeclaims.get(nc)) {
+                    None => CleanupReason::NodeClaimGone,
+                    Some(NodeClaimState::Registered) => CleanupReason::NodeRegistered,
+                    Some(NodeClaimState::Launching) => return None,
+                }
+            };
+            Some((name, reason))
+        })
+        .collect()
+}
+
+/// Names of our token Secrets that expired.
+pub fn expired_tokens<'a>(
+    secrets: impl IntoIterator<Item = &'a Secret>,
+    now: DateTime<Utc>,
+) -> Vec<String> {
+    secrets
+        .into_iter()
+        .filter(|s| is_ours(s) && is_expired(s, now))
+        .filter_map(|s| s.metadata.name.clone())
+        .collect()
+}
+
+/// When the cleanup controller should look at a live token again.
+pub fn requeue_after(secret: &Secret, now: DateTime<Utc>) -> Duration {
+    remaining(secret, now).max(Duration::from_secs(30))
+}
+
+// ---- Kubernetes I/O: kept small; the decisions above are the tested part ----
+
+fn secrets(client: &Client) -> Api<Secret> {
+    Api::namespaced(client.clone(), NAMESPACE)
+}
+
+fn label_selector() -> String {
+    format!("{TOKEN_PROVIDER_LABEL}={TOKEN_PROVIDER_VALUE}")
+}
+
+/// Creates a fresh token Secret for `nodeclaim`, retrying on an id collision.
+pub async fn create_for_nodeclaim(
+    client: &Client,
+    nodeclaim: &str,
+    now: DateTime<Utc>,
+) -> Result<BootstrapToken, TokenError> {
+    let api = secrets(client);
+    for _ in 0..CREATE_ATTEMPTS {
+        let token = BootstrapToken::generate();
+        let secret = build_secret(&token, nodeclaim, now);
+        match api.create(&PostParams::default(), &secret).await {
+            Ok(_) => return Ok(token),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(source) => {
+                return Err(TokenError::Kube {
+                    name: token.secret_name(),
+                    source,
+                });
+            }
+        }
+    }
+    Err(TokenError::Collision)
+}
+
+/// All token Secrets this provider made.
+pub async fn list_tokens(client: &Client) -> Result<Vec<Secret>, TokenError> {
+    let list = secrets(client)
+        .list(&ListParams::default().labels(&label_selector()))
+        .await
+        .map_err(|source| TokenError::Kube {
+            name: format!("{NAMESPACE}/{SECRET_NAME_PREFIX}*"),
+            source,
+        })?;
+    Ok(list.items.into_iter().filter(is_ours).collect())
+}
+
+/// Deletes one token Secret; an already deleted one is fine.
+pub async fn delete_token(client: &Client, name: &str) -> Result<(), TokenError> {
+    match secrets(client).delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(source) => Err(TokenError::Kube {
+            name: name.to_string(),
+            source,
+        }),
+    }
+}
+
+/// Deletes every token Secret made for `nodeclaim`; returns how many went.
+pub async fn delete_for_nodeclaim(client: &Client, nodeclaim: &str) -> Result<usize, TokenError> {
+    let names: BTreeSet<String> = list_tokens(client)
+        .await?
+        .iter()
+        .filter(|s| nodeclaim_of(s) == Some(nodeclaim))
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
+    for name in &names {
+        delete_token(client, name).await?;
+    }
+    Ok(names.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap()
+    }
+
+    fn text(secret: &Secret, key: &str) -> String {
+        String::from_utf8(secret.data.as_ref().unwrap()[key].0.clone()).unwrap()
+    }
+
+    #[test]
+    fn generated_tokens_have_the_kubernetes_format_and_hide_the_secret() {
+        let t = BootstrapToken::generate();
+        let token = t.token();
+        let (id, secret) = token.split_once('.').unwrap();
+        assert!(BootstrapToken::from_parts(id, secret).is_ok());
+        assert_eq!(t.secret_name(), format!("bootstrap-token-{id}"));
+        let debug = format!("{t:?}");
+        assert!(!debug.contains(secret), "{debug}");
+        assert_ne!(BootstrapToken::generate(), t);
+    }
+
+    #[test]
+    fn malformed_parts_are_refused_naming_the_part() {
+        let e = BootstrapToken::from_parts("ABCDEF", "0123456789abcdef").unwrap_err();
+        assert!(e.to_string().contains("id"), "{e}");
+        let e = BootstrapToken::from_parts("abcdef", "short").unwrap_err();
+        assert!(e.to_string().contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn secret_has_the_go_provider_shape() {
+        let t = BootstrapToken::from_parts("abc123", "def456ghi789jkl0").unwrap();
+        assert_eq!(t.token(), "abc123.def456ghi789jkl0");
+        let s = build_secret(&t, "default-x7k2p", at(0));
+        assert_eq!(s.metadata.name.as_deref(), Some("bootstrap-token-abc123"));
+        assert_eq!(s.metadata.namespace.as_deref(), Some("kube-system"));
+        assert!(is_ours(&s));
+        assert_eq!(nodeclaim_of(&s), Some("default-x7k2p"));
+        assert_eq!(text(&s, "token-id"), "abc123");
+        assert_eq!(text(&s, "token-secret"), "def456ghi789jkl0");
+        assert_eq!(text(&s, "usage-bootstrap-authentication"), "true");
+        assert_eq!(text(&s, "usage-bootstrap-signing"), "true");
+        assert_eq!(
+            text(&s, "auth-extra-groups"),
+            "system:bootstrappers:worker,system:bootstrappers:ingress"
+        );
+        assert_eq!(text(&s, "expiration"), rfc3339(at(600)));
+        assert_eq!(created_at(&s), Some(at(0)));
+    }
+
+    #[test]
+    fn ownership_needs_type_and_label() {
+        let t = BootstrapToken::generate();
+        let mut s = build_secret(&t, "nc", at(0));
+        s.type_ = Some("Opaque".into());
+        assert!(!is_ours(&s));
+        let mut s = build_secret(&t, "nc", at(0));
+        s.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(TOKEN_PROVIDER_LABEL.into(), "other-provider".into());
+        assert!(!is_ours(&s));
+        let mut s = build_secret(&t, "nc", at(0));
+        s.metadata.labels = None;
+        assert!(!is_ours(&s));
+    }
+
+    #[test]
+    fn expiry_uses_the_annotation_then_the_creation_timestamp() {
+        let t = BootstrapToken::generate();
+        let s = build_secret(&t, "nc", at(0));
+        assert!(!is_expired(&s, at(5 * 60)));
+        assert!(is_expired(&s, at(11 * 60)));
+        assert_eq!(remaining(&s, at(60)), Duration::from_secs(9 * 60));
+        assert_eq!(requeue_after(&s, at(590)), Duration::from_secs(30));
+
+        let mut s = build_secret(&t, "nc", at(0));
+        s.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove(TOKEN_CREATED_ANNOTATION);
+        s.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(at(0).timestamp()).unwrap(),
+        ));
+        assert!(!is_expired(&s, at(120)));
+        assert!(is_expired(&s, at(11 * 60)));
+
+        let mut s = build_secret(&t, "nc", at(0));
+        s.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(TOKEN_CREATED_ANNOTATION.into(), "yesterday".into());
+        assert!(
+            is_expired(&s, at(0)),
+            "unparsable creation time counts as expired"
+        );
+    }
+
+    #[test]
+    fn cleanup_deletes_expired_registered_and_orphaned_tokens_only() {
+        let mk =
+            |nc: &str, created: i64| build_secret(&BootstrapToken::generate(), nc, at(created));
+        let launching = mk("launching", 0);
+        let registered = mk("registered", 0);
+        let orphan = mk("gone", 0);
+        let expired = mk("launching", -700);
+        let mut marked = mk("launching", 0);
+        marked
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(TOKEN_NODE_REGISTERED_ANNOTATION.into(), "true".into());
+        let mut foreign = mk("gone", -700);
+        foreign.type_ = Some("Opaque".into());
+        let claims = BTreeMap::from([
+            ("launching".to_string(), NodeClaimState::Launching),
+            ("registered".to_string(), NodeClaimState::Registered),
+        ]);
+        let all = [
+            &launching,
+            &registered,
+            &orphan,
+            &expired,
+            &marked,
+            &foreign,
+        ];
+        let out = tokens_to_delete(all, &claims, at(60));
+        let name = |s: &Secret| s.metadata.name.clone().unwrap();
+        assert_eq!(
+            out,
+            vec![
+                (name(&registered), CleanupReason::NodeRegistered),
+                (name(&orphan), CleanupReason::NodeClaimGone),
+                (name(&expired), CleanupReason::Expired),
+                (name(&marked), CleanupReason::NodeRegistered),
+            ]
+        );
+        assert_eq!(expired_tokens(all, at(60)), vec![name(&expired)]);
+    }
+}

@@ -1,0 +1,427 @@
+//! Exoscale instances owned by this cluster: provider IDs, names and ownership labels, an
+//! idempotent launch (adopts an instance created by an earlier attempt), private-network
+//! attachment with rollback, O(1)-call listing and idempotent deletion.
+
+use thiserror::Error;
+
+use crate::apis::labels::{
+    INSTANCE_CLUSTER_ID_LABEL, INSTANCE_MANAGED_BY_LABEL, INSTANCE_MANAGED_BY_VALUE,
+    INSTANCE_NODECLAIM_LABEL, INSTANCE_NODEPOOL_LABEL,
+};
+use crate::exoscale::models::{CreateInstanceRequest, IdRef, Instance, InstanceState, Labels};
+use crate::exoscale::{self, InstanceFilter};
+
+pub const PROVIDER_ID_PREFIX: &str = "exoscale://";
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ProviderIdError {
+    #[error("provider ID {0:?} must start with exoscale://")]
+    Prefix(String),
+    #[error("provider ID {0:?} is missing the instance ID")]
+    Missing(String),
+    #[error("provider ID {0:?}: instance ID must be a lowercase UUID")]
+    NotUuid(String),
+}
+
+pub fn provider_id(instance_id: &str) -> String {
+    format!("{PROVIDER_ID_PREFIX}{instance_id}")
+}
+
+/// `exoscale://<lowercase uuid>` → the instance ID.
+pub fn parse_provider_id(value: &str) -> Result<&str, ProviderIdError> {
+    let id = value
+        .strip_prefix(PROVIDER_ID_PREFIX)
+        .ok_or_else(|| ProviderIdError::Prefix(value.to_string()))?;
+    if id.is_empty() {
+        return Err(ProviderIdError::Missing(value.to_string()));
+    }
+    let is_uuid = uuid::Uuid::parse_str(id).is_ok()
+        && id.len() == 36
+        && !id.bytes().any(|b| b.is_ascii_uppercase());
+    if !is_uuid {
+        return Err(ProviderIdError::NotUuid(value.to_string()));
+    }
+    Ok(id)
+}
+
+/// Instance (and Node) name: the prefix then the NodeClaim name, no separator (Go provider).
+pub fn instance_name(prefix: &str, nodeclaim: &str) -> String {
+    format!("{prefix}{nodeclaim}")
+}
+
+/// The labels every instance of this cluster carries.
+pub fn instance_labels(cluster_id: &str, nodeclaim: &str, nodepool: Option<&str>) -> Labels {
+    let mut labels = Labels::from([
+        (
+            INSTANCE_MANAGED_BY_LABEL.to_string(),
+            INSTANCE_MANAGED_BY_VALUE.to_string(),
+        ),
+        (
+            INSTANCE_CLUSTER_ID_LABEL.to_string(),
+            cluster_id.to_string(),
+        ),
+        (INSTANCE_NODECLAIM_LABEL.to_string(), nodeclaim.to_string()),
+    ]);
+    if let Some(pool) = nodepool.filter(|p| !p.is_empty()) {
+        labels.insert(INSTANCE_NODEPOOL_LABEL.to_string(), pool.to_string());
+    }
+    labels
+}
+
+/// Instances managed by Karpenter for this cluster (never another cluster's).
+pub fn ownership_filter(cluster_id: &str) -> InstanceFilter {
+    InstanceFilter::labels([
+        (INSTANCE_MANAGED_BY_LABEL, INSTANCE_MANAGED_BY_VALUE),
+        (INSTANCE_CLUSTER_ID_LABEL, cluster_id),
+    ])
+}
+
+/// The instance of one NodeClaim.
+pub fn nodeclaim_filter(cluster_id: &str, nodeclaim: &str) -> InstanceFilter {
+    let mut f = ownership_filter(cluster_id);
+    f.labels
+        .insert(INSTANCE_NODECLAIM_LABEL.to_string(), nodeclaim.to_string());
+    f
+}
+
+/// Not being torn down.
+pub fn is_live(instance: &Instance) -> bool {
+    !matches!(
+        instance.state,
+        InstanceState::Destroying | InstanceState::Destroyed | InstanceState::Expunging
+    )
+}
+
+/// Failures that mean "this offering cannot be had now": quota, capacity, a full anti-affinity
+/// group, or a type not authorized / not offered in the zone. The core then tries another type.
+pub fn is_capacity_failure(err: &exoscale::Error) -> bool {
+    if err.is_capacity_error() {
+        return true;
+    }
+    match err {
+        exoscale::Error::BadRequest { message, .. }
+        | exoscale::Error::Unauthorized { message, .. }
+        | exoscale::Error::OperationFailed { message, .. } => {
+            let m = message.to_ascii_lowercase();
+            (m.contains("instance type") || m.contains("instance-type"))
+                && (m.contains("not authorized") || m.contains("not available"))
+                || m.contains("anti-affinity group") && m.contains("full")
+        }
+        _ => false,
+    }
+}
+
+/// Everything one launch needs, already resolved.
+#[derive(Clone, Debug)]
+pub struct LaunchSpec {
+    pub nodeclaim: String,
+    pub nodepool: Option<String>,
+    pub name: String,
+    pub instance_type_id: String,
+    pub template_id: String,
+    pub disk_size: u64,
+    pub user_data: String,
+    pub security_groups: Vec<String>,
+    pub anti_affinity_groups: Vec<String>,
+    pub private_networks: Vec<String>,
+}
+
+#[derive(Debug, Error)]
+pub enum LaunchError {
+    /// The offering is unavailable (quota, capacity, full anti-affinity group, type).
+    #[error("no capacity: {0}")]
+    Capacity(exoscale::Error),
+    #[error("cannot create instance: {0}")]
+    Api(exoscale::Error),
+    #[error(
+        "failed to attach private network {network} to instance {instance}: {source}{}",
+        rollback_note(.rollback)
+    )]
+    PrivateNetwork {
+        instance: String,
+        network: String,
+        source: exoscale::Error,
+        /// The error of deleting the half-built instance, if that failed too.
+        rollback: Option<exoscale::Error>,
+    },
+}
+
+fn rollback_note(rollback: &Option<exoscale::Error>) -> String {
+    match rollback {
+        Some(e) => {
+            format!(" (and deleting the instance failed: {e}; garbage collection will retry)")
+        }
+        None => " (instance deleted)".to_string(),
+    }
+}
+
+/// The result of a launch.
+#[derive(Clone, Debug)]
+pub struct Launched {
+    pub instance: Instance,
+    /// True when an instance of an earlier attempt was found and reused.
+    pub adopted: bool,
+}
+
+/// Outcome of a delete request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    /// Termination requested or in progress.
+    Deleting,
+    /// The instance no longer exists.
+    Gone,
+}
+
+/// Instance operations scoped to one cluster.
+#[derive(Clone, Debug)]
+pub struct InstanceProvider {
+    client: exoscale::Client,
+    cluster_id: String,
+}
+
+impl InstanceProvider {
+    pub fn new(client: exoscale::Client, cluster_id: impl Into<String>) -> Self {
+        InstanceProvider {
+            client,
+            cluster_id: cluster_id.into(),
+        }
+    }
+
+    pub fn client(&self) -> &exoscale::Client {
+        &self.client
+    }
+
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    /// The live instance of `nodeclaim`, if one exists (one list call).
+    pub async fn find_for_nodeclaim(
+        &self,
+        nodeclaim: &str,
+    ) -> Result<Option<Instance>, exoscale::Error> {
+        self.client
+            .find_instance(&nodeclaim_filter(&self.cluster_id, nodeclaim))
+            .await
+    }
+
+    /// Creates the instance (or adopts the one an earlier attempt created), then attaches the
+    /// private networks it lacks. Returns once the instance ID exists; only when private
+    /// networks are wanted does it wait for the create operation (they need a created VM).
+    pub async fn launch(&self, spec: &LaunchSpec) -> Result<Launched, LaunchError> {
+        let mut req =
+            CreateInstanceRequest::new(&spec.instance_type_id, &spec.template_id, spec.disk_size);
+        req.name = Some(spec.name.clone());
+        req.labels = instance_labels(&self.cluster_id, &spec.nodeclaim, spec.nodepool.as_deref());
+        req.user_data = Some(spec.user_data.clone());
+        req.security_groups = spec.security_groups.iter().map(IdRef::new).collect();
+        req.anti_affinity_groups = spec.anti_affinity_groups.iter().map(IdRef::new).collect();
+        let identity = nodeclaim_filter(&self.cluster_id, &spec.nodeclaim);
+        let created = self
+            .client
+            .create_instance_once(&req, &identity)
+            .await
+            .map_err(classify)?;
+        if !spec.private_networks.is_empty()
+            && let Some(op) = &created.operation
+        {
+            self.client.wait_operation(op).await.map_err(classify)?;
+        }
+        let instance = self
+            .client
+            .get_instance(&created.instance_id)
+            .await
+            .map_err(LaunchError::Api)?;
+        let instance = self
+            .ensure_private_networks(instance, &spec.private_networks)
+            .await?;
+        Ok(Launched {
+            instance,
+            adopted: created.adopted,
+        })
+    }
+
+    /// Attaches the wanted networks the instance lacks; on failure deletes the instance so no
+    /// half-configured node joins the cluster.
+    pub async fn ensure_private_networks(
+        &self,
+        instance: Instance,
+        wanted: &[String],
+    ) -> Result<Instance, LaunchError> {
+        let missing: Vec<&String> = wanted
+            .iter()
+            .filter(|pn| !instance.private_networks.iter().any(|p| &p.id == *pn))
+            .collect();
+        if missing.is_empty() {
+            return Ok(instance);
+        }
+        for network in missing {
+            let attached = async {
+                let op = self
+                    .client
+                    .attach_instance_to_private_network(network, &instance.id, None)
+                    .await?;
+                self.client.wait_operation(&op).await
+            }
+            .await;
+            if let Err(source) = attached {
+                let rollback = self.delete(&instance.id).await.err();
+                return Err(LaunchError::PrivateNetwork {
+                    instance: instance.id.clone(),
+                    network: network.clone(),
+                    source,
+                    rollback,
+                });
+            }
+        }
+        self.client
+            .get_instance(&instance.id)
+            .await
+            .map_err(LaunchError::Api)
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Instance, exoscale::Error> {
+        self.client.get_instance(id).await
+    }
+
+    /// Every instance of this cluster, live or terminating, in one API call.
+    pub async fn list(&self) -> Result<Vec<Instance>, exoscale::Error> {
+        self.client
+            .list_instances(&ownership_filter(&self.cluster_id))
+            .await
+    }
+
+    /// Requests termination without waiting for it; `Gone` once the instance no longer exists.
+    pub async fn delete(&self, id: &str) -> Result<DeleteOutcome, exoscale::Error> {
+        match self.client.get_instance(id).await {
+            Err(e) if e.is_not_found() => return Ok(DeleteOutcome::Gone),
+            Err(e) => return Err(e),
+            Ok(i) if matches!(i.state, InstanceState::Destroyed | InstanceState::Expunging) => {
+                return Ok(DeleteOutcome::Gone);
+            }
+            Ok(i) if i.state == InstanceState::Destroying => return Ok(DeleteOutcome::Deleting),
+            Ok(_) => {}
+        }
+        match self.client.delete_instance(id).await {
+            Ok(_) => Ok(DeleteOutcome::Deleting),
+            Err(e) if e.is_not_found() => Ok(DeleteOutcome::Gone),
+            // Someone else started the deletion between our GET and DELETE.
+            Err(exoscale::Error::BadRequest { status: 409, .. }) => Ok(DeleteOutcome::Deleting),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes `labels` as the instance's labels and waits for the update.
+    pub async fn set_labels(&self, id: &str, labels: &Labels) -> Result<(), exoscale::Error> {
+        let op = self.client.update_instance_labels(id, labels).await?;
+        self.client.wait_operation(&op).await.map(|_| ())
+    }
+}
+
+fn classify(err: exoscale::Error) -> LaunchError {
+    if is_capacity_failure(&err) {
+        LaunchError::Capacity(err)
+    } else {
+        LaunchError::Api(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_ids_round_trip_and_bad_ones_are_named() {
+        let id = "6a7a4f0e-3e0c-4c3b-9d58-3f1f1f0c2b11";
+        assert_eq!(parse_provider_id(&provider_id(id)).unwrap(), id);
+        assert!(matches!(
+            parse_provider_id("aws:///i-123"),
+            Err(ProviderIdError::Prefix(_))
+        ));
+        assert!(matches!(
+            parse_provider_id("exoscale://"),
+            Err(ProviderIdError::Missing(_))
+        ));
+        assert!(matches!(
+            parse_provider_id("exoscale://instance-123"),
+            Err(ProviderIdError::NotUuid(_))
+        ));
+        assert!(matches!(
+            parse_provider_id("exoscale://6A7A4F0E-3E0C-4C3B-9D58-3F1F1F0C2B11"),
+            Err(ProviderIdError::NotUuid(_))
+        ));
+        assert!(parse_provider_id("").is_err());
+    }
+
+    #[test]
+    fn labels_are_exactly_the_four_go_labels() {
+        let l = instance_labels("cluster-1", "default-abc", Some("default"));
+        assert_eq!(
+            l,
+            Labels::from([
+                (
+                    "exoscale.com/managed-by".to_string(),
+                    "karpenter".to_string()
+                ),
+                (
+                    "exoscale.com/cluster-id".to_string(),
+                    "cluster-1".to_string()
+                ),
+                (
+                    "exoscale.com/node-claim".to_string(),
+                    "default-abc".to_string()
+                ),
+                (
+                    "exoscale.com/nodepool-name".to_string(),
+                    "default".to_string()
+                ),
+            ])
+        );
+        assert_eq!(instance_labels("c", "n", None).len(), 3);
+        assert_eq!(instance_name("", "default-abc"), "default-abc");
+        assert_eq!(instance_name("karpenter-", "x"), "karpenter-x");
+    }
+
+    #[test]
+    fn filters_never_match_another_cluster() {
+        let mut i: Instance = serde_json::from_value(serde_json::json!({
+            "id": "i", "name": "n", "state": "running",
+            "instance-type": {"id": "t"}, "template": {"id": "tpl"},
+            "labels": instance_labels("c1", "nc", None),
+        }))
+        .unwrap();
+        assert!(ownership_filter("c1").matches(&i));
+        assert!(nodeclaim_filter("c1", "nc").matches(&i));
+        assert!(!ownership_filter("c2").matches(&i));
+        assert!(!nodeclaim_filter("c1", "other").matches(&i));
+        assert!(is_live(&i));
+        i.state = InstanceState::Destroying;
+        assert!(!is_live(&i));
+    }
+
+    #[test]
+    fn capacity_failures_are_recognised() {
+        let bad = |m: &str| exoscale::Error::BadRequest {
+            status: 400,
+            message: m.into(),
+        };
+        assert!(is_capacity_failure(&bad(
+            "Instance type gpua30.small is not authorized for this organization"
+        )));
+        assert!(is_capacity_failure(&bad(
+            "Instance type gpu3.small is not available in zone ch-gva-2"
+        )));
+        assert!(is_capacity_failure(&bad(
+            "Anti-affinity group spread is full (8 instances max)"
+        )));
+        assert!(is_capacity_failure(&exoscale::Error::QuotaExceeded {
+            status: 403,
+            message: "Quota exceeded".into()
+        }));
+        assert!(!is_capacity_failure(&bad("Invalid template")));
+        assert!(!is_capacity_failure(&exoscale::Error::Server {
+            status: 500,
+            message: "boom".into()
+        }));
+    }
+}

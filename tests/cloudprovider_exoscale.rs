@@ -1,0 +1,1138 @@
+//! The Exoscale cloud provider end to end against the simulated cloud on loopback (real HTTP,
+//! real signatures): catalogue, prices, templates, create/get/list/delete, adoption, capacity
+//! errors, private-network rollback, drift and bootstrap-token lifecycle.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use karpenter_exoscale::apis::labels::{self, conditions};
+use karpenter_exoscale::apis::nodeclass::{ImageTemplateSelector, SelectorTerm};
+use karpenter_exoscale::apis::{
+    ConditionStatus, ConditionsExt, ExoscaleNodeClass, ExoscaleNodeClassSpec,
+    ExoscaleNodeClassStatus, NodeClaim, NodeClaimSpec, NodeClassReference, NodePool,
+    NodeSelectorRequirementWithMinValues, Operator,
+};
+use karpenter_exoscale::catalogue::{Catalogue, Currency};
+use karpenter_exoscale::cloudprovider::exoscale::{
+    Dependencies, ExoscaleCloudProvider, ExoscaleSettings, InMemoryNodeBootstrap, StaticNodeClasses,
+};
+use karpenter_exoscale::cloudprovider::{CloudProvider, CloudProviderError};
+use karpenter_exoscale::exoscale::models::SksTemplateVariant;
+use karpenter_exoscale::exoscale::{self, FixedClock};
+use karpenter_exoscale::providers::instance::parse_provider_id;
+use karpenter_exoscale::providers::pricing::PriceBook;
+use karpenter_exoscale::providers::template::FixedVersion;
+use karpenter_exoscale::providers::userdata;
+use karpenter_exoscale::scheduling::{InstanceType, Quantity};
+use karpenter_exoscale::sim::{ExoscaleSim, Fault, FaultAction};
+
+const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+const PREFIX: &str = "karpenter-";
+
+struct World {
+    sim: ExoscaleSim,
+    provider: ExoscaleCloudProvider,
+    nodeclasses: Arc<StaticNodeClasses>,
+    bootstrap: Arc<InMemoryNodeBootstrap>,
+    client: exoscale::Client,
+    clock: FixedClock,
+}
+
+async fn world() -> World {
+    let sim = ExoscaleSim::start().await.unwrap();
+    let client = exoscale::Client::new(sim.client_config()).unwrap();
+    let nodeclasses = Arc::new(StaticNodeClasses::default());
+    let bootstrap = Arc::new(InMemoryNodeBootstrap::new(CA));
+    let clock = FixedClock::at(1_800_000_000);
+    let provider = ExoscaleCloudProvider::new(
+        ExoscaleSettings {
+            zone: sim.zone().to_string(),
+            cluster_id: sim.cluster_id().to_string(),
+            instance_prefix: PREFIX.into(),
+            cluster_endpoint: "https://cluster.example:6443".into(),
+            cluster_domain: "cluster.local".into(),
+        },
+        Dependencies {
+            client: client.clone(),
+            nodeclasses: nodeclasses.clone(),
+            bootstrap: bootstrap.clone(),
+            versions: Arc::new(FixedVersion(format!("v{}+sks", sim.kubernetes_version()))),
+            clock: Arc::new(clock.clone()),
+            prices: PriceBook::new(Currency::Eur),
+        },
+    );
+    provider.refresh_instance_types().await.unwrap();
+    let w = World {
+        sim,
+        provider,
+        nodeclasses,
+        bootstrap,
+        client,
+        clock,
+    };
+    w.put_nodeclass(spec()).await;
+    w
+}
+
+fn spec() -> ExoscaleNodeClassSpec {
+    let mut spec: ExoscaleNodeClassSpec =
+        serde_yaml_ng::from_str("imageTemplateSelector: {}\n").unwrap();
+    spec.security_group_selector_terms = vec![SelectorTerm {
+        id: None,
+        name: Some("karpenter-nodes".into()),
+    }];
+    spec
+}
+
+impl World {
+    /// Stores a NodeClass named `default` with its status resolved the way the NodeClass
+    /// controller will resolve it.
+    async fn put_nodeclass(&self, spec: ExoscaleNodeClassSpec) -> ExoscaleNodeClass {
+        let mut nc = ExoscaleNodeClass::new("default", spec);
+        let template = self
+            .provider
+            .templates()
+            .resolve_and_verify(&nc)
+            .await
+            .unwrap();
+        let r = self.provider.nodeclass_resolver();
+        let mut status = ExoscaleNodeClassStatus {
+            security_groups: r.resolve_security_groups(&nc.spec).await.unwrap(),
+            anti_affinity_groups: r.resolve_anti_affinity_groups(&nc.spec).await.unwrap(),
+            private_networks: r.resolve_private_networks(&nc.spec).await.unwrap(),
+            template_id: Some(template.id),
+            ..Default::default()
+        };
+        status.conditions.set_condition(
+            conditions::READY,
+            ConditionStatus::True,
+            "Ready",
+            "",
+            None,
+            k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap(),
+        );
+        nc.status = Some(status);
+        self.nodeclasses.insert(nc.clone());
+        nc
+    }
+
+    fn edit_status(&self, f: impl FnOnce(&mut ExoscaleNodeClassStatus)) {
+        let mut nc = self.nodeclasses_get();
+        f(nc.status.as_mut().unwrap());
+        self.nodeclasses.insert(nc);
+    }
+
+    fn nodeclasses_get(&self) -> ExoscaleNodeClass {
+        use karpenter_exoscale::cloudprovider::exoscale::NodeClassSource;
+        self.nodeclasses.get("default").unwrap()
+    }
+
+    async fn types(&self) -> Vec<Arc<InstanceType>> {
+        self.provider.instance_types(&nodepool()).await.unwrap()
+    }
+}
+
+fn nodepool() -> NodePool {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+        "metadata": {"name": "default"},
+        "spec": {"template": {"spec": {
+            "requirements": [],
+            "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": "default"}
+        }}}
+    }))
+    .unwrap()
+}
+
+fn claim(name: &str, types: &[&str]) -> NodeClaim {
+    let mut nc = NodeClaim::new(
+        name,
+        NodeClaimSpec {
+            taints: vec![],
+            startup_taints: vec![],
+            requirements: vec![NodeSelectorRequirementWithMinValues {
+                key: "node.kubernetes.io/instance-type".into(),
+                operator: Operator::In,
+                values: types.iter().map(|t| t.to_string()).collect(),
+                min_values: None,
+            }],
+            resources: Default::default(),
+            node_class_ref: NodeClassReference {
+                group: "karpenter.exoscale.com".into(),
+                kind: "ExoscaleNodeClass".into(),
+                name: "default".into(),
+            },
+            termination_grace_period: None,
+            expire_after: "720h".into(),
+        },
+    );
+    nc.metadata.labels = Some([(labels::NODEPOOL_LABEL.to_string(), "default".to_string())].into());
+    nc
+}
+
+fn provider_id(nc: &NodeClaim) -> String {
+    nc.status.as_ref().unwrap().provider_id.clone().unwrap()
+}
+
+fn q(s: &str) -> Quantity {
+    Quantity::parse(s).unwrap()
+}
+
+/// Waits for a condition with a generous bound (the sim completes operations in ~50 ms).
+async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..500 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+// ---- catalogue, allocatable, prices ----
+
+#[tokio::test]
+async fn catalogue_and_allocatable_for_several_families() {
+    let w = world().await;
+    assert!(w.sim.set_authorized("gpua30.small", true));
+    w.provider.refresh_instance_types().await.unwrap();
+    let types = w.types().await;
+    let by = |n: &str| {
+        types
+            .iter()
+            .find(|t| t.name == n)
+            .unwrap_or_else(|| panic!("{n} missing"))
+            .clone()
+    };
+    // (name, cpus, memory, gpus): allocatable = capacity - (300m cpu, 300Mi+100Mi mem + 100Mi eviction)
+    for (name, cpu, mem) in [
+        ("standard.medium", "2", "4Gi"),
+        ("cpu.huge", "16", "32Gi"),
+        ("memory.huge", "4", "32Gi"),
+        ("storage.huge", "8", "32Gi"),
+        ("gpua30.small", "12", "56Gi"),
+    ] {
+        let it = by(name);
+        assert_eq!(it.capacity.cpu(), q(cpu), "{name}");
+        assert_eq!(it.capacity.memory(), q(mem), "{name}");
+        let a = it.allocatable();
+        assert_eq!(a.cpu(), q(cpu) - q("300m"), "{name}");
+        assert_eq!(a.memory(), q(mem) - q("500Mi"), "{name}");
+        assert_eq!(a.pods(), Quantity::from_units(110), "{name}");
+        // 50Gi disk - 1Gi - 3Gi - 10%
+        assert_eq!(
+            a.get("ephemeral-storage"),
+            q("50Gi") - q("4Gi") - q("5Gi"),
+            "{name}"
+        );
+        let r = &it.requirements;
+        assert!(
+            r.get("topology.kubernetes.io/zone")
+                .unwrap()
+                .has("ch-gva-2")
+        );
+        assert!(
+            r.get("topology.kubernetes.io/region")
+                .unwrap()
+                .has("ch-gva-2")
+        );
+        assert!(
+            r.get("karpenter.sh/capacity-type")
+                .unwrap()
+                .has("on-demand")
+        );
+        assert!(
+            r.get("karpenter.exoscale.com/instance-cpu")
+                .unwrap()
+                .has(cpu)
+        );
+    }
+    let gpu = by("gpua30.small");
+    assert_eq!(
+        gpu.allocatable().get("nvidia.com/gpu"),
+        Quantity::from_units(1)
+    );
+    assert!(
+        gpu.requirements
+            .get("karpenter.exoscale.com/instance-gpu-model")
+            .unwrap()
+            .has("a30")
+    );
+    // Not authorized here (gpu3 is de-fra-1 only; gpua30.medium stays unauthorized).
+    assert!(
+        types
+            .iter()
+            .all(|t| t.name != "gpu3.small" && t.name != "gpua30.medium")
+    );
+}
+
+#[tokio::test]
+async fn instance_types_are_refreshed_not_only_at_start() {
+    let w = world().await;
+    let before = w.types().await.len();
+    assert!(w.types().await.iter().all(|t| t.name != "gpua30.large"));
+    w.sim.set_authorized("gpua30.large", true);
+    w.sim.set_authorized("standard.micro", false);
+    w.provider.refresh_instance_types().await.unwrap();
+    let after = w.types().await;
+    assert_eq!(after.len(), before);
+    assert!(after.iter().any(|t| t.name == "gpua30.large"));
+    assert!(after.iter().all(|t| t.name != "standard.micro"));
+}
+
+#[tokio::test]
+async fn the_periodic_refresh_picks_up_new_authorisations() {
+    let w = world().await;
+    let refresh = w
+        .provider
+        .spawn_instance_type_refresh(Duration::from_millis(20));
+    w.sim.set_authorized("gpua30.medium", true);
+    eventually("gpua30.medium to appear", || async {
+        w.types().await.iter().any(|t| t.name == "gpua30.medium")
+    })
+    .await;
+    refresh.abort();
+}
+
+#[tokio::test]
+async fn every_type_is_priced_and_unpriced_ones_are_reported() {
+    let w = world().await;
+    for t in Catalogue::embedded().instance_types() {
+        w.sim.set_authorized(&t.name(), true);
+    }
+    w.provider.refresh_instance_types().await.unwrap();
+    let catalogue = Catalogue::embedded();
+    let types = w.types().await;
+    assert!(types.len() > 20);
+    for it in &types {
+        let price = it.offerings[0].price;
+        assert!(price.is_finite() && price > 0.0, "{}: {price}", it.name);
+        let (family, size) = it.name.split_once('.').unwrap();
+        if let Some(list) = catalogue.price(family, size, Currency::Eur) {
+            assert_eq!(price, list, "{}", it.name);
+        }
+    }
+    let extra_large = types
+        .iter()
+        .find(|t| t.name == "standard.extra-large")
+        .unwrap();
+    assert_eq!(extra_large.offerings[0].price, 0.18667);
+    let unpriced: Vec<String> = w
+        .provider
+        .instance_type_provider()
+        .unpriced()
+        .unwrap()
+        .into_iter()
+        .map(|u| u.name)
+        .collect();
+    assert!(
+        unpriced.contains(&"gpua30.small".to_string()),
+        "{unpriced:?}"
+    );
+    assert!(!unpriced.contains(&"standard.medium".to_string()));
+}
+
+// ---- templates ----
+
+#[tokio::test]
+async fn templates_resolve_by_id_explicit_version_and_detected_version() {
+    let w = world().await;
+    let version = w.sim.kubernetes_version().to_string();
+    let t = w.provider.templates();
+    let auto = ExoscaleNodeClass::new("a", spec());
+    let resolved = t.resolve(&auto).await.unwrap();
+    assert_eq!(
+        Some(resolved.id.clone()),
+        w.sim
+            .sks_template_id(&version, SksTemplateVariant::Standard)
+    );
+    assert_eq!(
+        resolved.kubernetes_version.as_deref(),
+        Some(version.as_str())
+    );
+
+    w.sim.add_kubernetes_version("1.33.9");
+    let mut s = spec();
+    s.image_template_selector = Some(ImageTemplateSelector {
+        version: Some("1.33.9".into()),
+        variant: karpenter_exoscale::apis::nodeclass::TemplateVariant::Nvidia,
+    });
+    let nvidia = t.resolve(&ExoscaleNodeClass::new("n", s)).await.unwrap();
+    assert_eq!(
+        Some(nvidia.id),
+        w.sim.sks_template_id("1.33.9", SksTemplateVariant::Nvidia)
+    );
+
+    let by_id: ExoscaleNodeClassSpec =
+        serde_yaml_ng::from_str("templateID: 188e6dc9-7b29-4db4-a8af-fc6368660738\n").unwrap();
+    let calls = w.sim.call_count("get-active-nodepool-template");
+    assert_eq!(
+        t.resolve(&ExoscaleNodeClass::new("i", by_id.clone()))
+            .await
+            .unwrap()
+            .id,
+        "188e6dc9-7b29-4db4-a8af-fc6368660738"
+    );
+    assert_eq!(
+        w.sim.call_count("get-active-nodepool-template"),
+        calls,
+        "templateID needs no lookup"
+    );
+    assert!(
+        t.resolve_and_verify(&ExoscaleNodeClass::new("i", by_id))
+            .await
+            .is_ok()
+    );
+
+    let mut missing = spec();
+    missing.image_template_selector = Some(ImageTemplateSelector {
+        version: Some("1.20.0".into()),
+        variant: Default::default(),
+    });
+    let e = t
+        .resolve(&ExoscaleNodeClass::new("m", missing))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("version=1.20.0") && e.contains("variant=standard"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn template_lookups_are_cached_with_a_ttl() {
+    let w = world().await;
+    let t = w.provider.templates();
+    let nc = ExoscaleNodeClass::new("a", spec());
+    t.resolve(&nc).await.unwrap();
+    let calls = w.sim.call_count("get-active-nodepool-template");
+    t.resolve(&nc).await.unwrap();
+    assert_eq!(w.sim.call_count("get-active-nodepool-template"), calls);
+    w.clock.set(1_800_000_000 + 3600);
+    t.resolve(&nc).await.unwrap();
+    assert_eq!(w.sim.call_count("get-active-nodepool-template"), calls + 1);
+}
+
+// ---- create / get / list / delete ----
+
+#[tokio::test]
+async fn create_picks_the_cheapest_type_and_returns_a_complete_nodeclaim() {
+    let w = world().await;
+    let out = w
+        .provider
+        .create(&claim(
+            "default-abc12",
+            &["standard.large", "standard.medium", "cpu.huge"],
+        ))
+        .await
+        .unwrap();
+    let l = out.metadata.labels.as_ref().unwrap();
+    assert_eq!(l["node.kubernetes.io/instance-type"], "standard.medium");
+    assert_eq!(l["karpenter.exoscale.com/instance-family"], "standard");
+    assert_eq!(l["karpenter.exoscale.com/instance-size"], "medium");
+    assert_eq!(l["exoscale.com/instance-family"], "standard");
+    assert_eq!(l["topology.kubernetes.io/zone"], "ch-gva-2");
+    assert_eq!(l["karpenter.sh/capacity-type"], "on-demand");
+    assert_eq!(l["karpenter.sh/nodepool"], "default");
+    let status = out.status.as_ref().unwrap();
+    let id = parse_provider_id(status.provider_id.as_deref().unwrap())
+        .unwrap()
+        .to_string();
+    assert_eq!(status.capacity["cpu"].0, "2");
+    assert_eq!(status.capacity["memory"].0, "4Gi");
+    assert_eq!(status.allocatable["cpu"].0, "1700m");
+    assert_eq!(status.allocatable["memory"].0, "3596Mi");
+    assert_eq!(status.allocatable["pods"].0, "110");
+    assert!(
+        out.metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .contains_key(labels::NODECLASS_HASH_ANNOTATION)
+    );
+
+    let sim_instance = w.sim.instance(&id).unwrap();
+    let i = &sim_instance.instance;
+    assert_eq!(status.image_id.as_deref(), Some(i.template.id.as_str()));
+    assert_eq!(i.name, "karpenter-default-abc12");
+    assert_eq!(i.labels["exoscale.com/managed-by"], "karpenter");
+    assert_eq!(i.labels["exoscale.com/cluster-id"], w.sim.cluster_id());
+    assert_eq!(i.labels["exoscale.com/node-claim"], "default-abc12");
+    assert_eq!(i.labels["exoscale.com/nodepool-name"], "default");
+    let sg = w
+        .sim
+        .security_groups()
+        .into_iter()
+        .find(|(_, n)| n == "karpenter-nodes")
+        .unwrap()
+        .0;
+    assert_eq!(
+        i.security_groups
+            .iter()
+            .map(|s| s.id.clone())
+            .collect::<Vec<_>>(),
+        vec![sg]
+    );
+    // The user data the sim stored decodes to the TOML with this NodeClaim's token.
+    let toml: toml::Table = sim_instance.user_data.as_deref().unwrap().parse().unwrap();
+    let k = &toml["settings"]["kubernetes"];
+    let token = &w.bootstrap.tokens()["default-abc12"];
+    assert_eq!(k["bootstrap-token"].as_str(), Some(token.token().as_str()));
+    assert_eq!(
+        k["api-server"].as_str(),
+        Some("https://cluster.example:6443")
+    );
+    assert_eq!(
+        k["node-labels"]["node.kubernetes.io/instance-type"].as_str(),
+        Some("standard.medium")
+    );
+    assert_eq!(
+        userdata::decode(i.user_data.as_deref().unwrap())
+            .unwrap()
+            .parse::<toml::Table>()
+            .unwrap(),
+        toml
+    );
+}
+
+#[tokio::test]
+async fn create_respects_requests_zone_and_custom_requirements() {
+    let w = world().await;
+    let mut c = claim(
+        "big",
+        &["standard.medium", "standard.large", "standard.huge"],
+    );
+    c.spec.resources.requests.insert(
+        "cpu".into(),
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity("3".into()),
+    );
+    c.spec
+        .requirements
+        .push(NodeSelectorRequirementWithMinValues {
+            key: "karpenter.exoscale.com/instance-cpu".into(),
+            operator: Operator::Gt,
+            values: vec!["3".into()],
+            min_values: None,
+        });
+    let out = w.provider.create(&c).await.unwrap();
+    assert_eq!(
+        out.metadata.labels.as_ref().unwrap()["node.kubernetes.io/instance-type"],
+        "standard.large"
+    );
+
+    let mut other_zone = claim("elsewhere", &["standard.medium"]);
+    other_zone
+        .spec
+        .requirements
+        .push(NodeSelectorRequirementWithMinValues {
+            key: "topology.kubernetes.io/zone".into(),
+            operator: Operator::In,
+            values: vec!["de-fra-1".into()],
+            min_values: None,
+        });
+    assert!(
+        w.provider
+            .create(&other_zone)
+            .await
+            .unwrap_err()
+            .is_insufficient_capacity()
+    );
+}
+
+#[tokio::test]
+async fn get_and_list_map_instances_back_with_one_list_call() {
+    let w = world().await;
+    let a = w
+        .provider
+        .create(&claim("a", &["standard.medium"]))
+        .await
+        .unwrap();
+    let b = w.provider.create(&claim("b", &["cpu.huge"])).await.unwrap();
+    let got = w.provider.get(&provider_id(&a)).await.unwrap();
+    assert_eq!(got.metadata.name.as_deref(), Some("a"));
+    assert_eq!(
+        got.metadata.labels.as_ref().unwrap()["node.kubernetes.io/instance-type"],
+        "standard.medium"
+    );
+    assert_eq!(
+        got.status.as_ref().unwrap().image_id,
+        a.status.as_ref().unwrap().image_id
+    );
+
+    let (lists, gets) = (
+        w.sim.call_count("list-instances"),
+        w.sim.call_count("get-instance"),
+    );
+    let listed = w.provider.list().await.unwrap();
+    assert_eq!(w.sim.call_count("list-instances"), lists + 1);
+    assert_eq!(
+        w.sim.call_count("get-instance"),
+        gets,
+        "list must not fetch instances one by one"
+    );
+    let mut names: Vec<_> = listed
+        .iter()
+        .map(|n| n.metadata.name.clone().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["a", "b"]);
+    let b_listed = listed
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some("b"))
+        .unwrap();
+    assert_eq!(
+        b_listed.metadata.labels.as_ref().unwrap()["node.kubernetes.io/instance-type"],
+        "cpu.huge"
+    );
+    assert_eq!(provider_id(b_listed), provider_id(&b));
+
+    let unknown = "exoscale://00000000-0000-4000-8000-000000000000";
+    assert!(w.provider.get(unknown).await.unwrap_err().is_not_found());
+    assert!(
+        !w.provider
+            .get("aws:///i-1")
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+}
+
+#[tokio::test]
+async fn list_ignores_other_clusters_and_unmanaged_instances() {
+    let w = world().await;
+    w.provider
+        .create(&claim("mine", &["standard.medium"]))
+        .await
+        .unwrap();
+    let tpl = w
+        .sim
+        .sks_template_id(w.sim.kubernetes_version(), SksTemplateVariant::Standard)
+        .unwrap();
+    let type_id = Catalogue::embedded()
+        .instance_type("standard.small")
+        .unwrap()
+        .id
+        .clone();
+    for labels in [
+        vec![
+            ("exoscale.com/managed-by", "karpenter"),
+            ("exoscale.com/cluster-id", "another-cluster"),
+        ],
+        vec![("app", "db")],
+    ] {
+        let mut req = exoscale::models::CreateInstanceRequest::new(&type_id, &tpl, 20);
+        req.labels = labels
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        w.client.create_instance(&req).await.unwrap();
+    }
+    let listed = w.provider.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].metadata.name.as_deref(), Some("mine"));
+}
+
+#[tokio::test]
+async fn delete_is_idempotent_and_reports_not_found_once_gone() {
+    let w = world().await;
+    let nc = w
+        .provider
+        .create(&claim("d", &["standard.medium"]))
+        .await
+        .unwrap();
+    let id = parse_provider_id(&provider_id(&nc)).unwrap().to_string();
+    assert!(w.bootstrap.tokens().contains_key("d"));
+    w.provider.delete(&nc).await.unwrap();
+    eventually("instance removal", || async {
+        w.sim.instance(&id).is_none()
+    })
+    .await;
+    let err = w.provider.delete(&nc).await.unwrap_err();
+    assert!(
+        matches!(err, CloudProviderError::NodeClaimNotFound(_)),
+        "{err}"
+    );
+    assert!(
+        !w.bootstrap.tokens().contains_key("d"),
+        "the token goes with the NodeClaim"
+    );
+    assert!(
+        w.provider
+            .get(&provider_id(&nc))
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+}
+
+#[tokio::test]
+async fn a_repeated_delete_while_terminating_sends_no_second_delete() {
+    let w = world().await;
+    let nc = w
+        .provider
+        .create(&claim("slow", &["standard.medium"]))
+        .await
+        .unwrap();
+    // Termination that takes an hour: the instance stays `destroying` for this whole test.
+    w.sim.set_operation_delay(Duration::from_secs(3600));
+    w.provider.delete(&nc).await.unwrap();
+    assert_eq!(w.sim.call_count("delete-instance"), 1);
+    w.provider.delete(&nc).await.unwrap();
+    w.provider.delete(&nc).await.unwrap();
+    assert_eq!(w.sim.call_count("delete-instance"), 1);
+    let listed = w.provider.list().await.unwrap();
+    assert_eq!(
+        listed.len(),
+        1,
+        "a terminating instance still exists for garbage collection"
+    );
+}
+
+#[tokio::test]
+async fn delete_finds_an_instance_whose_provider_id_was_never_recorded() {
+    let w = world().await;
+    w.provider
+        .create(&claim("lost", &["standard.medium"]))
+        .await
+        .unwrap();
+    let unrecorded = claim("lost", &["standard.medium"]);
+    w.provider.delete(&unrecorded).await.unwrap();
+    eventually("instance removal", || async {
+        w.sim.instances().is_empty()
+    })
+    .await;
+    assert!(
+        w.provider
+            .delete(&unrecorded)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+}
+
+// ---- idempotency ----
+
+#[tokio::test]
+async fn a_lost_create_response_adopts_the_instance_instead_of_duplicating_it() {
+    let w = world().await;
+    w.sim
+        .inject(Fault::on("create-instance", FaultAction::LoseResponse));
+    let nc = w
+        .provider
+        .create(&claim("lost-answer", &["standard.medium"]))
+        .await
+        .unwrap();
+    assert_eq!(w.sim.instances().len(), 1);
+    assert_eq!(
+        w.sim.instances()[0].instance.id,
+        parse_provider_id(&provider_id(&nc)).unwrap()
+    );
+    // A retried create (e.g. after a crash before the providerID was written) adopts too.
+    let again = w
+        .provider
+        .create(&claim("lost-answer", &["standard.medium"]))
+        .await
+        .unwrap();
+    assert_eq!(provider_id(&again), provider_id(&nc));
+    assert_eq!(w.sim.instances().len(), 1);
+    assert_eq!(w.sim.call_count("create-instance"), 1);
+}
+
+// ---- capacity errors ----
+
+#[tokio::test]
+async fn quota_exhaustion_is_insufficient_capacity_and_marks_the_offering() {
+    let w = world().await;
+    w.sim.set_instance_quota(Some(0));
+    let err = w
+        .provider
+        .create(&claim("q", &["standard.medium", "standard.large"]))
+        .await
+        .unwrap_err();
+    match &err {
+        CloudProviderError::InsufficientCapacity { offerings, .. } => {
+            assert_eq!(
+                offerings,
+                &vec![("standard.medium".to_string(), "ch-gva-2".to_string())]
+            );
+        }
+        other => panic!("expected insufficient capacity, got {other}"),
+    }
+    assert!(
+        w.bootstrap.tokens().is_empty(),
+        "the token of a failed launch is deleted"
+    );
+    let types = w.types().await;
+    let medium = types.iter().find(|t| t.name == "standard.medium").unwrap();
+    assert!(
+        !medium.offerings[0].available,
+        "the core must see the offering as unavailable"
+    );
+    // The next attempt falls back to the next cheapest type.
+    w.sim.set_instance_quota(None);
+    let out = w
+        .provider
+        .create(&claim("q", &["standard.medium", "standard.large"]))
+        .await
+        .unwrap();
+    assert_eq!(
+        out.metadata.labels.as_ref().unwrap()["node.kubernetes.io/instance-type"],
+        "standard.large"
+    );
+    // The mark expires.
+    w.clock.set(1_800_000_000 + 600);
+    assert!(
+        w.types()
+            .await
+            .iter()
+            .find(|t| t.name == "standard.medium")
+            .unwrap()
+            .offerings[0]
+            .available
+    );
+}
+
+#[tokio::test]
+async fn a_full_anti_affinity_group_is_insufficient_capacity() {
+    let w = world().await;
+    let mut s = spec();
+    s.anti_affinity_group_selector_terms = vec![SelectorTerm {
+        id: None,
+        name: Some("karpenter-spread".into()),
+    }];
+    w.put_nodeclass(s).await;
+    for i in 0..8 {
+        w.provider
+            .create(&claim(&format!("spread-{i}"), &["standard.medium"]))
+            .await
+            .unwrap();
+    }
+    let err = w
+        .provider
+        .create(&claim("spread-8", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(err.is_insufficient_capacity(), "{err}");
+    assert_eq!(w.sim.instances().len(), 8);
+}
+
+#[tokio::test]
+async fn a_type_withdrawn_since_discovery_is_insufficient_capacity() {
+    let w = world().await;
+    w.sim.set_authorized("standard.medium", false);
+    let err = w
+        .provider
+        .create(&claim("w", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(err.is_insufficient_capacity(), "{err}");
+    let err = w
+        .provider
+        .create(&claim("w", &["no.such-type"]))
+        .await
+        .unwrap_err();
+    assert!(err.is_insufficient_capacity(), "{err}");
+}
+
+#[tokio::test]
+async fn other_api_failures_are_create_errors_with_a_reason() {
+    let w = world().await;
+    w.sim
+        .inject(Fault::status("create-instance", 400, "Invalid request: disk").always());
+    let err = w
+        .provider
+        .create(&claim("e", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    match err {
+        CloudProviderError::Create { reason, message } => {
+            assert_eq!(reason, "InstanceCreationFailed");
+            assert!(message.contains("Invalid request"), "{message}");
+        }
+        other => panic!("{other}"),
+    }
+    assert!(w.sim.instances().is_empty());
+}
+
+// ---- NodeClass readiness ----
+
+#[tokio::test]
+async fn nodeclass_readiness_gates_create() {
+    let w = world().await;
+    w.edit_status(|s| {
+        s.conditions.set_condition(
+            conditions::READY,
+            ConditionStatus::False,
+            "SecurityGroupResolutionFailed",
+            "security group with name x not found",
+            None,
+            k8s_openapi::jiff::Timestamp::from_second(1_800_000_100).unwrap(),
+        );
+    });
+    let err = w
+        .provider
+        .create(&claim("n", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(err.is_nodeclass_not_ready(), "{err}");
+    assert!(
+        err.to_string()
+            .contains("security group with name x not found")
+    );
+    w.edit_status(|s| s.conditions.clear());
+    let err = w
+        .provider
+        .create(&claim("n", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, CloudProviderError::Create { .. }),
+        "unresolved: retry later: {err}"
+    );
+    w.nodeclasses.remove("default");
+    let err = w
+        .provider
+        .create(&claim("n", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not found"), "{err}");
+    assert!(w.sim.instances().is_empty());
+}
+
+// ---- private networks ----
+
+#[tokio::test]
+async fn private_networks_are_attached_after_create() {
+    let w = world().await;
+    let mut s = spec();
+    s.private_network_selector_terms = vec![SelectorTerm {
+        id: None,
+        name: Some("karpenter-private".into()),
+    }];
+    w.put_nodeclass(s).await;
+    let nc = w
+        .provider
+        .create(&claim("pn", &["standard.medium"]))
+        .await
+        .unwrap();
+    let id = parse_provider_id(&provider_id(&nc)).unwrap().to_string();
+    let pn = w.sim.private_networks()[0].0.clone();
+    let attached: Vec<_> = w
+        .sim
+        .instance(&id)
+        .unwrap()
+        .instance
+        .private_networks
+        .iter()
+        .map(|p| p.id.clone())
+        .collect();
+    assert_eq!(attached, vec![pn]);
+}
+
+#[tokio::test]
+async fn a_failed_private_network_attach_rolls_the_instance_back() {
+    let w = world().await;
+    let mut s = spec();
+    s.private_network_selector_terms = vec![SelectorTerm {
+        id: None,
+        name: Some("karpenter-private".into()),
+    }];
+    w.put_nodeclass(s).await;
+    w.sim.inject(Fault::status(
+        "attach-instance-to-private-network",
+        400,
+        "Invalid attachment",
+    ));
+    let err = w
+        .provider
+        .create(&claim("rb", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    match &err {
+        CloudProviderError::Create { reason, message } => {
+            assert_eq!(reason, "PrivateNetworkAttachFailed");
+            assert!(message.contains("instance deleted"), "{message}");
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(w.sim.call_count("delete-instance"), 1);
+    eventually("rollback", || async { w.sim.instances().is_empty() }).await;
+    assert!(w.bootstrap.tokens().is_empty());
+}
+
+// ---- drift ----
+
+#[tokio::test]
+async fn drift_fires_for_each_reason_against_the_desired_state() {
+    let w = world().await;
+    let mut s = spec();
+    s.anti_affinity_group_selector_terms = vec![SelectorTerm {
+        id: None,
+        name: Some("karpenter-spread".into()),
+    }];
+    s.private_network_selector_terms = vec![SelectorTerm {
+        id: None,
+        name: Some("karpenter-private".into()),
+    }];
+    let original = w.put_nodeclass(s.clone()).await;
+    let nc = w
+        .provider
+        .create(&claim("drift", &["standard.medium"]))
+        .await
+        .unwrap();
+    assert_eq!(w.provider.is_drifted(&nc).await.unwrap(), None);
+
+    let restore = |w: &World| w.nodeclasses.insert(original.clone());
+    let new_sg = w.sim.add_security_group("extra");
+    for (reason, change) in [
+        (
+            "ImageID",
+            Box::new(|st: &mut ExoscaleNodeClassStatus| {
+                st.template_id = Some("188e6dc9-7b29-4db4-a8af-fc6368660738".into())
+            }) as Box<dyn Fn(&mut ExoscaleNodeClassStatus)>,
+        ),
+        (
+            "SecurityGroups",
+            Box::new(move |st: &mut ExoscaleNodeClassStatus| {
+                st.security_groups.push(new_sg.clone())
+            }),
+        ),
+        (
+            "AntiAffinityGroups",
+            Box::new(|st: &mut ExoscaleNodeClassStatus| st.anti_affinity_groups.clear()),
+        ),
+        (
+            "PrivateNetworks",
+            Box::new(|st: &mut ExoscaleNodeClassStatus| st.private_networks.clear()),
+        ),
+    ] {
+        w.edit_status(|st| change(st));
+        assert_eq!(
+            w.provider.is_drifted(&nc).await.unwrap().as_deref(),
+            Some(reason)
+        );
+        restore(&w);
+        assert_eq!(w.provider.is_drifted(&nc).await.unwrap(), None);
+    }
+
+    // A new SKS template for the control plane's version (NodeClass status re-resolved).
+    w.sim.add_kubernetes_version("1.35.0");
+    let mut newer = s.clone();
+    newer.image_template_selector = Some(ImageTemplateSelector {
+        version: Some("1.35.0".into()),
+        variant: Default::default(),
+    });
+    let mut newer_nc = w.put_nodeclass(newer).await;
+    assert_eq!(
+        w.provider.is_drifted(&nc).await.unwrap().as_deref(),
+        Some("ImageID")
+    );
+
+    // Kubelet / disk changes drift through the NodeClass hash.
+    restore(&w);
+    newer_nc.spec = s.clone();
+    newer_nc.spec.disk_size = 80;
+    newer_nc.status = original.status.clone();
+    w.nodeclasses.insert(newer_nc);
+    assert_eq!(
+        w.provider.is_drifted(&nc).await.unwrap().as_deref(),
+        Some("NodeClassDrift")
+    );
+
+    // An unresolved NodeClass never drifts nodes.
+    restore(&w);
+    w.edit_status(|st| {
+        st.template_id = Some("188e6dc9-7b29-4db4-a8af-fc6368660738".into());
+        st.conditions.clear();
+    });
+    assert_eq!(w.provider.is_drifted(&nc).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn drift_checks_restore_missing_instance_labels_once() {
+    let w = world().await;
+    let nc = w
+        .provider
+        .create(&claim("labels", &["standard.medium"]))
+        .await
+        .unwrap();
+    let id = parse_provider_id(&provider_id(&nc)).unwrap().to_string();
+    let mut labels = w.sim.instance(&id).unwrap().instance.labels.clone();
+    labels.remove("exoscale.com/nodepool-name");
+    labels.insert("team".into(), "a".into());
+    let op = w.client.update_instance_labels(&id, &labels).await.unwrap();
+    w.client.wait_operation(&op).await.unwrap();
+    let updates = w.sim.call_count("update-instance");
+    assert_eq!(w.provider.is_drifted(&nc).await.unwrap(), None);
+    assert_eq!(w.sim.call_count("update-instance"), updates + 1);
+    let healed = w.sim.instance(&id).unwrap().instance.labels;
+    assert_eq!(healed["exoscale.com/nodepool-name"], "default");
+    assert_eq!(healed["team"], "a", "extra labels are kept");
+    w.provider.is_drifted(&nc).await.unwrap();
+    assert_eq!(
+        w.sim.call_count("update-instance"),
+        updates + 1,
+        "no update when nothing is missing"
+    );
+}
+
+#[tokio::test]
+async fn drift_of_a_vanished_instance_is_not_found() {
+    let w = world().await;
+    let nc = w
+        .provider
+        .create(&claim("gone", &["standard.medium"]))
+        .await
+        .unwrap();
+    w.provider.delete(&nc).await.unwrap();
+    eventually("instance removal", || async {
+        w.sim.instances().is_empty()
+    })
+    .await;
+    assert!(w.provider.is_drifted(&nc).await.unwrap_err().is_not_found());
+}
+
+// ---- bootstrap tokens ----
+
+#[tokio::test]
+async fn token_lifecycle_follows_the_nodeclaim() {
+    let w = world().await;
+    w.bootstrap.fail_next_creates(1);
+    let err = w
+        .provider
+        .create(&claim("t", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    match &err {
+        CloudProviderError::Create { reason, .. } => {
+            assert_eq!(reason, "BootstrapTokenCreationFailed")
+        }
+        other => panic!("{other}"),
+    }
+    assert!(w.sim.instances().is_empty(), "no instance without a token");
+    let nc = w
+        .provider
+        .create(&claim("t", &["standard.medium"]))
+        .await
+        .unwrap();
+    let tokens = w.bootstrap.tokens();
+    assert_eq!(tokens.len(), 1);
+    // Adoption does not mint a second token.
+    w.provider
+        .create(&claim("t", &["standard.medium"]))
+        .await
+        .unwrap();
+    assert_eq!(w.bootstrap.tokens(), tokens);
+    w.provider.delete(&nc).await.unwrap();
+    eventually("instance removal", || async {
+        w.sim.instances().is_empty()
+    })
+    .await;
+    assert!(w.provider.delete(&nc).await.unwrap_err().is_not_found());
+    assert!(w.bootstrap.tokens().is_empty());
+}
