@@ -754,3 +754,49 @@ async fn eviction_is_refused_while_a_pdb_allows_no_disruption() {
         "evicted pod is being deleted"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// The harness itself.
+
+#[tokio::test]
+async fn dropping_a_control_plane_kills_its_processes_and_removes_its_directory() {
+    let bin_dir = match support::control_plane::find_bin_dir() {
+        Ok(dir) => dir,
+        // `shared()` decides between failing (CI) and skipping.
+        Err(_) => {
+            let _ = support::shared();
+            return;
+        }
+    };
+    let options = support::control_plane::Options {
+        scheduler: true,
+        controllers: Some(vec!["garbage-collector-controller".into()]),
+        crd_dir: None,
+    };
+    let plane = support::control_plane::ControlPlane::start(&bin_dir, &options)
+        .await
+        .expect("a private control plane starts");
+    let client = plane.client().await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+    assert!(namespaces.get_opt("default").await.expect("get").is_some());
+    let dir = plane.dir_path();
+    let pids = plane.pids();
+    assert_eq!(
+        pids.len(),
+        4,
+        "etcd, apiserver, controller-manager, scheduler"
+    );
+    assert!(dir.join("kube-apiserver.log").is_file());
+
+    drop(plane);
+    assert!(!dir.exists(), "{} removed", dir.display());
+    for pid in pids {
+        // Killed and reaped: the id is gone (unless already reused by an unrelated process).
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let command = String::from_utf8_lossy(&cmdline);
+        assert!(
+            !command.contains(&bin_dir.display().to_string()),
+            "process {pid} still runs: {command}"
+        );
+    }
+}
