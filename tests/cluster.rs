@@ -617,6 +617,73 @@ async fn the_simulated_kubelet_follows_its_script() {
     assert_eq!(condition_status(&node, "Ready").as_deref(), Some("True"));
 }
 
+#[tokio::test]
+async fn the_simulated_kubelet_follows_the_clouds_instance_events() {
+    let Some(plane) = support::shared() else {
+        return;
+    };
+    let client = plane.client().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let (events, receiver) = tokio::sync::broadcast::channel(16);
+    let follower = kubelet_sim::Follower {
+        client: client.clone(),
+        zone: "at-vie-1".into(),
+        shape_of: Box::new(|_| {
+            Some(InstanceShape {
+                name: "standard.small".into(),
+                cpus: 2,
+                memory_bytes: 2 * 1024 * 1024 * 1024,
+                gpus: 0,
+                disk_gib: 20,
+            })
+        }),
+        behaviour_of: Box::new(|_| KubeletBehaviour::default()),
+    };
+    let following = kubelet_sim::follow(follower, receiver);
+
+    let id = uuid::Uuid::new_v4().to_string();
+    let name = format!("followed-{}", &id[..8]);
+    let instance: karpenter_exoscale::exoscale::models::Instance = serde_json::from_value(json!({
+        "id": id, "name": name, "state": "running",
+        "instance-type": { "id": "standard-small" }, "template": { "id": "sks" },
+        "user-data": gzip_base64(USER_DATA),
+    }))
+    .expect("an instance");
+    events
+        .send(karpenter_exoscale::sim::InstanceEvent::Running(Box::new(
+            instance,
+        )))
+        .expect("the follower listens");
+    let node = node_with_condition(&nodes, &name, "Ready", "True").await;
+    assert_eq!(
+        node.metadata.labels.expect("labels")["topology.kubernetes.io/zone"],
+        "at-vie-1"
+    );
+
+    events
+        .send(karpenter_exoscale::sim::InstanceEvent::Deleted {
+            id: id.clone(),
+            name: name.clone(),
+        })
+        .expect("the follower listens");
+    eventually("the node of the deleted instance to go", || {
+        let nodes = nodes.clone();
+        let name = name.clone();
+        async move {
+            nodes
+                .get_opt(&name)
+                .await
+                .expect("get")
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
+    drop(events);
+    let errors = following.await.expect("follower task");
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Eviction against a PodDisruptionBudget, with pods placed by the real scheduler.
 
