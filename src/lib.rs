@@ -6,6 +6,7 @@ pub mod cloudprovider;
 pub mod controllers;
 pub mod doctor;
 pub mod exoscale;
+pub mod kubelet_sim;
 pub mod operator;
 pub mod providers;
 pub mod provisioning;
