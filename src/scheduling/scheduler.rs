@@ -14,7 +14,7 @@ use super::quantity::{NODES, Quantity, Resources};
 use super::requirements::{Requirement, Requirements};
 use super::taints::{Taint, TaintEffect, Toleration, first_untolerated};
 use super::topology::{
-    GroupId, HostId, NodeFilter, PodTopology, PreparedGroup, Rejected, Topology,
+    DomainIds, GroupId, HostId, NodeFilter, PodTopology, PreparedGroup, Rejected, Topology,
 };
 
 /// Upstream's cap on instance types written into one NodeClaim.
@@ -373,6 +373,8 @@ struct Attempt {
 struct Claim {
     template: usize,
     reqs: Requirements,
+    /// Single domain per cached topology key, kept in step with `reqs`.
+    domains: DomainIds,
     host: HostId,
     types: Vec<u32>,
     requests: Resources,
@@ -380,6 +382,9 @@ struct Claim {
     pods: Vec<usize>,
     min_values_relaxed: bool,
 }
+
+/// A template index and the narrowed requirements that decide type compatibility.
+type TypeCacheKey = (usize, Vec<Requirement>);
 
 /// What one attempt checks every candidate against.
 struct Check<'c> {
@@ -392,7 +397,7 @@ struct Check<'c> {
 enum Target {
     Node(usize, Option<Requirements>),
     Claim(usize, ClaimUpdate),
-    New(usize, Claim),
+    New(usize, Box<Claim>),
 }
 
 /// Why merging a pod into a node's requirements failed; only formatted when reported.
@@ -421,7 +426,7 @@ struct Solve<'a> {
     remaining: Vec<BTreeMap<String, i128>>,
     /// Instance types (bitset per template) compatible with a set of narrowed requirements;
     /// pods mostly repeat a few requirement shapes, so this saves re-checking every type.
-    type_cache: RefCell<HashMap<(usize, Vec<Requirement>), Rc<Vec<u64>>>>,
+    type_cache: RefCell<HashMap<TypeCacheKey, Rc<Vec<u64>>>>,
 }
 
 impl<'a> Solve<'a> {
@@ -502,7 +507,7 @@ impl<'a> Solve<'a> {
                 }
                 let by_weight = |v: &[super::model::WeightedPodAffinityTerm]| {
                     let mut v = v.to_vec();
-                    v.sort_by(|a, b| b.weight.cmp(&a.weight));
+                    v.sort_by_key(|t| std::cmp::Reverse(t.weight));
                     v
                 };
                 let (mut preferred_affinity, mut preferred_anti, mut preferred_node) =
@@ -519,7 +524,7 @@ impl<'a> Solve<'a> {
                         ));
                     }
                     let mut prefs = p.preferred_node_affinity.clone();
-                    prefs.sort_by(|a, b| b.weight.cmp(&a.weight));
+                    prefs.sort_by_key(|t| std::cmp::Reverse(t.weight));
                     preferred_node = prefs.into_iter().map(|w| w.requirements).collect();
                 }
                 PodInfo {
@@ -742,6 +747,7 @@ impl<'a> Solve<'a> {
                 claim.pods.push(pi);
                 claim.requests += &pod.requests;
                 if let Some(reqs) = update.reqs {
+                    claim.domains = self.topology.domain_ids(&reqs);
                     claim.reqs = reqs;
                 }
                 claim.headroom = if update.types.len() == claim.types.len() {
@@ -791,7 +797,7 @@ impl<'a> Solve<'a> {
                 );
                 let ci = self.claims.len();
                 self.claim_order.insert((1, ci));
-                self.claims.push(claim);
+                self.claims.push(*claim);
             }
         }
         Ok(())
@@ -806,11 +812,14 @@ impl<'a> Solve<'a> {
     ) -> Result<Target, (String, Vec<(String, String)>)> {
         let pod = &self.pods[pi];
         let info = &self.info[pi];
+        let mut always: Vec<&Requirements> = vec![&a.reqs];
+        always.extend(a.node_reqs_extra.as_ref());
         let topo = PodTopology {
             matching: &info.matching,
             inverse: &info.inverse,
             owned: &a.owned,
             strict: &a.strict,
+            always: &always,
         };
         let prepared = match self.topology.prepare(&topo) {
             Ok(p) => p,
@@ -852,7 +861,7 @@ impl<'a> Solve<'a> {
         let mut per_pool = Vec::new();
         for ti in 0..self.s.templates.len() {
             match self.new_claim(ti, pi, &check) {
-                Ok(claim) => return Ok(Target::New(ti, claim)),
+                Ok(claim) => return Ok(Target::New(ti, Box::new(claim))),
                 Err(reason) => per_pool.push((self.s.templates[ti].pool.name.clone(), reason)),
             }
         }
@@ -898,7 +907,10 @@ impl<'a> Solve<'a> {
     fn can_add_to_claim(&self, ci: usize, c: &Check) -> Option<ClaimUpdate> {
         let (pod, a, topo) = (c.pod, c.a, c.topo);
         let claim = &self.claims[ci];
-        if a.tolerates_template[claim.template].is_err() || !pod.requests.fits_in(&claim.headroom) {
+        if a.tolerates_template[claim.template].is_err()
+            || !pod.requests.fits_in(&claim.headroom)
+            || !Topology::may_admit(c.prepared, &claim.domains)
+        {
             return None;
         }
         self.topology.hostname_allows(topo, claim.host).ok()?;
@@ -1124,6 +1136,7 @@ impl<'a> Solve<'a> {
         let requests = pod.requests.clone();
         Ok(Claim {
             template: ti,
+            domains: self.topology.domain_ids(&merged),
             headroom: headroom(t, &types, &requests),
             reqs: merged,
             host,
