@@ -162,6 +162,8 @@ struct Template {
     types: Vec<TypeEntry>,
     /// Limited resources: limit minus usage (may go negative).
     remaining: BTreeMap<String, i128>,
+    /// Per-resource maximum capacity over all types (quick "nothing exceeds the limits" check).
+    max_capacity: Resources,
 }
 
 #[derive(Debug, Clone)]
@@ -256,11 +258,16 @@ impl Scheduler {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.milli() - pool.usage.get(k).milli()))
                 .collect();
+            let mut max_capacity = Resources::new();
+            for e in &entries {
+                max_capacity.max_with(&e.it.capacity);
+            }
             templates.push(Template {
                 pool,
                 reqs,
                 types: entries,
                 remaining,
+                max_capacity,
             });
         }
         let relax_prefer_no_schedule = templates.iter().any(|t| {
@@ -379,6 +386,8 @@ struct Claim {
     types: Vec<u32>,
     requests: Resources,
     headroom: Resources,
+    /// Smallest usable capacity left over the instance types: a pod that fits here keeps them all.
+    floor: Resources,
     pods: Vec<usize>,
     min_values_relaxed: bool,
 }
@@ -750,9 +759,12 @@ impl<'a> Solve<'a> {
                     claim.domains = self.topology.domain_ids(&reqs);
                     claim.reqs = reqs;
                 }
-                claim.headroom = if update.types.len() == claim.types.len() {
-                    // Same instance types: only the new pod's requests come off the headroom.
-                    claim.headroom.saturating_minus(&pod.requests)
+                (claim.headroom, claim.floor) = if update.types.len() == claim.types.len() {
+                    // Same instance types: only the new pod's requests come off.
+                    (
+                        claim.headroom.saturating_minus(&pod.requests),
+                        claim.floor.saturating_minus(&pod.requests),
+                    )
                 } else {
                     headroom(
                         &self.s.templates[claim.template],
@@ -918,7 +930,7 @@ impl<'a> Solve<'a> {
         claim.reqs.compatible(&a.reqs, Some(wk)).ok()?;
         let t = &self.s.templates[claim.template];
         if a.reqs.is_empty() && a.node_reqs_extra.is_none() && c.prepared.is_empty() {
-            let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None);
+            let types = self.refit(claim, pod);
             if types.is_empty() {
                 return None;
             }
@@ -930,7 +942,7 @@ impl<'a> Solve<'a> {
         }
         let (merged, changed) = self.merge(&claim.reqs, c).ok()?;
         let Some(merged) = merged else {
-            let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None);
+            let types = self.refit(claim, pod);
             return (!types.is_empty()).then_some(ClaimUpdate {
                 reqs: None,
                 types,
@@ -954,6 +966,15 @@ impl<'a> Solve<'a> {
             types,
             min_values_relaxed: relaxed,
         })
+    }
+
+    /// The claim's instance types that still fit with the pod added (no requirement change).
+    fn refit(&self, claim: &Claim, pod: &Pod) -> Vec<u32> {
+        if pod.requests.fits_in(&claim.floor) {
+            return claim.types.clone();
+        }
+        let t = &self.s.templates[claim.template];
+        filter_types(t, &claim.types, &claim.requests, &pod.requests, None)
     }
 
     /// Node requirements ∩ pod requirements ∩ volume requirements ∩ topology requirements,
@@ -1103,8 +1124,14 @@ impl<'a> Solve<'a> {
             MergeError::Empty(k) => format!("requirement {k} cannot be satisfied"),
         })?;
         let merged = merged.unwrap_or(base);
+        let all_within = remaining
+            .iter()
+            .all(|(k, v)| k == NODES || t.max_capacity.get(k).milli() <= *v);
         let within_limits: Vec<u32> = (0..t.types.len() as u32)
             .filter(|&i| {
+                if all_within {
+                    return true;
+                }
                 let cap = &t.types[i as usize].it.capacity;
                 remaining
                     .iter()
@@ -1134,10 +1161,12 @@ impl<'a> Solve<'a> {
         }
         let (merged, types, relaxed) = self.check_min_values(t, merged, types)?;
         let requests = pod.requests.clone();
+        let room = headroom(t, &types, &requests);
         Ok(Claim {
             template: ti,
             domains: self.topology.domain_ids(&merged),
-            headroom: headroom(t, &types, &requests),
+            headroom: room.0,
+            floor: room.1,
             reqs: merged,
             host,
             types,
@@ -1394,12 +1423,22 @@ fn type_matches(e: &TypeEntry, reqs: &Requirements, changed: &[String]) -> bool 
 }
 
 /// Component-wise maximum usable capacity left over the given types.
-fn headroom(t: &Template, types: &[u32], requests: &Resources) -> Resources {
+fn headroom(t: &Template, types: &[u32], requests: &Resources) -> (Resources, Resources) {
     let mut max = Resources::new();
+    let mut min: Option<Resources> = None;
     for &i in types {
-        max.max_with(&t.types[i as usize].usable);
+        let usable = &t.types[i as usize].usable;
+        max.max_with(usable);
+        match &mut min {
+            Some(m) => m.min_with(usable),
+            None => min = Some(usable.clone()),
+        }
     }
-    max.saturating_minus(requests)
+    let min = min.unwrap_or_default();
+    (
+        max.saturating_minus(requests),
+        min.saturating_minus(requests),
+    )
 }
 
 /// `(key, minValues, distinct values offered)` for every unmet `minValues`.
