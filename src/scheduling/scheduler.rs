@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, WellKnownLabels};
 use super::model::{
@@ -164,6 +164,9 @@ struct Template {
     remaining: BTreeMap<String, i128>,
     /// Per-resource maximum capacity over all types (quick "nothing exceeds the limits" check).
     max_capacity: Resources,
+    /// Per-resource maximum and minimum usable capacity over all types.
+    max_usable: Resources,
+    min_usable: Resources,
 }
 
 #[derive(Debug, Clone)]
@@ -183,7 +186,7 @@ pub struct SkippedNodePool {
 }
 
 /// The reusable scheduler: templates and nodes are prepared once, `solve` can run many times.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Scheduler {
     templates: Vec<Template>,
     nodes: Vec<NodeBase>,
@@ -191,7 +194,13 @@ pub struct Scheduler {
     options: SchedulerOptions,
     relax_prefer_no_schedule: bool,
     skipped: Vec<SkippedNodePool>,
+    /// Instance types by price for (template, zone, capacity type), shared by every solve.
+    price_orders: Mutex<HashMap<PriceOrderKey, PriceOrder>>,
 }
+
+type PriceOrderKey = (usize, Option<Requirement>, Option<Requirement>);
+/// Type indices cheapest first, and how many capacity types the admitted offerings have.
+type PriceOrder = Arc<(Vec<u32>, usize)>;
 
 impl Scheduler {
     pub fn new(input: SchedulerInput) -> Self {
@@ -262,12 +271,16 @@ impl Scheduler {
             for e in &entries {
                 max_capacity.max_with(&e.it.capacity);
             }
+            let all: Vec<u32> = (0..entries.len() as u32).collect();
+            let (max_usable, min_usable) = usable_range(&entries, &all);
             templates.push(Template {
                 pool,
                 reqs,
                 types: entries,
                 remaining,
                 max_capacity,
+                max_usable,
+                min_usable,
             });
         }
         let relax_prefer_no_schedule = templates.iter().any(|t| {
@@ -320,6 +333,7 @@ impl Scheduler {
             options,
             relax_prefer_no_schedule,
             skipped,
+            price_orders: Mutex::new(HashMap::new()),
         }
     }
 
@@ -490,6 +504,7 @@ impl<'a> Solve<'a> {
                 })
             })
             .collect();
+        topology.start_claims();
 
         let mut info: Vec<PodInfo> = pods
             .iter()
@@ -789,10 +804,15 @@ impl<'a> Solve<'a> {
                 let host = self.topology.add_hostname(placeholder_name(claim.host));
                 debug_assert_eq!(host, claim.host);
                 let t = &self.s.templates[ti];
-                let mut max_capacity = Resources::new();
-                for &i in &claim.types {
-                    max_capacity.max_with(&t.types[i as usize].it.capacity);
-                }
+                let max_capacity = if claim.types.len() == t.types.len() {
+                    t.max_capacity.clone()
+                } else {
+                    let mut m = Resources::new();
+                    for &i in &claim.types {
+                        m.max_with(&t.types[i as usize].it.capacity);
+                    }
+                    m
+                };
                 for (k, v) in self.remaining[ti].iter_mut() {
                     *v -= if k == NODES {
                         1000
@@ -857,9 +877,11 @@ impl<'a> Solve<'a> {
                 return Ok(Target::Node(ni, final_reqs));
             }
         }
-        for &(_, ci) in &self.claim_order {
-            if let Some(update) = self.can_add_to_claim(ci, &check) {
-                return Ok(Target::Claim(ci, update));
+        if !self.topology.blocks_every_claim(&topo) {
+            for &(_, ci) in &self.claim_order {
+                if let Some(update) = self.can_add_to_claim(ci, &check) {
+                    return Ok(Target::Claim(ci, update));
+                }
             }
         }
         if self.s.templates.is_empty() {
@@ -1179,11 +1201,11 @@ impl<'a> Solve<'a> {
     fn finish(self, mut results: Results) -> Results {
         let max = self.s.options.max_instance_types;
         // Price order depends only on the template and the zone/capacity-type requirements.
-        type PriceOrder = Rc<(Vec<u32>, usize)>;
-        let mut price_orders: HashMap<
-            (usize, Option<Requirement>, Option<Requirement>),
-            PriceOrder,
-        > = HashMap::new();
+        let mut price_orders = self
+            .s
+            .price_orders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for claim in self.claims {
             let t = &self.s.templates[claim.template];
             let mut reqs = claim.reqs;
@@ -1193,7 +1215,7 @@ impl<'a> Solve<'a> {
                 reqs.get(super::labels::ZONE).cloned(),
                 reqs.get(CAPACITY_TYPE).cloned(),
             );
-            let order = Rc::clone(price_orders.entry(key).or_insert_with(|| {
+            let order = Arc::clone(price_orders.entry(key).or_insert_with(|| {
                 let offerings = OfferingFilter::new(&reqs);
                 let mut priced: Vec<(f64, u32)> = (0..t.types.len() as u32)
                     .map(|i| {
@@ -1209,7 +1231,7 @@ impl<'a> Solve<'a> {
                     .filter(|o| offerings.admits(o))
                     .map(|o| o.capacity_type.as_str())
                     .collect();
-                Rc::new((
+                Arc::new((
                     priced.into_iter().map(|(_, i)| i).collect(),
                     capacity_types.len(),
                 ))
@@ -1424,21 +1446,32 @@ fn type_matches(e: &TypeEntry, reqs: &Requirements, changed: &[String]) -> bool 
 
 /// Component-wise maximum usable capacity left over the given types.
 fn headroom(t: &Template, types: &[u32], requests: &Resources) -> (Resources, Resources) {
+    if types.len() == t.types.len() {
+        return (
+            t.max_usable.saturating_minus(requests),
+            t.min_usable.saturating_minus(requests),
+        );
+    }
+    let (max, min) = usable_range(&t.types, types);
+    (
+        max.saturating_minus(requests),
+        min.saturating_minus(requests),
+    )
+}
+
+/// Per-resource maximum and minimum usable capacity over the given types.
+fn usable_range(entries: &[TypeEntry], types: &[u32]) -> (Resources, Resources) {
     let mut max = Resources::new();
     let mut min: Option<Resources> = None;
     for &i in types {
-        let usable = &t.types[i as usize].usable;
+        let usable = &entries[i as usize].usable;
         max.max_with(usable);
         match &mut min {
             Some(m) => m.min_with(usable),
             None => min = Some(usable.clone()),
         }
     }
-    let min = min.unwrap_or_default();
-    (
-        max.saturating_minus(requests),
-        min.saturating_minus(requests),
-    )
+    (max, min.unwrap_or_default())
 }
 
 /// `(key, minValues, distinct values offered)` for every unmet `minValues`.
