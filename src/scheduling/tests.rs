@@ -648,3 +648,87 @@ fn benchmark_mix_schedules_every_pod() {
         }
     }
 }
+
+#[test]
+fn hostname_spread_and_capacity_type_spread() {
+    let selector = LabelSelector::from_labels([("app", "api")]);
+    let pods: Vec<Pod> = (0..6)
+        .map(|i| {
+            let mut p = pod(&format!("api-{i}"), "100m", "128Mi");
+            p.labels = labels(&[("app", "api")]);
+            p.topology_spread = vec![
+                TopologySpreadConstraint::new(HOSTNAME, 2, selector.clone()),
+                TopologySpreadConstraint::new(CAPACITY_TYPE, 1, selector.clone()),
+            ];
+            p
+        })
+        .collect();
+    let r = solve(input(vec![node_pool("default")], instance_types(10)), &pods);
+    assert!(r.unschedulable.is_empty());
+    // At most 2 per node: at least 3 nodes.
+    assert!(r.new_node_claims.iter().all(|c| c.pods.len() <= 2));
+    assert!(r.new_node_claims.len() >= 3);
+    let mut per_capacity_type: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in &r.new_node_claims {
+        let ct = c
+            .requirements
+            .get(CAPACITY_TYPE)
+            .and_then(Requirement::single_value);
+        *per_capacity_type.entry(ct.expect("pinned")).or_default() += c.pods.len();
+    }
+    let counts: Vec<usize> = per_capacity_type.values().copied().collect();
+    assert_eq!(counts.len(), 2, "{per_capacity_type:?}");
+    assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1);
+}
+
+#[test]
+fn spread_counts_pods_already_running() {
+    // Zone 1 already runs two matching pods: two new pods go to zones 2 and 3.
+    let mut inp = input(vec![node_pool("default")], instance_types(10));
+    let mut node = existing_node("busy", FAKE_ZONES[0], "100m", "default");
+    let web = BoundPod {
+        namespace: "default".into(),
+        labels: labels(&[("app", "web")]),
+        ..Default::default()
+    };
+    node.pods = vec![web.clone(), web];
+    inp.existing_nodes = vec![node];
+    let pods: Vec<Pod> = (0..2)
+        .map(|i| {
+            let mut p = pod(&format!("web-{i}"), "1", "1Gi");
+            p.labels = labels(&[("app", "web")]);
+            p.topology_spread = vec![TopologySpreadConstraint::new(
+                ZONE,
+                1,
+                LabelSelector::from_labels([("app", "web")]),
+            )];
+            p
+        })
+        .collect();
+    let r = solve(inp, &pods);
+    let zones: std::collections::BTreeSet<_> = r.new_node_claims.iter().map(zone_of).collect();
+    assert_eq!(
+        zones,
+        [Some(FAKE_ZONES[1]), Some(FAKE_ZONES[2])]
+            .into_iter()
+            .collect()
+    );
+}
+
+#[test]
+fn solve_is_repeatable_on_one_scheduler() {
+    let pods = PodGenerator::new(9).diverse(200);
+    let s = Scheduler::new(fixtures::benchmark_input(
+        instance_types(100),
+        SchedulerOptions::default(),
+    ));
+    let (a, b) = (s.solve(&pods), s.solve(&pods));
+    assert_eq!(a.new_node_claims.len(), b.new_node_claims.len());
+    let pods_of = |r: &Results| {
+        r.new_node_claims
+            .iter()
+            .map(|c| c.pods.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(pods_of(&a), pods_of(&b));
+}
