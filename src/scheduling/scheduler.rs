@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, WellKnownLabels};
 use super::model::{
-    DaemonSetPod, ExistingNode, InstanceType, NodePoolTemplate, Pod, WhenUnsatisfiable,
+    DaemonSetPod, ExistingNode, HostPort, InstanceType, NodePoolTemplate, Pod, WhenUnsatisfiable,
+    ports_conflict,
 };
 use super::quantity::{NODES, Quantity, Resources};
 use super::requirements::{Requirement, Requirements};
@@ -167,6 +168,8 @@ struct Template {
     /// Per-resource maximum and minimum usable capacity over all types.
     max_usable: Resources,
     min_usable: Resources,
+    /// Host ports of the DaemonSets that run on this NodePool's nodes.
+    daemon_ports: Vec<HostPort>,
 }
 
 #[derive(Debug, Clone)]
@@ -233,6 +236,7 @@ impl Scheduler {
                 .iter()
                 .filter(|d| first_untolerated(&pool.taints, &d.tolerations, true).is_none())
                 .collect();
+            let mut daemon_ports: Vec<HostPort> = Vec::new();
             let entries: Vec<TypeEntry> = types
                 .iter()
                 .filter(|it| {
@@ -246,6 +250,11 @@ impl Scheduler {
                                 && it.requirements.intersects(alt).is_ok()
                         }) {
                             overhead += &d.requests;
+                            for p in &d.host_ports {
+                                if !daemon_ports.contains(p) {
+                                    daemon_ports.push(p.clone());
+                                }
+                            }
                         }
                     }
                     TypeEntry {
@@ -281,6 +290,7 @@ impl Scheduler {
                 max_capacity,
                 max_usable,
                 min_usable,
+                daemon_ports,
             });
         }
         let relax_prefer_no_schedule = templates.iter().any(|t| {
@@ -404,6 +414,8 @@ struct Claim {
     floor: Resources,
     pods: Vec<usize>,
     min_values_relaxed: bool,
+    /// Host ports of the pods placed here.
+    ports: Vec<HostPort>,
 }
 
 /// A template index and the narrowed requirements that decide type compatibility.
@@ -444,6 +456,8 @@ struct Solve<'a> {
     node_available: Vec<Resources>,
     node_hosts: Vec<HostId>,
     node_pods: Vec<Vec<usize>>,
+    /// Host ports in use per existing node (bound pods, then pods placed by this solve).
+    node_ports: Vec<Vec<HostPort>>,
     claims: Vec<Claim>,
     claim_order: BTreeSet<(usize, usize)>,
     remaining: Vec<BTreeMap<String, i128>>,
@@ -603,6 +617,16 @@ impl<'a> Solve<'a> {
             node_available: s.nodes.iter().map(|n| n.available.clone()).collect(),
             node_hosts,
             node_pods: vec![Vec::new(); s.nodes.len()],
+            node_ports: s
+                .existing
+                .iter()
+                .map(|n| {
+                    n.pods
+                        .iter()
+                        .flat_map(|p| p.host_ports.iter().cloned())
+                        .collect()
+                })
+                .collect(),
             claims: Vec::new(),
             claim_order: BTreeSet::new(),
             remaining: s.templates.iter().map(|t| t.remaining.clone()).collect(),
@@ -755,6 +779,7 @@ impl<'a> Solve<'a> {
             Target::Node(ni, final_reqs) => {
                 self.node_available[ni] = self.node_available[ni].saturating_minus(&pod.requests);
                 self.node_pods[ni].push(pi);
+                self.node_ports[ni].extend(pod.host_ports.iter().cloned());
                 let base = &self.s.nodes[ni];
                 let req = final_reqs.as_ref().unwrap_or(&base.reqs);
                 self.topology.record(
@@ -770,6 +795,7 @@ impl<'a> Solve<'a> {
                 self.claim_order.remove(&(claim.pods.len(), ci));
                 claim.pods.push(pi);
                 claim.requests += &pod.requests;
+                claim.ports.extend(pod.host_ports.iter().cloned());
                 if let Some(reqs) = update.reqs {
                     claim.domains = self.topology.domain_ids(&reqs);
                     claim.reqs = reqs;
@@ -911,7 +937,9 @@ impl<'a> Solve<'a> {
     fn can_add_to_node(&self, ni: usize, c: &Check) -> Option<Option<Requirements>> {
         let (pod, a, topo) = (c.pod, c.a, c.topo);
         let base = &self.s.nodes[ni];
-        if first_untolerated(&base.taints, &pod.tolerations, a.tolerate_pns).is_some() {
+        if first_untolerated(&base.taints, &pod.tolerations, a.tolerate_pns).is_some()
+            || ports_conflict(&pod.host_ports, &self.node_ports[ni])
+        {
             return None;
         }
         if !pod.requests.fits_in(&self.node_available[ni]) {
@@ -944,6 +972,15 @@ impl<'a> Solve<'a> {
         if a.tolerates_template[claim.template].is_err()
             || !pod.requests.fits_in(&claim.headroom)
             || !Topology::may_admit(c.prepared, &claim.domains)
+        {
+            return None;
+        }
+        if !pod.host_ports.is_empty()
+            && (ports_conflict(&pod.host_ports, &claim.ports)
+                || ports_conflict(
+                    &pod.host_ports,
+                    &self.s.templates[claim.template].daemon_ports,
+                ))
         {
             return None;
         }
@@ -1130,6 +1167,9 @@ impl<'a> Solve<'a> {
             return Err("node limits have been exhausted for nodepool".into());
         }
         a.tolerates_template[ti].clone()?;
+        if ports_conflict(&pod.host_ports, &t.daemon_ports) {
+            return Err("host port conflicts with a DaemonSet on this nodepool".into());
+        }
         let wk = &self.s.options.well_known_labels;
         t.reqs
             .compatible(&a.reqs, Some(wk))
@@ -1195,6 +1235,7 @@ impl<'a> Solve<'a> {
             requests,
             pods: vec![pi],
             min_values_relaxed: relaxed,
+            ports: pod.host_ports.clone(),
         })
     }
 

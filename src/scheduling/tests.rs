@@ -732,3 +732,40 @@ fn solve_is_repeatable_on_one_scheduler() {
     };
     assert_eq!(pods_of(&a), pods_of(&b));
 }
+
+#[test]
+fn host_port_conflicts_split_pods_across_nodes() {
+    let exporter = DaemonSetPod {
+        name: "exporter".into(),
+        host_ports: vec![model::HostPort::tcp(9100)],
+        ..Default::default()
+    };
+    let web = |name: &str, port: i32| {
+        let mut p = pod(name, "100m", "128Mi");
+        p.host_ports = vec![model::HostPort::tcp(port)];
+        p
+    };
+    let pods = [web("a", 80), web("b", 80), web("c", 9100)];
+    let mut inp = input(vec![node_pool("default")], instance_types(10));
+    inp.existing_nodes = vec![existing_node("n1", FAKE_ZONES[0], "8", "default")];
+    inp.daemonsets = vec![exporter.clone()];
+    let r = solve(inp, &pods);
+    // a and c on the existing node (the exporter is not running there), b on a new NodeClaim.
+    assert_eq!(r.existing_nodes[0].pods, vec![0, 2]);
+    assert_eq!(r.new_node_claims.len(), 1);
+    assert_eq!(r.new_node_claims[0].pods, vec![1]);
+    assert!(r.unschedulable.is_empty());
+
+    // Without the node, c cannot go anywhere: the exporter binds 9100 on every new node.
+    let mut inp = input(vec![node_pool("default")], instance_types(10));
+    inp.daemonsets = vec![exporter];
+    let r = solve(inp, &pods);
+    assert_eq!(r.new_node_claims.len(), 2);
+    assert_eq!(r.unschedulable.len(), 1);
+    assert_eq!(r.unschedulable[0].pod, 2);
+    assert!(
+        r.unschedulable[0].reason.contains("host port"),
+        "{}",
+        r.unschedulable[0].reason
+    );
+}
