@@ -232,6 +232,10 @@ impl Scheduler {
                 reqs.add(Requirement::in_values(k, [v.clone()]));
             }
             reqs.add(Requirement::in_values(NODE_POOL, [pool.name.clone()]));
+            // Daemons selecting registered/initialized nodes still land on new nodes.
+            let mut daemon_view = reqs.clone();
+            daemon_view.add(Requirement::in_values("karpenter.sh/registered", ["true"]));
+            daemon_view.add(Requirement::in_values("karpenter.sh/initialized", ["true"]));
             let daemons: Vec<&DaemonSetPod> = daemonsets
                 .iter()
                 .filter(|d| first_untolerated(&pool.taints, &d.tolerations, true).is_none())
@@ -246,7 +250,7 @@ impl Scheduler {
                     let mut overhead = Resources::new();
                     for d in &daemons {
                         if daemon_alternatives(d).iter().any(|alt| {
-                            reqs.compatible(alt, Some(wk)).is_ok()
+                            daemon_view.compatible(alt, Some(wk)).is_ok()
                                 && it.requirements.intersects(alt).is_ok()
                         }) {
                             overhead += &d.requests;

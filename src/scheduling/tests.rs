@@ -769,3 +769,25 @@ fn host_port_conflicts_split_pods_across_nodes() {
         r.unschedulable[0].reason
     );
 }
+
+#[test]
+fn daemons_selecting_initialized_nodes_count_on_new_nodes() {
+    let mut inp = input(vec![node_pool("default")], instance_types(10));
+    inp.daemonsets = vec![DaemonSetPod {
+        name: "after-init".into(),
+        requests: Resources::from_literals(&[("cpu", "300m")]),
+        node_selector: Requirements::from_labels(&labels(&[("karpenter.sh/initialized", "true")])),
+        ..Default::default()
+    }];
+    let r = solve(inp, &[pod("p", "1", "1Gi")]);
+    assert_eq!(
+        r.new_node_claims[0].daemon_overhead.cpu(),
+        Quantity::parse("300m").unwrap()
+    );
+    assert!(
+        r.new_node_claims[0]
+            .requirements
+            .get("karpenter.sh/initialized")
+            .is_none()
+    );
+}
