@@ -92,6 +92,25 @@ pub struct NewNodeClaim {
 }
 
 impl NewNodeClaim {
+    /// Labels for the NodeClaim: `karpenter.sh/nodepool`, plus one concrete value for every
+    /// custom (non-well-known, non-restricted) requirement key — template labels included.
+    pub fn labels(&self, well_known: &WellKnownLabels) -> BTreeMap<String, String> {
+        let mut labels: BTreeMap<String, String> = self
+            .requirements
+            .iter()
+            .filter(|r| {
+                let key = r.key();
+                !well_known.contains(key)
+                    && key != HOSTNAME
+                    && !key.starts_with("karpenter.sh/")
+                    && !key.contains(".karpenter.sh/")
+            })
+            .filter_map(|r| Some((r.key().to_string(), r.any_value()?)))
+            .collect();
+        labels.insert(NODE_POOL.to_string(), self.node_pool.clone());
+        labels
+    }
+
     /// The requirements to write into the NodeClaim spec: `requirements` plus
     /// `node.kubernetes.io/instance-type In [options]` (keeping any `minValues` on that key).
     pub fn node_claim_requirements(&self) -> Requirements {

@@ -791,3 +791,25 @@ fn daemons_selecting_initialized_nodes_count_on_new_nodes() {
             .is_none()
     );
 }
+
+#[test]
+fn node_claim_labels_take_one_value_per_custom_requirement() {
+    let mut pool = node_pool("default");
+    pool.labels = labels(&[("team", "a")]);
+    pool.requirements = Requirements::from_requirements([
+        Requirement::new("tier", Operator::In, ["gold", "silver"]).unwrap(),
+        Requirement::new("generation", Operator::Gt, ["3"]).unwrap(),
+    ]);
+    let r = solve(
+        input(vec![pool], instance_types(10)),
+        &[pod("p", "1", "1Gi")],
+    );
+    let claim = &r.new_node_claims[0];
+    let l = claim.labels(&fixtures::well_known_labels());
+    assert_eq!(l.get("team").map(String::as_str), Some("a"));
+    assert_eq!(l.get("tier").map(String::as_str), Some("gold"));
+    assert_eq!(l.get("generation").map(String::as_str), Some("4"));
+    assert_eq!(l.get(NODE_POOL).map(String::as_str), Some("default"));
+    assert!(!l.contains_key(ZONE));
+    assert!(!l.contains_key(HOSTNAME));
+}
