@@ -145,12 +145,7 @@ pub fn prepare(
             .collect();
         if being_disrupted(&node) {
             // Their pods need a new home: upstream simulates them as pending.
-            disrupted_pods.extend(
-                index
-                    .pods_on_node(&name)
-                    .into_iter()
-                    .filter(|p| reschedulable(p)),
-            );
+            disrupted_pods.extend(index.pods_on_node(&name).into_iter().filter(reschedulable));
             continue;
         }
         let startup: Vec<_> = claim
