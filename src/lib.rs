@@ -1,3 +1,4 @@
 //! karpenter-exoscale: the Karpenter core and its Exoscale cloud provider.
 
 pub mod apis;
+pub mod disruption;
