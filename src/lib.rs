@@ -2,3 +2,4 @@
 
 pub mod apis;
 pub mod disruption;
+pub mod scheduling;

@@ -1,0 +1,144 @@
+//! Scheduling benchmark with the shape of upstream Karpenter's `BenchmarkScheduling*`:
+//! 400 synthetic instance types, the five-way "diverse pods" mix and the 4 000 "preference pods".
+//!
+//! Run with `cargo bench --bench scheduling`. Reports pods/sec, NodeClaims created and the peak
+//! heap allocated during one solve (measured by a counting global allocator).
+//! `SCHED_BENCH_SIZES=1,100` limits the sizes; `SCHED_BENCH_MIN_SECS` sets the time per case.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use karpenter_exoscale::scheduling::fixtures::{PodGenerator, benchmark_input, instance_types};
+use karpenter_exoscale::scheduling::{Pod, PreferencePolicy, Scheduler, SchedulerOptions};
+
+struct CountingAllocator;
+
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: delegates every call to the system allocator and only adds atomic bookkeeping.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: same contract as the caller's.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let now = CURRENT.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) };
+        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+struct Measurement {
+    name: String,
+    pods: usize,
+    nodes: usize,
+    per_solve: Duration,
+    iterations: u32,
+    peak_bytes: usize,
+}
+
+fn measure(name: &str, pods: &[Pod], policy: PreferencePolicy, min_time: Duration) -> Measurement {
+    let options = SchedulerOptions {
+        preference_policy: policy,
+        ..Default::default()
+    };
+    let scheduler = Scheduler::new(benchmark_input(instance_types(400), options));
+    // One solve to check the outcome and measure memory.
+    let base = CURRENT.load(Ordering::Relaxed);
+    PEAK.store(base, Ordering::Relaxed);
+    let results = scheduler.solve(pods);
+    let peak_bytes = PEAK.load(Ordering::Relaxed).saturating_sub(base);
+    assert!(
+        results.unschedulable.is_empty(),
+        "{name}: {} pods unschedulable, first: {}",
+        results.unschedulable.len(),
+        results.unschedulable[0].reason
+    );
+    assert_eq!(results.scheduled_pod_count(), pods.len());
+    let nodes = results.new_node_claims.len();
+    drop(results);
+    let start = Instant::now();
+    let mut iterations = 0u32;
+    while iterations == 0 || start.elapsed() < min_time {
+        std::hint::black_box(scheduler.solve(std::hint::black_box(pods)));
+        iterations += 1;
+    }
+    Measurement {
+        name: name.to_string(),
+        pods: pods.len(),
+        nodes,
+        per_solve: start.elapsed() / iterations,
+        iterations,
+        peak_bytes,
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs this once with tiny sizes.
+    let args: Vec<String> = std::env::args().collect();
+    let quick = !args.iter().any(|a| a == "--bench");
+    let sizes: Vec<usize> = match std::env::var("SCHED_BENCH_SIZES") {
+        Ok(s) => s.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
+        Err(_) if quick => vec![1, 100],
+        Err(_) => vec![1, 100, 1_000, 5_000, 20_000],
+    };
+    let min_time = Duration::from_secs_f64(
+        std::env::var("SCHED_BENCH_MIN_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(if quick { 0.0 } else { 2.0 }),
+    );
+    let mut rows = Vec::new();
+    for &n in &sizes {
+        let pods = PodGenerator::new(42).diverse(n);
+        rows.push(measure(
+            &format!("diverse/{n}"),
+            &pods,
+            PreferencePolicy::Respect,
+            min_time,
+        ));
+    }
+    let preference_count = if quick { 100 } else { 4_000 };
+    let pods = PodGenerator::new(42).preference(preference_count);
+    rows.push(measure(
+        &format!("preferences-respect/{preference_count}"),
+        &pods,
+        PreferencePolicy::Respect,
+        min_time,
+    ));
+    rows.push(measure(
+        &format!("preferences-ignore/{preference_count}"),
+        &pods,
+        PreferencePolicy::Ignore,
+        min_time,
+    ));
+    // Place for the real-Exoscale-catalogue mixed-workload case once `catalogue` lands.
+
+    println!(
+        "{:<28} {:>7} {:>7} {:>14} {:>14} {:>6} {:>12}",
+        "case", "pods", "nodes", "per solve", "pods/sec", "iters", "peak heap"
+    );
+    for m in rows {
+        println!(
+            "{:<28} {:>7} {:>7} {:>14} {:>14.0} {:>6} {:>9.1} MiB",
+            m.name,
+            m.pods,
+            m.nodes,
+            format!("{:.3?}", m.per_solve),
+            m.pods as f64 / m.per_solve.as_secs_f64(),
+            m.iterations,
+            m.peak_bytes as f64 / (1024.0 * 1024.0),
+        );
+    }
+}

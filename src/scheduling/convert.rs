@@ -1,0 +1,560 @@
+//! Conversions from Kubernetes objects (`k8s_openapi`) into the engine's domain types.
+//! Used by the provisioner, consolidation and `simulate`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::DaemonSet as K8sDaemonSet;
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
+
+use super::labels::{HOSTNAME, NODE_POOL};
+use super::model::{
+    BoundPod, DaemonSetPod, ExistingNode, InclusionPolicy, LabelSelector, NamespaceScope, Pod,
+    PodAffinityTerm, SelectorExpression, SelectorOperator, TopologySpreadConstraint,
+    WeightedPodAffinityTerm, WeightedRequirements, WhenUnsatisfiable,
+};
+use super::quantity::{PODS, Quantity, QuantityError, Resources};
+use super::requirements::{Operator, Requirement, RequirementError, Requirements};
+use super::taints::{Taint, TaintEffect, Toleration, TolerationOperator};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConvertError {
+    #[error("{object}: {source}")]
+    Quantity {
+        object: String,
+        source: QuantityError,
+    },
+    #[error("{object}: {source}")]
+    Requirement {
+        object: String,
+        source: RequirementError,
+    },
+    #[error("{object}: matchFields in node affinity is not supported")]
+    MatchFields { object: String },
+    #[error("{object}: unknown taint effect {effect:?}")]
+    TaintEffect { object: String, effect: String },
+    #[error("{object}: unknown {field} {value:?}")]
+    UnknownValue {
+        object: String,
+        field: &'static str,
+        value: String,
+    },
+    #[error("DaemonSet {0} has no pod template spec")]
+    MissingTemplate(String),
+}
+
+const DAEMONSET_KIND: &str = "DaemonSet";
+const NODE_KIND: &str = "Node";
+/// Taints a node carries only while starting; ignored on uninitialized Karpenter nodes.
+const EPHEMERAL_TAINT_KEYS: [&str; 4] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.cloudprovider.kubernetes.io/uninitialized",
+    "karpenter.sh/unregistered",
+];
+
+fn object_name(meta: &meta::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or(""),
+        meta.name.as_deref().unwrap_or("")
+    )
+}
+
+fn owned_by_kind(meta: &meta::ObjectMeta, kind: &str) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == kind)
+}
+
+/// Upstream's provisionable pod: `PodScheduled` is False with reason `Unschedulable`, no
+/// `nodeName`, no `nominatedNodeName`, and not owned by a DaemonSet or a Node (mirror pod).
+pub fn is_provisionable(pod: &core::Pod) -> bool {
+    let unschedulable = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+        });
+    let node_name = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    let nominated = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.nominated_node_name.as_deref());
+    unschedulable
+        && node_name.is_none_or(str::is_empty)
+        && nominated.is_none_or(str::is_empty)
+        && !owned_by_kind(&pod.metadata, DAEMONSET_KIND)
+        && !owned_by_kind(&pod.metadata, NODE_KIND)
+}
+
+fn resource_list(
+    object: &str,
+    list: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+) -> Result<Resources, ConvertError> {
+    let mut r = Resources::new();
+    for (k, v) in list.into_iter().flatten() {
+        let q = Quantity::parse(&v.0).map_err(|source| ConvertError::Quantity {
+            object: object.to_string(),
+            source,
+        })?;
+        r.set(k, q);
+    }
+    Ok(r)
+}
+
+/// Requests, with limits standing in for missing requests (as the API server defaults them).
+fn container_requests(object: &str, c: &core::Container) -> Result<Resources, ConvertError> {
+    let res = c.resources.as_ref();
+    let mut requests = resource_list(object, res.and_then(|r| r.requests.as_ref()))?;
+    let limits = resource_list(object, res.and_then(|r| r.limits.as_ref()))?;
+    for (k, v) in limits.iter() {
+        if !requests.contains(k) {
+            requests.set(k, v);
+        }
+    }
+    Ok(requests)
+}
+
+fn max_resources(a: &Resources, b: &Resources) -> Resources {
+    let mut out = a.clone();
+    out.max_with(b);
+    out
+}
+
+/// Kubernetes effective pod requests: max(containers + sidecars, init-container peaks),
+/// pod-level resources override, plus pod overhead, plus `pods: 1`.
+pub fn pod_requests(object: &str, spec: &core::PodSpec) -> Result<Resources, ConvertError> {
+    let mut containers = Resources::new();
+    for c in &spec.containers {
+        containers += &container_requests(object, c)?;
+    }
+    let mut sidecars = Resources::new();
+    let mut init_peak = Resources::new();
+    for c in spec.init_containers.iter().flatten() {
+        let r = container_requests(object, c)?;
+        if c.restart_policy.as_deref() == Some("Always") {
+            sidecars += &r;
+            init_peak = max_resources(&init_peak, &sidecars);
+        } else {
+            init_peak = max_resources(&init_peak, &sidecars.clone().plus(&r));
+        }
+    }
+    let mut total = max_resources(&containers.plus(&sidecars), &init_peak);
+    if let Some(pod_level) = spec.resources.as_ref() {
+        let pod_level = resource_list(object, pod_level.requests.as_ref())?;
+        for (k, v) in pod_level.iter() {
+            total.set(k, v);
+        }
+    }
+    total += &resource_list(object, spec.overhead.as_ref())?;
+    total.set(PODS, total.pods() + Quantity::from_units(1));
+    Ok(total)
+}
+
+fn taint(object: &str, t: &core::Taint) -> Result<Taint, ConvertError> {
+    Ok(Taint {
+        key: t.key.clone(),
+        value: t.value.clone().unwrap_or_default(),
+        effect: TaintEffect::parse(&t.effect).ok_or_else(|| ConvertError::TaintEffect {
+            object: object.to_string(),
+            effect: t.effect.clone(),
+        })?,
+    })
+}
+
+fn toleration(object: &str, t: &core::Toleration) -> Result<Toleration, ConvertError> {
+    let effect = match t.effect.as_deref() {
+        None | Some("") => None,
+        Some(e) => Some(
+            TaintEffect::parse(e).ok_or_else(|| ConvertError::TaintEffect {
+                object: object.to_string(),
+                effect: e.to_string(),
+            })?,
+        ),
+    };
+    let operator = match t.operator.as_deref() {
+        None | Some("") | Some("Equal") => TolerationOperator::Equal,
+        Some("Exists") => TolerationOperator::Exists,
+        Some(other) => {
+            return Err(ConvertError::UnknownValue {
+                object: object.to_string(),
+                field: "toleration operator",
+                value: other.to_string(),
+            });
+        }
+    };
+    Ok(Toleration {
+        key: t.key.clone().unwrap_or_default(),
+        operator,
+        value: t.value.clone().unwrap_or_default(),
+        effect,
+    })
+}
+
+fn tolerations(
+    object: &str,
+    list: Option<&Vec<core::Toleration>>,
+) -> Result<Vec<Toleration>, ConvertError> {
+    list.into_iter()
+        .flatten()
+        .map(|t| toleration(object, t))
+        .collect()
+}
+
+fn node_selector_term(
+    object: &str,
+    term: &core::NodeSelectorTerm,
+) -> Result<Requirements, ConvertError> {
+    if term.match_fields.as_ref().is_some_and(|f| !f.is_empty()) {
+        return Err(ConvertError::MatchFields {
+            object: object.to_string(),
+        });
+    }
+    let mut reqs = Requirements::new();
+    for e in term.match_expressions.iter().flatten() {
+        let err = |source| ConvertError::Requirement {
+            object: object.to_string(),
+            source,
+        };
+        let op = Operator::parse(&e.operator).map_err(err)?;
+        reqs.add(Requirement::new(&e.key, op, e.values.clone().unwrap_or_default()).map_err(err)?);
+    }
+    Ok(reqs)
+}
+
+fn label_selector(
+    object: &str,
+    s: Option<&meta::LabelSelector>,
+) -> Result<LabelSelector, ConvertError> {
+    let Some(s) = s else {
+        return Ok(LabelSelector::default());
+    };
+    let mut out = LabelSelector {
+        match_labels: s.match_labels.clone().unwrap_or_default(),
+        match_expressions: Vec::new(),
+    };
+    for e in s.match_expressions.iter().flatten() {
+        let operator = match e.operator.as_str() {
+            "In" => SelectorOperator::In,
+            "NotIn" => SelectorOperator::NotIn,
+            "Exists" => SelectorOperator::Exists,
+            "DoesNotExist" => SelectorOperator::DoesNotExist,
+            other => {
+                return Err(ConvertError::UnknownValue {
+                    object: object.to_string(),
+                    field: "label selector operator",
+                    value: other.to_string(),
+                });
+            }
+        };
+        out.match_expressions.push(SelectorExpression {
+            key: e.key.clone(),
+            operator,
+            values: e.values.clone().unwrap_or_default(),
+        });
+    }
+    Ok(out)
+}
+
+fn affinity_term(
+    object: &str,
+    t: &core::PodAffinityTerm,
+    pod_labels: &BTreeMap<String, String>,
+) -> Result<PodAffinityTerm, ConvertError> {
+    let mut selector = label_selector(object, t.label_selector.as_ref())?;
+    for k in t.match_label_keys.iter().flatten() {
+        if let Some(v) = pod_labels.get(k) {
+            selector.match_labels.insert(k.clone(), v.clone());
+        }
+    }
+    let namespaces = match (&t.namespace_selector, &t.namespaces) {
+        (Some(sel), _)
+            if sel.match_labels.as_ref().is_none_or(|m| m.is_empty())
+                && sel.match_expressions.as_ref().is_none_or(|m| m.is_empty()) =>
+        {
+            NamespaceScope::All
+        }
+        (_, Some(list)) => NamespaceScope::Listed(list.clone()),
+        _ => NamespaceScope::default(),
+    };
+    Ok(PodAffinityTerm {
+        selector,
+        topology_key: t.topology_key.clone(),
+        namespaces,
+    })
+}
+
+fn policy(
+    object: &str,
+    field: &'static str,
+    v: Option<&str>,
+    default: InclusionPolicy,
+) -> Result<InclusionPolicy, ConvertError> {
+    match v {
+        None | Some("") => Ok(default),
+        Some("Honor") => Ok(InclusionPolicy::Honor),
+        Some("Ignore") => Ok(InclusionPolicy::Ignore),
+        Some(other) => Err(ConvertError::UnknownValue {
+            object: object.to_string(),
+            field,
+            value: other.to_string(),
+        }),
+    }
+}
+
+fn spread(
+    object: &str,
+    c: &core::TopologySpreadConstraint,
+) -> Result<TopologySpreadConstraint, ConvertError> {
+    let when_unsatisfiable = match c.when_unsatisfiable.as_str() {
+        "DoNotSchedule" | "" => WhenUnsatisfiable::DoNotSchedule,
+        "ScheduleAnyway" => WhenUnsatisfiable::ScheduleAnyway,
+        other => {
+            return Err(ConvertError::UnknownValue {
+                object: object.to_string(),
+                field: "whenUnsatisfiable",
+                value: other.to_string(),
+            });
+        }
+    };
+    Ok(TopologySpreadConstraint {
+        max_skew: c.max_skew.max(1) as u32,
+        topology_key: c.topology_key.clone(),
+        when_unsatisfiable,
+        selector: label_selector(object, c.label_selector.as_ref())?,
+        min_domains: c.min_domains.map(|m| m.max(1) as u32),
+        node_affinity_policy: policy(
+            object,
+            "nodeAffinityPolicy",
+            c.node_affinity_policy.as_deref(),
+            InclusionPolicy::Honor,
+        )?,
+        node_taints_policy: policy(
+            object,
+            "nodeTaintsPolicy",
+            c.node_taints_policy.as_deref(),
+            InclusionPolicy::Ignore,
+        )?,
+        match_label_keys: c.match_label_keys.clone().unwrap_or_default(),
+    })
+}
+
+fn node_selector(selector: Option<&BTreeMap<String, String>>) -> Requirements {
+    Requirements::from_labels(selector.into_iter().flatten())
+}
+
+/// Converts a pending pod.
+pub fn pod_from_k8s(pod: &core::Pod) -> Result<Pod, ConvertError> {
+    let object = object_name(&pod.metadata);
+    let default_spec = core::PodSpec::default();
+    let spec = pod.spec.as_ref().unwrap_or(&default_spec);
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let affinity = spec.affinity.as_ref();
+    let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
+    let required_node_affinity = node_affinity
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|s| {
+            s.node_selector_terms
+                .iter()
+                .map(|t| node_selector_term(&object, t))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?
+        .unwrap_or_default();
+    let preferred_node_affinity = node_affinity
+        .and_then(|n| {
+            n.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            Ok(WeightedRequirements {
+                weight: p.weight,
+                requirements: node_selector_term(&object, &p.preference)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ConvertError>>()?;
+    let terms = |list: Option<&Vec<core::PodAffinityTerm>>| {
+        list.into_iter()
+            .flatten()
+            .map(|t| affinity_term(&object, t, &labels))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let weighted = |list: Option<&Vec<core::WeightedPodAffinityTerm>>| {
+        list.into_iter()
+            .flatten()
+            .map(|t| {
+                Ok(WeightedPodAffinityTerm {
+                    weight: t.weight,
+                    term: affinity_term(&object, &t.pod_affinity_term, &labels)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ConvertError>>()
+    };
+    let pa = affinity.and_then(|a| a.pod_affinity.as_ref());
+    let paa = affinity.and_then(|a| a.pod_anti_affinity.as_ref());
+    Ok(Pod {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        namespace: pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        requests: pod_requests(&object, spec)?,
+        node_selector: node_selector(spec.node_selector.as_ref()),
+        required_node_affinity,
+        preferred_node_affinity,
+        tolerations: tolerations(&object, spec.tolerations.as_ref())?,
+        pod_affinity: terms(pa.and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        }))?,
+        preferred_pod_affinity: weighted(pa.and_then(|a| {
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+        }))?,
+        pod_anti_affinity: terms(paa.and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        }))?,
+        preferred_pod_anti_affinity: weighted(paa.and_then(|a| {
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+        }))?,
+        topology_spread: spec
+            .topology_spread_constraints
+            .iter()
+            .flatten()
+            .map(|c| spread(&object, c))
+            .collect::<Result<Vec<_>, _>>()?,
+        volume_requirements: None,
+        created_at: pod
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second())
+            .unwrap_or_default(),
+        labels,
+    })
+}
+
+/// Converts a pod running on a node (counted for resources and topology).
+pub fn bound_pod_from_k8s(pod: &core::Pod) -> Result<BoundPod, ConvertError> {
+    let converted = pod_from_k8s(pod)?;
+    let daemonset = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == DAEMONSET_KIND)
+        .map(|o| o.name.clone());
+    Ok(BoundPod {
+        namespace: converted.namespace,
+        labels: converted.labels,
+        requests: converted.requests,
+        required_anti_affinity: converted.pod_anti_affinity,
+        daemonset,
+    })
+}
+
+/// Converts a Node and the (non-terminal) pods bound to it. `startup_taints` are the owning
+/// NodeClaim's; they and known ephemeral taints are ignored while a Karpenter node is uninitialized.
+pub fn existing_node_from_k8s(
+    node: &core::Node,
+    pods: &[core::Pod],
+    startup_taints: &[Taint],
+) -> Result<ExistingNode, ConvertError> {
+    let object = node.metadata.name.clone().unwrap_or_default();
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let node_pool = labels.get(NODE_POOL).cloned();
+    let initialized = labels.get("karpenter.sh/initialized").map(String::as_str) == Some("true");
+    let mut taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|t| taint(&object, t))
+        .collect::<Result<Vec<_>, _>>()?;
+    if node_pool.is_some() && !initialized {
+        taints.retain(|t| {
+            !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()) && !startup_taints.contains(t)
+        });
+    }
+    let allocatable = resource_list(
+        &object,
+        node.status.as_ref().and_then(|s| s.allocatable.as_ref()),
+    )?;
+    Ok(ExistingNode {
+        name: object.clone(),
+        hostname: labels
+            .get(HOSTNAME)
+            .cloned()
+            .unwrap_or_else(|| object.clone()),
+        labels,
+        taints,
+        allocatable,
+        pods: pods
+            .iter()
+            .map(bound_pod_from_k8s)
+            .collect::<Result<Vec<_>, _>>()?,
+        node_pool,
+        initialized,
+    })
+}
+
+/// Converts a DaemonSet's pod template.
+pub fn daemonset_from_k8s(ds: &K8sDaemonSet) -> Result<DaemonSetPod, ConvertError> {
+    let object = object_name(&ds.metadata);
+    let spec = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .ok_or_else(|| ConvertError::MissingTemplate(object.clone()))?;
+    let required_node_affinity = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|s| {
+            s.node_selector_terms
+                .iter()
+                .map(|t| node_selector_term(&object, t))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?
+        .unwrap_or_default();
+    Ok(DaemonSetPod {
+        name: ds.metadata.name.clone().unwrap_or_default(),
+        requests: pod_requests(&object, spec)?,
+        tolerations: tolerations(&object, spec.tolerations.as_ref())?,
+        node_selector: node_selector(spec.node_selector.as_ref()),
+        required_node_affinity,
+    })
+}
+
+impl TryFrom<&core::Pod> for Pod {
+    type Error = ConvertError;
+    fn try_from(p: &core::Pod) -> Result<Self, Self::Error> {
+        pod_from_k8s(p)
+    }
+}
+
+impl TryFrom<&K8sDaemonSet> for DaemonSetPod {
+    type Error = ConvertError;
+    fn try_from(d: &K8sDaemonSet) -> Result<Self, Self::Error> {
+        daemonset_from_k8s(d)
+    }
+}

@@ -1,0 +1,373 @@
+//! The engine's plain domain types. Kubernetes objects are converted into these at the edge
+//! (see `convert`), so the solver never touches `k8s_openapi` types.
+
+use std::collections::BTreeMap;
+
+use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, ZONE};
+use super::quantity::{MEMORY, Quantity, Resources};
+use super::requirements::{Operator, Requirement, Requirements};
+use super::taints::{Taint, Toleration};
+
+/// `In`, `NotIn`, `Exists`, `DoesNotExist` over pod labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SelectorOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SelectorExpression {
+    pub key: String,
+    pub operator: SelectorOperator,
+    pub values: Vec<String>,
+}
+
+/// A label selector; the empty selector matches every pod.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct LabelSelector {
+    pub match_labels: BTreeMap<String, String>,
+    pub match_expressions: Vec<SelectorExpression>,
+}
+
+impl LabelSelector {
+    pub fn from_labels<'a>(labels: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        Self {
+            match_labels: labels
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            match_expressions: Vec::new(),
+        }
+    }
+
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && self.match_expressions.iter().all(|e| {
+                let value = labels.get(&e.key);
+                match e.operator {
+                    SelectorOperator::In => value.is_some_and(|v| e.values.contains(v)),
+                    SelectorOperator::NotIn => value.is_none_or(|v| !e.values.contains(v)),
+                    SelectorOperator::Exists => value.is_some(),
+                    SelectorOperator::DoesNotExist => value.is_none(),
+                }
+            })
+    }
+}
+
+/// Which namespaces an affinity term looks at.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum NamespaceScope {
+    /// The listed namespaces; empty means the pod's own namespace.
+    Listed(Vec<String>),
+    /// An empty `namespaceSelector`: every namespace.
+    All,
+}
+
+impl Default for NamespaceScope {
+    fn default() -> Self {
+        NamespaceScope::Listed(Vec::new())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PodAffinityTerm {
+    pub selector: LabelSelector,
+    pub topology_key: String,
+    pub namespaces: NamespaceScope,
+}
+
+impl PodAffinityTerm {
+    pub fn new(selector: LabelSelector, topology_key: &str) -> Self {
+        Self {
+            selector,
+            topology_key: topology_key.to_string(),
+            namespaces: NamespaceScope::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WeightedPodAffinityTerm {
+    pub weight: i32,
+    pub term: PodAffinityTerm,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WeightedRequirements {
+    pub weight: i32,
+    pub requirements: Requirements,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WhenUnsatisfiable {
+    #[default]
+    DoNotSchedule,
+    ScheduleAnyway,
+}
+
+/// `nodeAffinityPolicy` / `nodeTaintsPolicy` of a spread constraint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InclusionPolicy {
+    Honor,
+    Ignore,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TopologySpreadConstraint {
+    pub max_skew: u32,
+    pub topology_key: String,
+    pub when_unsatisfiable: WhenUnsatisfiable,
+    pub selector: LabelSelector,
+    pub min_domains: Option<u32>,
+    /// Default `Honor`.
+    pub node_affinity_policy: InclusionPolicy,
+    /// Default `Ignore`.
+    pub node_taints_policy: InclusionPolicy,
+    /// Label keys whose values (taken from the pod) are appended to the selector.
+    pub match_label_keys: Vec<String>,
+}
+
+impl TopologySpreadConstraint {
+    pub fn new(topology_key: &str, max_skew: u32, selector: LabelSelector) -> Self {
+        Self {
+            max_skew,
+            topology_key: topology_key.to_string(),
+            when_unsatisfiable: WhenUnsatisfiable::DoNotSchedule,
+            selector,
+            min_domains: None,
+            node_affinity_policy: InclusionPolicy::Honor,
+            node_taints_policy: InclusionPolicy::Ignore,
+            match_label_keys: Vec::new(),
+        }
+    }
+}
+
+/// A pod to place.
+#[derive(Debug, Clone, Default)]
+pub struct Pod {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Effective requests (init containers, sidecars, overhead included) plus `pods: 1`.
+    pub requests: Resources,
+    /// nodeSelector as `In` requirements.
+    pub node_selector: Requirements,
+    /// Required node-affinity terms (ORed).
+    pub required_node_affinity: Vec<Requirements>,
+    pub preferred_node_affinity: Vec<WeightedRequirements>,
+    pub tolerations: Vec<Toleration>,
+    pub pod_affinity: Vec<PodAffinityTerm>,
+    pub preferred_pod_affinity: Vec<WeightedPodAffinityTerm>,
+    pub pod_anti_affinity: Vec<PodAffinityTerm>,
+    pub preferred_pod_anti_affinity: Vec<WeightedPodAffinityTerm>,
+    pub topology_spread: Vec<TopologySpreadConstraint>,
+    /// Node constraints from the pod's volumes (a bound PV's zone…); they narrow the node only,
+    /// never the pod's own requirements used for spread counting.
+    pub volume_requirements: Option<Requirements>,
+    /// Creation time (any monotonic unit, e.g. Unix seconds); orders pods with equal requests.
+    pub created_at: i64,
+}
+
+impl Pod {
+    /// Upstream skips pods that require `karpenter.sh/nodepool DoesNotExist`: they refuse Karpenter nodes.
+    pub fn refuses_karpenter_nodes(&self) -> bool {
+        let refuses = |r: &Requirements| {
+            r.get(NODE_POOL)
+                .is_some_and(|req| req.operator() == Operator::DoesNotExist)
+        };
+        refuses(&self.node_selector) || self.required_node_affinity.iter().any(refuses)
+    }
+}
+
+/// A pod already bound to an existing node: counted for topology and resources.
+#[derive(Debug, Clone, Default)]
+pub struct BoundPod {
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    pub requests: Resources,
+    /// Required anti-affinity terms: they keep matching pods away from this node's domains.
+    pub required_anti_affinity: Vec<PodAffinityTerm>,
+    /// Name of the owning DaemonSet, if any.
+    pub daemonset: Option<String>,
+}
+
+/// A Node, or an in-flight NodeClaim that has a providerID but no Node yet.
+#[derive(Debug, Clone, Default)]
+pub struct ExistingNode {
+    pub name: String,
+    /// `kubernetes.io/hostname` (falls back to the name).
+    pub hostname: String,
+    pub labels: BTreeMap<String, String>,
+    /// Taints that block scheduling (for uninitialized managed nodes, startup and known
+    /// ephemeral taints should already be left out by the caller).
+    pub taints: Vec<Taint>,
+    pub allocatable: Resources,
+    pub pods: Vec<BoundPod>,
+    pub node_pool: Option<String>,
+    pub initialized: bool,
+}
+
+impl ExistingNode {
+    pub fn requirements(&self) -> Requirements {
+        let mut r = Requirements::from_labels(&self.labels);
+        r.set(Requirement::in_values(HOSTNAME, [self.hostname.clone()]));
+        r
+    }
+}
+
+/// One NodePool as the scheduler needs it; trivially filled from the CRD.
+#[derive(Debug, Clone, Default)]
+pub struct NodePoolTemplate {
+    pub name: String,
+    pub weight: i32,
+    /// Template requirements, including `minValues`.
+    pub requirements: Requirements,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    /// Ignored for fit: they are removed once the node is initialized.
+    pub startup_taints: Vec<Taint>,
+    /// `spec.limits`; the `nodes` key caps the node count. Absent keys are unlimited.
+    pub limits: BTreeMap<String, Quantity>,
+    /// Current usage (capacity of existing nodes, plus `nodes`), subtracted from the limits.
+    pub usage: Resources,
+    pub node_class_ref: String,
+}
+
+/// A DaemonSet's pod template, reduced to what decides where it lands and what it costs.
+#[derive(Debug, Clone, Default)]
+pub struct DaemonSetPod {
+    pub name: String,
+    pub requests: Resources,
+    pub tolerations: Vec<Toleration>,
+    pub node_selector: Requirements,
+    pub required_node_affinity: Vec<Requirements>,
+}
+
+/// Where and at what price an instance type can be launched.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Offering {
+    pub zone: String,
+    pub capacity_type: String,
+    pub price: f64,
+    pub available: bool,
+}
+
+impl Offering {
+    pub fn compatible(&self, reqs: &Requirements) -> bool {
+        reqs.get(ZONE).is_none_or(|r| r.has(&self.zone))
+            && reqs
+                .get(CAPACITY_TYPE)
+                .is_none_or(|r| r.has(&self.capacity_type))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct InstanceType {
+    pub name: String,
+    /// Must define the instance-type, arch, os, zone and capacity-type keys (and provider labels).
+    pub requirements: Requirements,
+    pub offerings: Vec<Offering>,
+    pub capacity: Resources,
+    /// kube-reserved + system-reserved + eviction threshold.
+    pub overhead: Resources,
+}
+
+impl InstanceType {
+    /// Capacity minus overhead; `hugepages-*` capacity is also taken out of memory.
+    pub fn allocatable(&self) -> Resources {
+        let mut a = self.capacity.saturating_minus(&self.overhead);
+        let hugepages: i128 = self
+            .capacity
+            .iter()
+            .filter(|(k, _)| k.starts_with("hugepages-"))
+            .map(|(_, v)| v.milli())
+            .sum();
+        if hugepages > 0 {
+            let mem = (a.memory().milli() - hugepages).max(0);
+            a.set(MEMORY, Quantity::from_milli(mem));
+        }
+        a
+    }
+
+    /// Cheapest available offering compatible with the requirements.
+    pub fn cheapest_price(&self, reqs: &Requirements) -> Option<f64> {
+        self.offerings
+            .iter()
+            .filter(|o| o.available && o.compatible(reqs))
+            .map(|o| o.price)
+            .min_by(f64::total_cmp)
+    }
+
+    pub fn has_available_offering(&self, reqs: &Requirements) -> bool {
+        self.offerings
+            .iter()
+            .any(|o| o.available && o.compatible(reqs))
+    }
+
+    /// The standard requirement set for a type: its name, zones and capacity types of available
+    /// offerings, plus the given extra requirements.
+    pub fn standard_requirements(
+        name: &str,
+        offerings: &[Offering],
+        extra: impl IntoIterator<Item = Requirement>,
+    ) -> Requirements {
+        let available = || offerings.iter().filter(|o| o.available);
+        let mut r = Requirements::from_requirements(extra);
+        r.set(Requirement::in_values(INSTANCE_TYPE, [name]));
+        r.set(Requirement::in_values(
+            ZONE,
+            available().map(|o| o.zone.clone()),
+        ));
+        r.set(Requirement::in_values(
+            CAPACITY_TYPE,
+            available().map(|o| o.capacity_type.clone()),
+        ));
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocatable_subtracts_overhead_and_hugepages() {
+        let it = InstanceType {
+            name: "t".into(),
+            requirements: Requirements::new(),
+            offerings: vec![],
+            capacity: Resources::from_literals(&[
+                ("cpu", "4"),
+                ("memory", "8Gi"),
+                ("hugepages-2Mi", "1Gi"),
+            ]),
+            overhead: Resources::from_literals(&[("cpu", "100m"), ("memory", "1Gi")]),
+        };
+        let a = it.allocatable();
+        assert_eq!(a.cpu(), Quantity::parse("3900m").unwrap());
+        assert_eq!(a.memory(), Quantity::parse("6Gi").unwrap());
+    }
+
+    #[test]
+    fn selectors_match_labels_and_expressions() {
+        let labels: BTreeMap<String, String> = [("app".to_string(), "web".to_string())]
+            .into_iter()
+            .collect();
+        assert!(LabelSelector::default().matches(&labels));
+        assert!(LabelSelector::from_labels([("app", "web")]).matches(&labels));
+        let sel = LabelSelector {
+            match_labels: BTreeMap::new(),
+            match_expressions: vec![SelectorExpression {
+                key: "tier".into(),
+                operator: SelectorOperator::DoesNotExist,
+                values: vec![],
+            }],
+        };
+        assert!(sel.matches(&labels));
+    }
+}

@@ -1,0 +1,1275 @@
+//! The solver: places pods on existing nodes, in-flight NodeClaims, then new NodeClaims built
+//! from NodePool templates, relaxing preferences when a pod does not fit.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, WellKnownLabels};
+use super::model::{
+    DaemonSetPod, ExistingNode, InstanceType, NodePoolTemplate, Pod, WhenUnsatisfiable,
+};
+use super::quantity::{NODES, Quantity, Resources};
+use super::requirements::{Requirement, Requirements};
+use super::taints::{Taint, TaintEffect, Toleration, first_untolerated};
+use super::topology::{GroupId, HostId, NodeFilter, PodTopology, Topology};
+
+/// Upstream's cap on instance types written into one NodeClaim.
+pub const MAX_INSTANCE_TYPES: usize = 600;
+
+/// `PREFERENCE_POLICY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PreferencePolicy {
+    /// Treat preferences as requirements, relaxing them one by one when a pod does not fit.
+    #[default]
+    Respect,
+    /// Drop preferred affinities and `ScheduleAnyway` spreads entirely.
+    Ignore,
+}
+
+/// `MIN_VALUES_POLICY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MinValuesPolicy {
+    #[default]
+    Strict,
+    BestEffort,
+}
+
+#[derive(Debug, Clone)]
+pub struct SchedulerOptions {
+    pub preference_policy: PreferencePolicy,
+    pub min_values_policy: MinValuesPolicy,
+    pub well_known_labels: WellKnownLabels,
+    /// Nodes to pretend are gone (consolidation: "can these pods go elsewhere?").
+    pub excluded_nodes: HashSet<String>,
+    pub max_instance_types: usize,
+}
+
+impl Default for SchedulerOptions {
+    fn default() -> Self {
+        Self {
+            preference_policy: PreferencePolicy::Respect,
+            min_values_policy: MinValuesPolicy::Strict,
+            well_known_labels: WellKnownLabels::default(),
+            excluded_nodes: HashSet::new(),
+            max_instance_types: MAX_INSTANCE_TYPES,
+        }
+    }
+}
+
+/// Everything the scheduler knows about the cluster, as plain data.
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerInput {
+    pub node_pools: Vec<NodePoolTemplate>,
+    /// Instance types offered to each NodePool, by NodePool name.
+    pub instance_types: HashMap<String, Vec<Arc<InstanceType>>>,
+    /// Nodes and in-flight NodeClaims (with a providerID), with their bound pods.
+    pub existing_nodes: Vec<ExistingNode>,
+    pub daemonsets: Vec<DaemonSetPod>,
+    pub options: SchedulerOptions,
+}
+
+/// A NodeClaim the solve wants created.
+#[derive(Debug, Clone)]
+pub struct NewNodeClaim {
+    pub node_pool: String,
+    /// Template requirements narrowed by the pods, with `node.kubernetes.io/instance-type In [...]`.
+    pub requirements: Requirements,
+    /// Compatible instance types, cheapest first, at most `max_instance_types`.
+    pub instance_types: Vec<Arc<InstanceType>>,
+    /// Indices into the `pods` slice given to `solve`.
+    pub pods: Vec<usize>,
+    /// Summed pod requests plus the smallest DaemonSet overhead among the instance types.
+    pub requests: Resources,
+    pub daemon_overhead: Resources,
+    /// Set when `MinValuesPolicy::BestEffort` had to lower a `minValues`.
+    pub min_values_relaxed: bool,
+}
+
+/// Pods placed on an existing node (or in-flight NodeClaim).
+#[derive(Debug, Clone)]
+pub struct ExistingNodeAssignment {
+    pub node_name: String,
+    pub pods: Vec<usize>,
+}
+
+/// A pod that could not be placed, with an operator-actionable reason.
+#[derive(Debug, Clone)]
+pub struct UnschedulablePod {
+    /// Index into the `pods` slice given to `solve`.
+    pub pod: usize,
+    pub reason: String,
+    /// Why each NodePool rejected the pod.
+    pub per_node_pool: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Results {
+    pub new_node_claims: Vec<NewNodeClaim>,
+    pub existing_nodes: Vec<ExistingNodeAssignment>,
+    pub unschedulable: Vec<UnschedulablePod>,
+    /// Pods skipped without an error (they refuse Karpenter nodes).
+    pub ignored: Vec<usize>,
+}
+
+impl Results {
+    pub fn scheduled_pod_count(&self) -> usize {
+        self.new_node_claims
+            .iter()
+            .map(|c| c.pods.len())
+            .sum::<usize>()
+            + self
+                .existing_nodes
+                .iter()
+                .map(|n| n.pods.len())
+                .sum::<usize>()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct TypeEntry {
+    it: Arc<InstanceType>,
+    /// Allocatable minus the DaemonSet overhead of daemons that would land on this type.
+    usable: Resources,
+    daemon_overhead: Resources,
+}
+
+#[derive(Debug, Clone)]
+struct Template {
+    pool: NodePoolTemplate,
+    reqs: Requirements,
+    types: Vec<TypeEntry>,
+    /// Limited resources: limit minus usage (may go negative).
+    remaining: BTreeMap<String, i128>,
+}
+
+#[derive(Debug, Clone)]
+struct NodeBase {
+    name: String,
+    reqs: Requirements,
+    labels: BTreeMap<String, String>,
+    taints: Vec<Taint>,
+    available: Resources,
+}
+
+/// A NodePool that could not take part, and why (for the operator).
+#[derive(Debug, Clone)]
+pub struct SkippedNodePool {
+    pub name: String,
+    pub reason: String,
+}
+
+/// The reusable scheduler: templates and nodes are prepared once, `solve` can run many times.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    templates: Vec<Template>,
+    nodes: Vec<NodeBase>,
+    existing: Vec<ExistingNode>,
+    options: SchedulerOptions,
+    relax_prefer_no_schedule: bool,
+    skipped: Vec<SkippedNodePool>,
+}
+
+impl Scheduler {
+    pub fn new(input: SchedulerInput) -> Self {
+        let SchedulerInput {
+            mut node_pools,
+            instance_types,
+            existing_nodes,
+            daemonsets,
+            options,
+        } = input;
+        let wk = &options.well_known_labels;
+        // Heavier first; equal weights by name descending (upstream order).
+        node_pools.sort_by(|a, b| b.weight.cmp(&a.weight).then(b.name.cmp(&a.name)));
+        let mut skipped = Vec::new();
+        let mut templates = Vec::new();
+        for pool in node_pools {
+            let Some(types) = instance_types.get(&pool.name).filter(|t| !t.is_empty()) else {
+                skipped.push(SkippedNodePool {
+                    name: pool.name.clone(),
+                    reason: "no instance types".into(),
+                });
+                continue;
+            };
+            let mut reqs = pool.requirements.clone();
+            for (k, v) in &pool.labels {
+                reqs.add(Requirement::in_values(k, [v.clone()]));
+            }
+            reqs.add(Requirement::in_values(NODE_POOL, [pool.name.clone()]));
+            let daemons: Vec<&DaemonSetPod> = daemonsets
+                .iter()
+                .filter(|d| first_untolerated(&pool.taints, &d.tolerations, true).is_none())
+                .collect();
+            let entries: Vec<TypeEntry> = types
+                .iter()
+                .filter(|it| {
+                    it.requirements.intersects(&reqs).is_ok() && it.has_available_offering(&reqs)
+                })
+                .map(|it| {
+                    let mut overhead = Resources::new();
+                    for d in &daemons {
+                        if daemon_alternatives(d).iter().any(|alt| {
+                            reqs.compatible(alt, Some(wk)).is_ok()
+                                && it.requirements.intersects(alt).is_ok()
+                        }) {
+                            overhead += &d.requests;
+                        }
+                    }
+                    TypeEntry {
+                        usable: it.allocatable().saturating_minus(&overhead),
+                        daemon_overhead: overhead,
+                        it: Arc::clone(it),
+                    }
+                })
+                .collect();
+            if entries.is_empty() {
+                skipped.push(SkippedNodePool {
+                    name: pool.name.clone(),
+                    reason: "no instance type is compatible with the NodePool requirements".into(),
+                });
+                continue;
+            }
+            let remaining = pool
+                .limits
+                .iter()
+                .map(|(k, v)| (k.clone(), v.milli() - pool.usage.get(k).milli()))
+                .collect();
+            templates.push(Template {
+                pool,
+                reqs,
+                types: entries,
+                remaining,
+            });
+        }
+        let relax_prefer_no_schedule = templates.iter().any(|t| {
+            t.pool
+                .taints
+                .iter()
+                .any(|x| x.effect == TaintEffect::PreferNoSchedule)
+        });
+
+        let mut existing: Vec<ExistingNode> = existing_nodes
+            .into_iter()
+            .filter(|n| !options.excluded_nodes.contains(&n.name))
+            .collect();
+        existing.sort_by(|a, b| b.initialized.cmp(&a.initialized).then(a.name.cmp(&b.name)));
+        let nodes = existing
+            .iter()
+            .map(|n| {
+                let reqs = n.requirements();
+                let mut used = Resources::new();
+                for p in &n.pods {
+                    used += &p.requests;
+                }
+                for d in &daemonsets {
+                    let present = n
+                        .pods
+                        .iter()
+                        .any(|p| p.daemonset.as_deref() == Some(d.name.as_str()));
+                    if !present
+                        && first_untolerated(&n.taints, &d.tolerations, true).is_none()
+                        && daemon_alternatives(d)
+                            .iter()
+                            .any(|alt| reqs.compatible(alt, Some(wk)).is_ok())
+                    {
+                        used += &d.requests;
+                    }
+                }
+                NodeBase {
+                    name: n.name.clone(),
+                    labels: n.labels.clone(),
+                    taints: n.taints.clone(),
+                    available: n.allocatable.saturating_minus(&used),
+                    reqs,
+                }
+            })
+            .collect();
+        Scheduler {
+            templates,
+            nodes,
+            existing,
+            options,
+            relax_prefer_no_schedule,
+            skipped,
+        }
+    }
+
+    /// NodePools left out at construction, with the reason.
+    pub fn skipped_node_pools(&self) -> &[SkippedNodePool] {
+        &self.skipped
+    }
+
+    /// Places the pods; the input is not modified and the scheduler can be reused.
+    pub fn solve(&self, pods: &[Pod]) -> Results {
+        Solve::new(self, pods).run()
+    }
+}
+
+fn daemon_alternatives(d: &DaemonSetPod) -> Vec<Requirements> {
+    if d.required_node_affinity.is_empty() {
+        vec![d.node_selector.clone()]
+    } else {
+        d.required_node_affinity
+            .iter()
+            .map(|t| d.node_selector.intersection(t))
+            .collect()
+    }
+}
+
+/// Per-pod data fixed for the whole solve.
+struct PodInfo {
+    matching: Vec<GroupId>,
+    inverse: Vec<GroupId>,
+    required_groups: Vec<GroupId>,
+    required_anti: Vec<GroupId>,
+    preferred_affinity: Vec<GroupId>,
+    preferred_anti: Vec<GroupId>,
+    schedule_anyway: Vec<GroupId>,
+    preferred_node: Vec<Requirements>,
+}
+
+/// One scheduling attempt of a pod, after some relaxations.
+#[derive(Default, Clone, Copy)]
+struct Relaxation {
+    required_terms_dropped: usize,
+    preferred_affinity_dropped: usize,
+    preferred_anti_dropped: usize,
+    preferred_node_dropped: usize,
+    schedule_anyway_dropped: usize,
+    tolerate_prefer_no_schedule: bool,
+}
+
+struct Attempt {
+    reqs: Requirements,
+    strict: Requirements,
+    node_reqs_extra: Option<Requirements>,
+    owned: Vec<GroupId>,
+    tolerates_template: Vec<Result<(), String>>,
+    tolerate_pns: bool,
+}
+
+struct Claim {
+    template: usize,
+    reqs: Requirements,
+    host: HostId,
+    types: Vec<u32>,
+    requests: Resources,
+    headroom: Resources,
+    pods: Vec<usize>,
+    min_values_relaxed: bool,
+}
+
+struct ClaimUpdate {
+    reqs: Option<Requirements>,
+    types: Vec<u32>,
+    min_values_relaxed: bool,
+}
+
+struct Solve<'a> {
+    s: &'a Scheduler,
+    pods: &'a [Pod],
+    info: Vec<PodInfo>,
+    topology: Topology,
+    node_available: Vec<Resources>,
+    node_hosts: Vec<HostId>,
+    node_pods: Vec<Vec<usize>>,
+    claims: Vec<Claim>,
+    claim_order: BTreeSet<(usize, usize)>,
+    remaining: Vec<BTreeMap<String, i128>>,
+}
+
+impl<'a> Solve<'a> {
+    fn new(s: &'a Scheduler, pods: &'a [Pod]) -> Self {
+        let respect = s.options.preference_policy == PreferencePolicy::Respect;
+        let mut topology = Topology::new(HashMap::new());
+        // Which keys need a domain universe?
+        let mut keys: BTreeSet<String> = BTreeSet::new();
+        let has_topology = |p: &Pod| {
+            !p.topology_spread.is_empty()
+                || !p.pod_affinity.is_empty()
+                || !p.pod_anti_affinity.is_empty()
+                || !p.preferred_pod_affinity.is_empty()
+                || !p.preferred_pod_anti_affinity.is_empty()
+        };
+        for p in pods.iter().filter(|p| has_topology(p)) {
+            keys.extend(p.topology_spread.iter().map(|c| c.topology_key.clone()));
+            keys.extend(p.pod_affinity.iter().map(|t| t.topology_key.clone()));
+            keys.extend(p.pod_anti_affinity.iter().map(|t| t.topology_key.clone()));
+            keys.extend(
+                p.preferred_pod_affinity
+                    .iter()
+                    .map(|t| t.term.topology_key.clone()),
+            );
+            keys.extend(
+                p.preferred_pod_anti_affinity
+                    .iter()
+                    .map(|t| t.term.topology_key.clone()),
+            );
+        }
+        for n in &s.existing {
+            for p in &n.pods {
+                keys.extend(
+                    p.required_anti_affinity
+                        .iter()
+                        .map(|t| t.topology_key.clone()),
+                );
+            }
+        }
+        keys.remove(HOSTNAME);
+        if !keys.is_empty() {
+            topology = Topology::new(domain_universe(s, &keys));
+        }
+        let node_hosts: Vec<HostId> = s
+            .existing
+            .iter()
+            .map(|n| {
+                topology.add_hostname(if n.hostname.is_empty() {
+                    n.name.clone()
+                } else {
+                    n.hostname.clone()
+                })
+            })
+            .collect();
+
+        let mut info: Vec<PodInfo> = pods
+            .iter()
+            .map(|p| {
+                let mut required_groups = Vec::new();
+                let mut schedule_anyway = Vec::new();
+                for c in &p.topology_spread {
+                    let filter = spread_filter(p, c);
+                    let g = topology.spread_group(c, &p.namespace, &p.labels, filter);
+                    match c.when_unsatisfiable {
+                        WhenUnsatisfiable::DoNotSchedule => required_groups.push(g),
+                        WhenUnsatisfiable::ScheduleAnyway if respect => schedule_anyway.push(g),
+                        WhenUnsatisfiable::ScheduleAnyway => {}
+                    }
+                }
+                for t in &p.pod_affinity {
+                    required_groups.push(topology.affinity_group(t, &p.namespace));
+                }
+                let mut required_anti = Vec::new();
+                for t in &p.pod_anti_affinity {
+                    let g = topology.anti_affinity_group(t, &p.namespace, true);
+                    required_groups.push(g);
+                    required_anti.push(g);
+                }
+                let by_weight = |v: &[super::model::WeightedPodAffinityTerm]| {
+                    let mut v = v.to_vec();
+                    v.sort_by(|a, b| b.weight.cmp(&a.weight));
+                    v
+                };
+                let (mut preferred_affinity, mut preferred_anti, mut preferred_node) =
+                    (Vec::new(), Vec::new(), Vec::new());
+                if respect {
+                    for t in by_weight(&p.preferred_pod_affinity) {
+                        preferred_affinity.push(topology.affinity_group(&t.term, &p.namespace));
+                    }
+                    for t in by_weight(&p.preferred_pod_anti_affinity) {
+                        preferred_anti.push(topology.anti_affinity_group(
+                            &t.term,
+                            &p.namespace,
+                            false,
+                        ));
+                    }
+                    let mut prefs = p.preferred_node_affinity.clone();
+                    prefs.sort_by(|a, b| b.weight.cmp(&a.weight));
+                    preferred_node = prefs.into_iter().map(|w| w.requirements).collect();
+                }
+                PodInfo {
+                    matching: Vec::new(),
+                    inverse: Vec::new(),
+                    required_groups,
+                    required_anti,
+                    preferred_affinity,
+                    preferred_anti,
+                    schedule_anyway,
+                    preferred_node,
+                }
+            })
+            .collect();
+        // Required anti-affinity of running pods blocks matching pods from their domains.
+        let mut existing_owners: Vec<(usize, GroupId)> = Vec::new();
+        for (ni, n) in s.existing.iter().enumerate() {
+            for p in &n.pods {
+                for t in &p.required_anti_affinity {
+                    existing_owners.push((ni, topology.anti_affinity_group(t, &p.namespace, true)));
+                }
+            }
+        }
+        if topology.has_groups() {
+            for (pi, p) in pods.iter().enumerate() {
+                let matching = topology.matching_groups(&p.namespace, &p.labels);
+                info[pi].inverse = topology.inverse_groups(&matching);
+                info[pi].matching = matching;
+            }
+            for (ni, n) in s.existing.iter().enumerate() {
+                let base = &s.nodes[ni];
+                for p in &n.pods {
+                    let matching = topology.matching_groups(&p.namespace, &p.labels);
+                    topology.count_existing(
+                        &matching,
+                        &base.labels,
+                        &base.reqs,
+                        &base.taints,
+                        node_hosts[ni],
+                    );
+                }
+            }
+            for (ni, g) in existing_owners {
+                topology.count_existing_owner(g, &s.nodes[ni].labels, node_hosts[ni]);
+            }
+        }
+        Solve {
+            s,
+            pods,
+            info,
+            topology,
+            node_available: s.nodes.iter().map(|n| n.available.clone()).collect(),
+            node_hosts,
+            node_pods: vec![Vec::new(); s.nodes.len()],
+            claims: Vec::new(),
+            claim_order: BTreeSet::new(),
+            remaining: s.templates.iter().map(|t| t.remaining.clone()).collect(),
+        }
+    }
+
+    fn run(mut self) -> Results {
+        let mut results = Results::default();
+        let mut order: Vec<usize> = Vec::with_capacity(self.pods.len());
+        for (i, p) in self.pods.iter().enumerate() {
+            if p.refuses_karpenter_nodes() {
+                results.ignored.push(i);
+            } else {
+                order.push(i);
+            }
+        }
+        let pods = self.pods;
+        order.sort_by(|&a, &b| {
+            let (pa, pb) = (&pods[a], &pods[b]);
+            pb.requests
+                .cpu()
+                .cmp(&pa.requests.cpu())
+                .then(pb.requests.memory().cmp(&pa.requests.memory()))
+                .then(pa.created_at.cmp(&pb.created_at))
+                .then(pa.uid.cmp(&pb.uid))
+        });
+        let mut queue: VecDeque<usize> = order.into();
+        let mut last_push_len: HashMap<usize, usize> = HashMap::new();
+        let mut errors: HashMap<usize, (String, Vec<(String, String)>)> = HashMap::new();
+        while let Some(&pi) = queue.front() {
+            if last_push_len.get(&pi) == Some(&queue.len()) {
+                break;
+            }
+            queue.pop_front();
+            match self.schedule_with_relaxation(pi) {
+                Ok(()) => {
+                    errors.remove(&pi);
+                }
+                Err(e) => {
+                    errors.insert(pi, e);
+                    queue.push_back(pi);
+                    last_push_len.insert(pi, queue.len());
+                }
+            }
+        }
+        let mut failed: Vec<usize> = queue.into_iter().collect();
+        failed.sort_unstable();
+        for pi in failed {
+            let (reason, per_node_pool) = errors.remove(&pi).unwrap_or_default();
+            results.unschedulable.push(UnschedulablePod {
+                pod: pi,
+                reason,
+                per_node_pool,
+            });
+        }
+        self.finish(results)
+    }
+
+    fn attempt(&self, pi: usize, r: &Relaxation) -> Attempt {
+        let pod = &self.pods[pi];
+        let info = &self.info[pi];
+        let mut strict = pod.node_selector.clone();
+        if let Some(term) = pod.required_node_affinity.get(r.required_terms_dropped) {
+            strict.add_all(term);
+        }
+        let mut reqs = strict.clone();
+        if let Some(pref) = info.preferred_node.get(r.preferred_node_dropped) {
+            reqs.add_all(pref);
+        }
+        let mut owned = info.required_groups.clone();
+        owned.extend_from_slice(
+            &info.preferred_affinity[r
+                .preferred_affinity_dropped
+                .min(info.preferred_affinity.len())..],
+        );
+        owned.extend_from_slice(
+            &info.preferred_anti[r.preferred_anti_dropped.min(info.preferred_anti.len())..],
+        );
+        owned.extend_from_slice(
+            &info.schedule_anyway[r.schedule_anyway_dropped.min(info.schedule_anyway.len())..],
+        );
+        let tolerate_pns = r.tolerate_prefer_no_schedule;
+        let tolerates_template = self
+            .s
+            .templates
+            .iter()
+            .map(
+                |t| match first_untolerated(&t.pool.taints, &pod.tolerations, tolerate_pns) {
+                    Some(taint) => Err(format!("did not tolerate taint {taint}")),
+                    None => Ok(()),
+                },
+            )
+            .collect();
+        Attempt {
+            reqs,
+            strict,
+            node_reqs_extra: pod.volume_requirements.clone(),
+            owned,
+            tolerates_template,
+            tolerate_pns,
+        }
+    }
+
+    /// Upstream's relaxation order; `false` when nothing is left to relax.
+    fn relax(&self, pi: usize, r: &mut Relaxation) -> bool {
+        let pod = &self.pods[pi];
+        let info = &self.info[pi];
+        if pod.required_node_affinity.len() > r.required_terms_dropped + 1 {
+            r.required_terms_dropped += 1;
+        } else if r.preferred_affinity_dropped < info.preferred_affinity.len() {
+            r.preferred_affinity_dropped += 1;
+        } else if r.preferred_anti_dropped < info.preferred_anti.len() {
+            r.preferred_anti_dropped += 1;
+        } else if r.preferred_node_dropped < info.preferred_node.len() {
+            r.preferred_node_dropped += 1;
+        } else if r.schedule_anyway_dropped < info.schedule_anyway.len() {
+            r.schedule_anyway_dropped += 1;
+        } else if self.s.relax_prefer_no_schedule && !r.tolerate_prefer_no_schedule {
+            r.tolerate_prefer_no_schedule = true;
+        } else {
+            return false;
+        }
+        true
+    }
+
+    fn schedule_with_relaxation(
+        &mut self,
+        pi: usize,
+    ) -> Result<(), (String, Vec<(String, String)>)> {
+        let mut r = Relaxation::default();
+        loop {
+            let attempt = self.attempt(pi, &r);
+            match self.add(pi, &attempt) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    if !self.relax(pi, &mut r) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, pi: usize, a: &Attempt) -> Result<(), (String, Vec<(String, String)>)> {
+        let pod = &self.pods[pi];
+        let info = &self.info[pi];
+        let topo = PodTopology {
+            matching: &info.matching,
+            inverse: &info.inverse,
+            owned: &a.owned,
+            strict: &a.strict,
+        };
+        // (a) existing nodes and in-flight NodeClaims with a providerID.
+        for ni in 0..self.s.nodes.len() {
+            if let Some(final_reqs) = self.can_add_to_node(ni, pod, a, &topo) {
+                self.node_available[ni] = self.node_available[ni].saturating_minus(&pod.requests);
+                self.node_pods[ni].push(pi);
+                let base = &self.s.nodes[ni];
+                let req = final_reqs.as_ref().unwrap_or(&base.reqs);
+                self.topology.record(
+                    &info.matching,
+                    &info.required_anti,
+                    req,
+                    &base.taints,
+                    self.node_hosts[ni],
+                );
+                return Ok(());
+            }
+        }
+        // (b) NodeClaims created earlier in this solve, emptiest first.
+        let mut chosen = None;
+        for &(_, ci) in &self.claim_order {
+            if let Some(update) = self.can_add_to_claim(ci, pod, a, &topo) {
+                chosen = Some((ci, update));
+                break;
+            }
+        }
+        if let Some((ci, update)) = chosen {
+            let claim = &mut self.claims[ci];
+            self.claim_order.remove(&(claim.pods.len(), ci));
+            claim.pods.push(pi);
+            claim.requests += &pod.requests;
+            if let Some(reqs) = update.reqs {
+                claim.reqs = reqs;
+            }
+            claim.types = update.types;
+            claim.min_values_relaxed |= update.min_values_relaxed;
+            claim.headroom = headroom(
+                &self.s.templates[claim.template],
+                &claim.types,
+                &claim.requests,
+            );
+            self.claim_order.insert((claim.pods.len(), ci));
+            let claim = &self.claims[ci];
+            let taints = &self.s.templates[claim.template].pool.taints;
+            self.topology.record(
+                &info.matching,
+                &info.required_anti,
+                &claim.reqs,
+                taints,
+                claim.host,
+            );
+            return Ok(());
+        }
+        // (c) a new NodeClaim from the first NodePool (by weight) that can take the pod.
+        if self.s.templates.is_empty() {
+            let reason = if self.s.skipped.is_empty() {
+                "no nodepools found".to_string()
+            } else {
+                "nodepool requirements filtered out all available instance types".to_string()
+            };
+            return Err((reason, Vec::new()));
+        }
+        let mut per_pool = Vec::new();
+        for ti in 0..self.s.templates.len() {
+            match self.new_claim(ti, pi, a, &topo) {
+                Ok(claim) => {
+                    let host = self.topology.add_hostname(placeholder_name(claim.host));
+                    debug_assert_eq!(host, claim.host);
+                    let t = &self.s.templates[ti];
+                    let mut max_capacity = Resources::new();
+                    for &i in &claim.types {
+                        max_capacity.max_with(&t.types[i as usize].it.capacity);
+                    }
+                    for (k, v) in self.remaining[ti].iter_mut() {
+                        *v -= if k == NODES {
+                            1000
+                        } else {
+                            max_capacity.get(k).milli()
+                        };
+                    }
+                    self.topology.record(
+                        &info.matching,
+                        &info.required_anti,
+                        &claim.reqs,
+                        &t.pool.taints,
+                        host,
+                    );
+                    let ci = self.claims.len();
+                    self.claim_order.insert((1, ci));
+                    self.claims.push(claim);
+                    return Ok(());
+                }
+                Err(reason) => per_pool.push((self.s.templates[ti].pool.name.clone(), reason)),
+            }
+        }
+        let reason = per_pool
+            .iter()
+            .map(|(pool, why)| format!("incompatible with nodepool {pool:?}, {why}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Err((reason, per_pool))
+    }
+
+    /// `Some(None)`: fits with the node's requirements unchanged; `Some(Some(r))`: fits, narrowed to `r`.
+    fn can_add_to_node(
+        &self,
+        ni: usize,
+        pod: &Pod,
+        a: &Attempt,
+        topo: &PodTopology,
+    ) -> Option<Option<Requirements>> {
+        let base = &self.s.nodes[ni];
+        if first_untolerated(&base.taints, &pod.tolerations, a.tolerate_pns).is_some() {
+            return None;
+        }
+        if !pod.requests.fits_in(&self.node_available[ni]) {
+            return None;
+        }
+        self.topology
+            .hostname_allows(topo, self.node_hosts[ni])
+            .ok()?;
+        base.reqs.compatible(&a.reqs, None).ok()?;
+        if let Some(v) = &a.node_reqs_extra {
+            base.reqs.compatible(v, None).ok()?;
+        }
+        if self.topology.has_domain_constraints(topo) {
+            let extra = self.topology.domain_requirements(topo, &base.reqs).ok()?;
+            let mut r = base.reqs.clone();
+            for e in extra {
+                r.add(e);
+            }
+            if r.iter().any(|x| x.is_empty()) {
+                return None;
+            }
+            return Some(Some(r));
+        }
+        Some(None)
+    }
+
+    fn can_add_to_claim(
+        &self,
+        ci: usize,
+        pod: &Pod,
+        a: &Attempt,
+        topo: &PodTopology,
+    ) -> Option<ClaimUpdate> {
+        let claim = &self.claims[ci];
+        if a.tolerates_template[claim.template].is_err() || !pod.requests.fits_in(&claim.headroom) {
+            return None;
+        }
+        self.topology.hostname_allows(topo, claim.host).ok()?;
+        let wk = &self.s.options.well_known_labels;
+        claim.reqs.compatible(&a.reqs, Some(wk)).ok()?;
+        let t = &self.s.templates[claim.template];
+        let domain = self.topology.has_domain_constraints(topo);
+        if a.reqs.is_empty() && a.node_reqs_extra.is_none() && !domain {
+            let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None, &[]);
+            if types.is_empty() {
+                return None;
+            }
+            return Some(ClaimUpdate {
+                reqs: None,
+                types,
+                min_values_relaxed: false,
+            });
+        }
+        let (merged, changed) = self.merge(&claim.reqs, a, topo).ok()?;
+        let types = filter_types(
+            t,
+            &claim.types,
+            &claim.requests,
+            &pod.requests,
+            Some(&merged),
+            &changed,
+        );
+        if types.is_empty() {
+            return None;
+        }
+        let (merged, types, relaxed) = self.check_min_values(t, merged, types).ok()?;
+        Some(ClaimUpdate {
+            reqs: Some(merged),
+            types,
+            min_values_relaxed: relaxed,
+        })
+    }
+
+    /// Node requirements ∩ pod requirements ∩ volume requirements ∩ topology requirements,
+    /// and the keys that may have narrowed.
+    fn merge(
+        &self,
+        base: &Requirements,
+        a: &Attempt,
+        topo: &PodTopology,
+    ) -> Result<(Requirements, Vec<String>), String> {
+        let mut merged = base.intersection(&a.reqs);
+        let mut changed: Vec<String> = a.reqs.iter().map(|r| r.key().to_string()).collect();
+        if let Some(v) = &a.node_reqs_extra {
+            base.intersects(v)
+                .map_err(|e| format!("incompatible volume requirements, {e}"))?;
+            merged.add_all(v);
+            changed.extend(v.iter().map(|r| r.key().to_string()));
+        }
+        for e in self
+            .topology
+            .domain_requirements(topo, &merged)
+            .map_err(|e| e.to_string())?
+        {
+            changed.push(e.key().to_string());
+            merged.add(e);
+        }
+        if let Some(empty) = merged
+            .iter()
+            .find(|r| r.is_empty() && !base.get(r.key()).is_some_and(|b| b.is_empty()))
+        {
+            return Err(format!("requirement {} cannot be satisfied", empty.key()));
+        }
+        Ok((merged, changed))
+    }
+
+    fn check_min_values(
+        &self,
+        t: &Template,
+        mut reqs: Requirements,
+        types: Vec<u32>,
+    ) -> Result<(Requirements, Vec<u32>, bool), String> {
+        if !reqs.has_min_values() {
+            return Ok((reqs, types, false));
+        }
+        let shortfalls = min_values_shortfalls(t, &reqs, &types);
+        if shortfalls.is_empty() {
+            return Ok((reqs, types, false));
+        }
+        match self.s.options.min_values_policy {
+            MinValuesPolicy::Strict => Err(format!(
+                "minValues requirement is not met for {}",
+                shortfalls
+                    .iter()
+                    .map(|(k, want, have)| format!(
+                        "key {k} (needs {want}, instance types offer {have})"
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            MinValuesPolicy::BestEffort => {
+                for (k, _, have) in shortfalls {
+                    if let Some(r) = reqs.get_mut(&k) {
+                        r.set_min_values(Some(have));
+                    }
+                }
+                Ok((reqs, types, true))
+            }
+        }
+    }
+
+    fn new_claim(
+        &self,
+        ti: usize,
+        pi: usize,
+        a: &Attempt,
+        topo: &PodTopology,
+    ) -> Result<Claim, String> {
+        let t = &self.s.templates[ti];
+        let pod = &self.pods[pi];
+        let remaining = &self.remaining[ti];
+        if remaining.get(NODES).is_some_and(|n| *n < 1000) {
+            return Err("node limits have been exhausted for nodepool".into());
+        }
+        a.tolerates_template[ti].clone()?;
+        let wk = &self.s.options.well_known_labels;
+        t.reqs
+            .compatible(&a.reqs, Some(wk))
+            .map_err(|e| e.to_string())?;
+        let host = self.topology.next_host_id();
+        let mut base = t.reqs.clone();
+        base.set(Requirement::in_values(HOSTNAME, [placeholder_name(host)]));
+        self.topology
+            .hostname_allows(topo, host)
+            .map_err(|e| e.to_string())?;
+        let (merged, changed) = self.merge(&base, a, topo)?;
+        let within_limits: Vec<u32> = (0..t.types.len() as u32)
+            .filter(|&i| {
+                let cap = &t.types[i as usize].it.capacity;
+                remaining
+                    .iter()
+                    .all(|(k, v)| k == NODES || cap.get(k).milli() <= *v)
+            })
+            .collect();
+        if within_limits.is_empty() {
+            return Err("all available instance types exceed limits for nodepool".into());
+        }
+        let zero = Resources::new();
+        let types = filter_types(
+            t,
+            &within_limits,
+            &zero,
+            &pod.requests,
+            Some(&merged),
+            &changed,
+        );
+        if types.is_empty() {
+            return Err(explain_no_type(
+                t,
+                &within_limits,
+                &merged,
+                &changed,
+                &pod.requests,
+            ));
+        }
+        let (merged, types, relaxed) = self.check_min_values(t, merged, types)?;
+        let requests = pod.requests.clone();
+        Ok(Claim {
+            template: ti,
+            headroom: headroom(t, &types, &requests),
+            reqs: merged,
+            host,
+            types,
+            requests,
+            pods: vec![pi],
+            min_values_relaxed: relaxed,
+        })
+    }
+
+    fn finish(self, mut results: Results) -> Results {
+        let max = self.s.options.max_instance_types;
+        for claim in self.claims {
+            let t = &self.s.templates[claim.template];
+            let mut reqs = claim.reqs;
+            reqs.remove(HOSTNAME);
+            let mut priced: Vec<(f64, u32)> = claim
+                .types
+                .iter()
+                .map(|&i| {
+                    (
+                        t.types[i as usize]
+                            .it
+                            .cheapest_price(&reqs)
+                            .unwrap_or(f64::MAX),
+                        i,
+                    )
+                })
+                .collect();
+            priced.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            priced.truncate(max);
+            let types: Vec<u32> = priced.iter().map(|(_, i)| *i).collect();
+            let mut relaxed = claim.min_values_relaxed;
+            if reqs.has_min_values() {
+                let short = min_values_shortfalls(t, &reqs, &types);
+                if !short.is_empty() {
+                    if self.s.options.min_values_policy == MinValuesPolicy::Strict {
+                        for pi in claim.pods {
+                            results.unschedulable.push(UnschedulablePod {
+                                pod: pi,
+                                reason: "pod didn't schedule because NodePool couldn't meet minValues requirements".into(),
+                                per_node_pool: vec![(t.pool.name.clone(), "minValues not met after truncating instance types".into())],
+                            });
+                        }
+                        continue;
+                    }
+                    for (k, _, have) in short {
+                        if let Some(r) = reqs.get_mut(&k) {
+                            r.set_min_values(Some(have));
+                        }
+                    }
+                    relaxed = true;
+                }
+            }
+            let instance_types: Vec<Arc<InstanceType>> = types
+                .iter()
+                .map(|&i| Arc::clone(&t.types[i as usize].it))
+                .collect();
+            let it_min_values = reqs.get(INSTANCE_TYPE).and_then(Requirement::min_values);
+            reqs.set(
+                Requirement::in_values(
+                    INSTANCE_TYPE,
+                    instance_types.iter().map(|it| it.name.clone()),
+                )
+                .with_min_values(it_min_values),
+            );
+            let capacity_types: BTreeSet<String> = instance_types
+                .iter()
+                .flat_map(|it| {
+                    it.offerings
+                        .iter()
+                        .filter(|o| o.available && o.compatible(&reqs))
+                        .map(|o| o.capacity_type.clone())
+                })
+                .collect();
+            let ct_min = reqs.get(CAPACITY_TYPE).and_then(Requirement::min_values);
+            reqs.set(Requirement::in_values(CAPACITY_TYPE, capacity_types).with_min_values(ct_min));
+            let mut overhead: Option<Resources> = None;
+            for &i in &types {
+                let o = &t.types[i as usize].daemon_overhead;
+                match &mut overhead {
+                    None => overhead = Some(o.clone()),
+                    Some(m) => m.min_with(o),
+                }
+            }
+            let daemon_overhead = overhead.unwrap_or_default();
+            results.new_node_claims.push(NewNodeClaim {
+                node_pool: t.pool.name.clone(),
+                requirements: reqs,
+                instance_types,
+                requests: claim.requests.plus(&daemon_overhead),
+                daemon_overhead,
+                pods: claim.pods,
+                min_values_relaxed: relaxed,
+            });
+        }
+        for (ni, pods) in self.node_pods.into_iter().enumerate() {
+            if !pods.is_empty() {
+                results.existing_nodes.push(ExistingNodeAssignment {
+                    node_name: self.s.nodes[ni].name.clone(),
+                    pods,
+                });
+            }
+        }
+        results.unschedulable.sort_by_key(|u| u.pod);
+        results
+    }
+}
+
+fn placeholder_name(host: HostId) -> String {
+    format!("hostname-placeholder-{host:04}")
+}
+
+/// The spread constraint's node filter (`nodeAffinityPolicy` / `nodeTaintsPolicy`).
+fn spread_filter(p: &Pod, c: &super::model::TopologySpreadConstraint) -> NodeFilter {
+    use super::model::InclusionPolicy;
+    let alternatives = match c.node_affinity_policy {
+        InclusionPolicy::Ignore => Vec::new(),
+        InclusionPolicy::Honor => {
+            if p.required_node_affinity.is_empty() {
+                if p.node_selector.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![p.node_selector.clone()]
+                }
+            } else {
+                p.required_node_affinity
+                    .iter()
+                    .map(|t| p.node_selector.intersection(t))
+                    .collect()
+            }
+        }
+    };
+    let tolerations: Option<Vec<Toleration>> = match c.node_taints_policy {
+        InclusionPolicy::Honor => Some(p.tolerations.clone()),
+        InclusionPolicy::Ignore => None,
+    };
+    NodeFilter {
+        alternatives,
+        tolerations,
+    }
+}
+
+/// Values each topology key can take: from NodePool requirements ∩ instance types, and existing nodes.
+fn domain_universe(s: &Scheduler, keys: &BTreeSet<String>) -> HashMap<String, BTreeSet<String>> {
+    let mut out: HashMap<String, BTreeSet<String>> = HashMap::new();
+    for key in keys {
+        let set = out.entry(key.clone()).or_default();
+        for t in &s.templates {
+            let pool_req = t.reqs.get(key);
+            for e in &t.types {
+                let combined = match (pool_req, e.it.requirements.get(key)) {
+                    (Some(p), Some(i)) => Some(p.intersection(i)),
+                    (Some(p), None) => Some(p.clone()),
+                    (None, Some(i)) => Some(i.clone()),
+                    (None, None) => None,
+                };
+                if let Some(r) = combined.filter(|r| !r.is_complement()) {
+                    set.extend(r.values().iter().cloned());
+                }
+            }
+        }
+        for n in &s.nodes {
+            if let Some(v) = n.labels.get(key) {
+                set.insert(v.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Types (by index) that fit `claim_requests + pod_requests` and, when `reqs` is given,
+/// match it on the `changed` keys and still have a compatible available offering.
+fn filter_types(
+    t: &Template,
+    candidates: &[u32],
+    claim_requests: &Resources,
+    pod_requests: &Resources,
+    reqs: Option<&Requirements>,
+    changed: &[String],
+) -> Vec<u32> {
+    let check_offerings = reqs.is_some() && !changed.is_empty();
+    candidates
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let e = &t.types[i as usize];
+            if !claim_requests.sum_fits_in(pod_requests, &e.usable) {
+                return false;
+            }
+            let Some(reqs) = reqs else { return true };
+            type_matches(e, reqs, changed)
+                && (!check_offerings || e.it.has_available_offering(reqs))
+        })
+        .collect()
+}
+
+fn type_matches(e: &TypeEntry, reqs: &Requirements, changed: &[String]) -> bool {
+    changed
+        .iter()
+        .all(|k| match (reqs.get(k), e.it.requirements.get(k)) {
+            (Some(r), Some(tr)) => r.intersects(tr),
+            _ => true,
+        })
+}
+
+/// Component-wise maximum usable capacity left over the given types.
+fn headroom(t: &Template, types: &[u32], requests: &Resources) -> Resources {
+    let mut max = Resources::new();
+    for &i in types {
+        max.max_with(&t.types[i as usize].usable);
+    }
+    max.saturating_minus(requests)
+}
+
+/// `(key, minValues, distinct values offered)` for every unmet `minValues`.
+fn min_values_shortfalls(
+    t: &Template,
+    reqs: &Requirements,
+    types: &[u32],
+) -> Vec<(String, usize, usize)> {
+    reqs.iter()
+        .filter_map(|r| {
+            let want = r.min_values()?;
+            let mut values: HashSet<&str> = HashSet::new();
+            for &i in types {
+                if let Some(tr) = t.types[i as usize].it.requirements.get(r.key()) {
+                    values.extend(tr.values().iter().map(String::as_str).filter(|v| r.has(v)));
+                }
+            }
+            (values.len() < want).then(|| (r.key().to_string(), want, values.len()))
+        })
+        .collect()
+}
+
+/// Why no instance type of the NodePool can take the pod, naming the criteria that failed.
+fn explain_no_type(
+    t: &Template,
+    candidates: &[u32],
+    reqs: &Requirements,
+    changed: &[String],
+    requests: &Resources,
+) -> String {
+    let matching: Vec<&TypeEntry> = candidates
+        .iter()
+        .map(|&i| &t.types[i as usize])
+        .filter(|e| type_matches(e, reqs, changed))
+        .collect();
+    let mut shown = reqs.clone();
+    shown.remove(HOSTNAME);
+    if matching.is_empty() {
+        return format!("no instance type satisfied the requirements [{shown}]");
+    }
+    let with_offering: Vec<&&TypeEntry> = matching
+        .iter()
+        .filter(|e| e.it.has_available_offering(reqs))
+        .collect();
+    if with_offering.is_empty() {
+        return format!(
+            "no instance type matching the requirements has an available offering [{shown}]"
+        );
+    }
+    let largest = with_offering
+        .iter()
+        .max_by(|a, b| {
+            a.usable
+                .cpu()
+                .cmp(&b.usable.cpu())
+                .then(a.usable.memory().cmp(&b.usable.memory()))
+        })
+        .expect("non-empty");
+    let mut msg = format!(
+        "no instance type has enough resources for requests {requests}: {} exceed(s) what the largest allowed type {:?} offers {}",
+        requests.exceeding(&largest.usable).join(", "),
+        largest.it.name,
+        largest.usable
+    );
+    if requests.cpu() >= Quantity::from_units(1_000_000) {
+        msg.push_str(" (CPU request >= 1 Million, m vs M typo?)");
+    }
+    msg
+}

@@ -1,0 +1,543 @@
+//! Topology spread, pod affinity and pod anti-affinity bookkeeping.
+//!
+//! Constraints are deduplicated into groups; each group counts, per domain of its topology key,
+//! the pods matching its selector. Hostname domains are integers (one per existing node or new
+//! NodeClaim placeholder) so the common hostname checks are array lookups.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+
+use super::labels::HOSTNAME;
+use super::model::{LabelSelector, NamespaceScope, PodAffinityTerm, TopologySpreadConstraint};
+use super::requirements::{Requirement, Requirements};
+use super::taints::{Taint, Toleration, first_untolerated};
+
+pub(crate) type GroupId = usize;
+pub(crate) type HostId = u32;
+
+/// Which nodes a spread constraint counts (`nodeAffinityPolicy` / `nodeTaintsPolicy`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub(crate) struct NodeFilter {
+    /// Any alternative must intersect the node's requirements; empty = all nodes.
+    pub alternatives: Vec<Requirements>,
+    /// When `Some`, node taints must be tolerated.
+    pub tolerations: Option<Vec<Toleration>>,
+}
+
+impl NodeFilter {
+    fn matches(&self, node: &Requirements, taints: &[Taint]) -> bool {
+        (self.alternatives.is_empty()
+            || self
+                .alternatives
+                .iter()
+                .any(|alt| node.intersects(alt).is_ok()))
+            && self
+                .tolerations
+                .as_ref()
+                .is_none_or(|tol| first_untolerated(taints, tol, true).is_none())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum GroupKind {
+    Spread {
+        max_skew: u32,
+        min_domains: Option<u32>,
+        filter: NodeFilter,
+    },
+    Affinity,
+    AntiAffinity {
+        required: bool,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Namespaces {
+    All,
+    Set(BTreeSet<String>),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Group {
+    key: String,
+    is_hostname: bool,
+    kind: GroupKind,
+    namespaces: Namespaces,
+    selector: LabelSelector,
+    /// Matching pods per hostname domain.
+    host_counts: Vec<u32>,
+    /// Matching pods per domain (other keys); the map's keys are the domain universe.
+    domain_counts: BTreeMap<String, u32>,
+    /// Required anti-affinity only: pods owning this term, per domain (the inverse check).
+    host_owners: Vec<u32>,
+    domain_owners: BTreeMap<String, u32>,
+    total: u32,
+}
+
+/// Why a topology constraint rejected a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopologyError {
+    Spread { key: String },
+    Affinity { key: String },
+    AntiAffinity { key: String },
+}
+
+impl fmt::Display for TopologyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TopologyError::Spread { key } => write!(
+                f,
+                "unsatisfiable topology constraint for topology spread, key={key}"
+            ),
+            TopologyError::Affinity { key } => write!(
+                f,
+                "unsatisfiable topology constraint for pod affinity, key={key}"
+            ),
+            TopologyError::AntiAffinity { key } => write!(
+                f,
+                "unsatisfiable topology constraint for pod anti-affinity, key={key}"
+            ),
+        }
+    }
+}
+
+/// A pod's view of the topology for one scheduling attempt.
+pub(crate) struct PodTopology<'a> {
+    /// Groups whose selector matches the pod (sorted).
+    pub matching: &'a [GroupId],
+    /// Required anti-affinity groups (of any owner) whose selector matches the pod.
+    pub inverse: &'a [GroupId],
+    /// Groups whose constraint the pod currently carries.
+    pub owned: &'a [GroupId],
+    /// The pod's strict requirements (for the spread minimum).
+    pub strict: &'a Requirements,
+}
+
+impl PodTopology<'_> {
+    fn selects_itself(&self, g: GroupId) -> bool {
+        self.matching.binary_search(&g).is_ok()
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Topology {
+    groups: Vec<Group>,
+    index: HashMap<String, GroupId>,
+    hostnames: Vec<String>,
+    universe: HashMap<String, BTreeSet<String>>,
+}
+
+fn bump(v: &mut Vec<u32>, h: HostId) {
+    let i = h as usize;
+    if v.len() <= i {
+        v.resize(i + 1, 0);
+    }
+    v[i] += 1;
+}
+
+fn at(v: &[u32], h: HostId) -> u32 {
+    v.get(h as usize).copied().unwrap_or(0)
+}
+
+impl Topology {
+    pub fn new(universe: HashMap<String, BTreeSet<String>>) -> Self {
+        Self {
+            universe,
+            ..Default::default()
+        }
+    }
+
+    pub fn add_hostname(&mut self, name: String) -> HostId {
+        self.hostnames.push(name);
+        (self.hostnames.len() - 1) as HostId
+    }
+
+    pub fn next_host_id(&self) -> HostId {
+        self.hostnames.len() as HostId
+    }
+
+    pub fn has_groups(&self) -> bool {
+        !self.groups.is_empty()
+    }
+
+    fn resolve_namespaces(scope: &NamespaceScope, own: &str) -> Namespaces {
+        match scope {
+            NamespaceScope::All => Namespaces::All,
+            NamespaceScope::Listed(list) if list.is_empty() => {
+                Namespaces::Set([own.to_string()].into_iter().collect())
+            }
+            NamespaceScope::Listed(list) => Namespaces::Set(list.iter().cloned().collect()),
+        }
+    }
+
+    fn intern(
+        &mut self,
+        key: &str,
+        kind: GroupKind,
+        namespaces: Namespaces,
+        selector: LabelSelector,
+    ) -> GroupId {
+        let id = format!("{key}|{kind:?}|{namespaces:?}|{selector:?}");
+        if let Some(&g) = self.index.get(&id) {
+            return g;
+        }
+        let is_hostname = key == HOSTNAME;
+        let domain_counts = if is_hostname {
+            BTreeMap::new()
+        } else {
+            self.universe
+                .get(key)
+                .map(|u| u.iter().map(|d| (d.clone(), 0)).collect())
+                .unwrap_or_default()
+        };
+        self.groups.push(Group {
+            key: key.to_string(),
+            is_hostname,
+            kind,
+            namespaces,
+            selector,
+            host_counts: Vec::new(),
+            domain_owners: domain_counts.clone(),
+            domain_counts,
+            host_owners: Vec::new(),
+            total: 0,
+        });
+        let g = self.groups.len() - 1;
+        self.index.insert(id, g);
+        g
+    }
+
+    pub fn spread_group(
+        &mut self,
+        c: &TopologySpreadConstraint,
+        pod_namespace: &str,
+        pod_labels: &BTreeMap<String, String>,
+        filter: NodeFilter,
+    ) -> GroupId {
+        let mut selector = c.selector.clone();
+        for k in &c.match_label_keys {
+            if let Some(v) = pod_labels.get(k) {
+                selector.match_labels.insert(k.clone(), v.clone());
+            }
+        }
+        self.intern(
+            &c.topology_key,
+            GroupKind::Spread {
+                max_skew: c.max_skew,
+                min_domains: c.min_domains,
+                filter,
+            },
+            Namespaces::Set([pod_namespace.to_string()].into_iter().collect()),
+            selector,
+        )
+    }
+
+    pub fn affinity_group(&mut self, t: &PodAffinityTerm, pod_namespace: &str) -> GroupId {
+        let ns = Self::resolve_namespaces(&t.namespaces, pod_namespace);
+        self.intern(&t.topology_key, GroupKind::Affinity, ns, t.selector.clone())
+    }
+
+    pub fn anti_affinity_group(
+        &mut self,
+        t: &PodAffinityTerm,
+        pod_namespace: &str,
+        required: bool,
+    ) -> GroupId {
+        let ns = Self::resolve_namespaces(&t.namespaces, pod_namespace);
+        self.intern(
+            &t.topology_key,
+            GroupKind::AntiAffinity { required },
+            ns,
+            t.selector.clone(),
+        )
+    }
+
+    /// Groups whose selector and namespaces match a pod (sorted).
+    pub fn matching_groups(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Vec<GroupId> {
+        (0..self.groups.len())
+            .filter(|&g| {
+                let grp = &self.groups[g];
+                (match &grp.namespaces {
+                    Namespaces::All => true,
+                    Namespaces::Set(s) => s.contains(namespace),
+                }) && grp.selector.matches(labels)
+            })
+            .collect()
+    }
+
+    /// Required anti-affinity groups among `matching`.
+    pub fn inverse_groups(&self, matching: &[GroupId]) -> Vec<GroupId> {
+        matching
+            .iter()
+            .copied()
+            .filter(|&g| {
+                matches!(
+                    self.groups[g].kind,
+                    GroupKind::AntiAffinity { required: true }
+                )
+            })
+            .collect()
+    }
+
+    /// Counts a pod already running on an existing node.
+    pub fn count_existing(
+        &mut self,
+        matching: &[GroupId],
+        node_labels: &BTreeMap<String, String>,
+        node_reqs: &Requirements,
+        taints: &[Taint],
+        host: HostId,
+    ) {
+        for &g in matching {
+            let grp = &mut self.groups[g];
+            if let GroupKind::Spread { filter, .. } = &grp.kind
+                && !filter.matches(node_reqs, taints)
+            {
+                continue;
+            }
+            if grp.is_hostname {
+                bump(&mut grp.host_counts, host);
+            } else if let Some(v) = node_labels.get(&grp.key) {
+                *grp.domain_counts.entry(v.clone()).or_insert(0) += 1;
+            } else {
+                continue;
+            }
+            grp.total += 1;
+        }
+    }
+
+    /// Records an existing pod's required anti-affinity term for the inverse check.
+    pub fn count_existing_owner(
+        &mut self,
+        g: GroupId,
+        node_labels: &BTreeMap<String, String>,
+        host: HostId,
+    ) {
+        let grp = &mut self.groups[g];
+        if grp.is_hostname {
+            bump(&mut grp.host_owners, host);
+        } else if let Some(v) = node_labels.get(&grp.key) {
+            *grp.domain_owners.entry(v.clone()).or_insert(0) += 1;
+        }
+    }
+
+    /// Cheap checks for hostname-keyed constraints on the node with hostname `host`.
+    pub fn hostname_allows(&self, pod: &PodTopology, host: HostId) -> Result<(), TopologyError> {
+        for &g in pod.owned {
+            let grp = &self.groups[g];
+            if !grp.is_hostname {
+                continue;
+            }
+            let count = at(&grp.host_counts, host);
+            let ok = match &grp.kind {
+                GroupKind::Spread { max_skew, .. } => {
+                    count + u32::from(pod.selects_itself(g)) <= *max_skew
+                }
+                GroupKind::Affinity => count > 0 || (grp.total == 0 && pod.selects_itself(g)),
+                GroupKind::AntiAffinity { .. } => count == 0,
+            };
+            if !ok {
+                return Err(grp.error());
+            }
+        }
+        for &g in pod.inverse {
+            let grp = &self.groups[g];
+            if grp.is_hostname && at(&grp.host_owners, host) > 0 {
+                return Err(grp.error());
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the pod carries or is subject to any non-hostname constraint.
+    pub fn has_domain_constraints(&self, pod: &PodTopology) -> bool {
+        pod.owned
+            .iter()
+            .chain(pod.inverse.iter())
+            .any(|&g| !self.groups[g].is_hostname)
+    }
+
+    /// Requirements the non-hostname constraints add for a node with requirements `node`
+    /// (already intersected with the pod's requirements).
+    pub fn domain_requirements(
+        &self,
+        pod: &PodTopology,
+        node: &Requirements,
+    ) -> Result<Vec<Requirement>, TopologyError> {
+        let mut out: Vec<Requirement> = Vec::new();
+        let allowed_by = |key: &str, d: &str, extra: &[Requirement]| {
+            node.get(key).is_none_or(|r| r.has(d))
+                && extra.iter().filter(|r| r.key() == key).all(|r| r.has(d))
+        };
+        for &g in pod.owned {
+            let grp = &self.groups[g];
+            if grp.is_hostname {
+                continue;
+            }
+            let key = grp.key.as_str();
+            let candidates = grp
+                .domain_counts
+                .iter()
+                .filter(|(d, _)| allowed_by(key, d, &out));
+            let chosen: Vec<String> = match &grp.kind {
+                GroupKind::Spread {
+                    max_skew,
+                    min_domains,
+                    ..
+                } => {
+                    let strict = pod.strict.get(key);
+                    let eligible = grp
+                        .domain_counts
+                        .iter()
+                        .filter(|(d, _)| strict.is_none_or(|r| r.has(d)));
+                    let (mut n, mut min) = (0u32, u32::MAX);
+                    for (_, c) in eligible {
+                        n += 1;
+                        min = min.min(*c);
+                    }
+                    if n == 0 || min_domains.is_some_and(|m| n < m) {
+                        min = 0;
+                    }
+                    let self_count = u32::from(pod.selects_itself(g));
+                    candidates
+                        .filter(|(_, c)| **c + self_count <= min + *max_skew)
+                        .min_by_key(|(_, c)| **c)
+                        .map(|(d, _)| vec![d.clone()])
+                        .unwrap_or_default()
+                }
+                GroupKind::Affinity => {
+                    let with_pods: Vec<String> = candidates
+                        .clone()
+                        .filter(|(_, c)| **c > 0)
+                        .map(|(d, _)| d.clone())
+                        .collect();
+                    if !with_pods.is_empty() {
+                        with_pods
+                    } else {
+                        let strict = pod.strict.get(key);
+                        let pods_in_pod_domains = grp
+                            .domain_counts
+                            .iter()
+                            .any(|(d, c)| *c > 0 && strict.is_none_or(|r| r.has(d)));
+                        if pod.selects_itself(g) && !pods_in_pod_domains {
+                            // Bootstrap: the first pod of a self-affine group picks a domain.
+                            candidates.map(|(d, _)| d.clone()).take(1).collect()
+                        } else {
+                            Vec::new()
+                        }
+                    }
+                }
+                GroupKind::AntiAffinity { .. } => candidates
+                    .filter(|(_, c)| **c == 0)
+                    .map(|(d, _)| d.clone())
+                    .collect(),
+            };
+            if chosen.is_empty() {
+                return Err(grp.error());
+            }
+            out.push(Requirement::in_values(key, chosen));
+        }
+        for &g in pod.inverse {
+            let grp = &self.groups[g];
+            if grp.is_hostname || grp.domain_owners.values().all(|c| *c == 0) {
+                continue;
+            }
+            let key = grp.key.as_str();
+            let free: Vec<String> = grp
+                .domain_counts
+                .keys()
+                .filter(|d| allowed_by(key, d, &out))
+                .filter(|d| grp.domain_owners.get(*d).copied().unwrap_or(0) == 0)
+                .cloned()
+                .collect();
+            if free.is_empty() {
+                return Err(grp.error());
+            }
+            out.push(Requirement::in_values(key, free));
+        }
+        Ok(out)
+    }
+
+    /// Records a pod placed on a node whose final requirements are `node`.
+    pub fn record(
+        &mut self,
+        matching: &[GroupId],
+        owned_required_anti: &[GroupId],
+        node: &Requirements,
+        taints: &[Taint],
+        host: HostId,
+    ) {
+        for &g in matching {
+            let universe = self.universe.get(&self.groups[g].key);
+            let grp = &mut self.groups[g];
+            let recorded = match &grp.kind {
+                GroupKind::Spread { filter, .. } if !filter.matches(node, taints) => false,
+                GroupKind::Spread { .. } | GroupKind::Affinity => {
+                    if grp.is_hostname {
+                        bump(&mut grp.host_counts, host);
+                        true
+                    } else if let Some(d) = node.get(&grp.key).and_then(Requirement::single_value) {
+                        *grp.domain_counts.entry(d.to_string()).or_insert(0) += 1;
+                        true
+                    } else {
+                        false
+                    }
+                }
+                GroupKind::AntiAffinity { .. } => {
+                    if grp.is_hostname {
+                        bump(&mut grp.host_counts, host);
+                    } else {
+                        for d in possible_domains(node.get(&grp.key), universe) {
+                            *grp.domain_counts.entry(d).or_insert(0) += 1;
+                        }
+                    }
+                    true
+                }
+            };
+            if recorded {
+                grp.total += 1;
+            }
+        }
+        for &g in owned_required_anti {
+            let universe = self.universe.get(&self.groups[g].key);
+            let grp = &mut self.groups[g];
+            if grp.is_hostname {
+                bump(&mut grp.host_owners, host);
+            } else {
+                for d in possible_domains(node.get(&grp.key), universe) {
+                    *grp.domain_owners.entry(d).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Domains a node may still end up in: the finite values of its requirement, or the universe.
+fn possible_domains(req: Option<&Requirement>, universe: Option<&BTreeSet<String>>) -> Vec<String> {
+    match req {
+        Some(r) if !r.is_complement() => r.values().to_vec(),
+        _ => universe
+            .map(|u| {
+                u.iter()
+                    .filter(|d| req.is_none_or(|r| r.has(d)))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+impl Group {
+    fn error(&self) -> TopologyError {
+        let key = self.key.clone();
+        match self.kind {
+            GroupKind::Spread { .. } => TopologyError::Spread { key },
+            GroupKind::Affinity => TopologyError::Affinity { key },
+            GroupKind::AntiAffinity { .. } => TopologyError::AntiAffinity { key },
+        }
+    }
+}
