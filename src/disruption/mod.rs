@@ -4,9 +4,19 @@
 //! commands they return.
 
 pub mod budgets;
+pub mod candidates;
+pub mod command;
 pub mod conditions;
+pub mod fixtures;
 pub mod hash;
+pub mod methods;
+pub mod model;
 pub mod names;
+pub mod orchestration;
+pub mod simulate;
+#[cfg(test)]
+mod tests;
+pub mod validation;
 
 use thiserror::Error;
 
