@@ -262,22 +262,15 @@ impl Requirement {
         if !self.complement {
             return self.values.first().cloned();
         }
-        let start = self
-            .gte
-            .unwrap_or(0)
-            .max(if self.lte.is_some() { i64::MIN } else { 0 });
-        let mut n = self.gte.unwrap_or(start);
-        for _ in 0..1000 {
-            if self.lte.is_some_and(|l| n > l) {
-                return None;
-            }
-            let s = n.to_string();
-            if self.has(&s) {
-                return Some(s);
-            }
-            n += 1;
-        }
-        None
+        let first = match (self.gte, self.lte) {
+            (Some(g), _) => g,
+            (None, Some(l)) => l.min(0),
+            (None, None) => 0,
+        };
+        (first..first.saturating_add(1000))
+            .take_while(|n| self.lte.is_none_or(|l| *n <= l))
+            .map(|n| n.to_string())
+            .find(|s| self.has(s))
     }
 
     /// Number of allowed values (`usize::MAX` for complements).
@@ -364,6 +357,21 @@ impl Requirement {
                 false
             }
         }
+    }
+
+    /// Whether every value `other` admits is admitted here too (so intersecting changes nothing).
+    /// Conservative: complements in `other` only count when `self` is `Exists` without bounds.
+    pub fn admits_all_of(&self, other: &Requirement) -> bool {
+        if self.min_values.unwrap_or(0) < other.min_values.unwrap_or(0) {
+            return false;
+        }
+        if other.complement {
+            return self.complement
+                && self.values.is_empty()
+                && self.gte.is_none()
+                && self.lte.is_none();
+        }
+        other.values.iter().all(|v| self.has(v))
     }
 
     /// Upstream's pairwise `Intersects`: overlap, except two negative requirements never conflict.

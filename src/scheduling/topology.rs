@@ -101,6 +101,29 @@ impl fmt::Display for TopologyError {
     }
 }
 
+/// A rejection by one group; turned into a [`TopologyError`] only when reported.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rejected(GroupId);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pick {
+    /// The first admitted domain (spread: lowest count; affinity bootstrap).
+    First,
+    /// Every admitted domain.
+    All,
+}
+
+/// One non-hostname constraint evaluated for an attempt: the domains it allows, in preference order.
+#[derive(Debug, Clone)]
+pub(crate) struct PreparedGroup<'t> {
+    group: GroupId,
+    key: &'t str,
+    pick: Pick,
+    domains: Vec<&'t str>,
+    /// Cached-key index and the allowed domain ids, when every allowed domain has an id.
+    cached: Option<(usize, Vec<u32>)>,
+}
+
 /// A pod's view of the topology for one scheduling attempt.
 pub(crate) struct PodTopology<'a> {
     /// Groups whose selector matches the pod (sorted).
@@ -111,6 +134,9 @@ pub(crate) struct PodTopology<'a> {
     pub owned: &'a [GroupId],
     /// The pod's strict requirements (for the spread minimum).
     pub strict: &'a Requirements,
+    /// Everything every candidate node is intersected with (pod requirements incl. preferences,
+    /// volume requirements): domains these exclude can never be chosen.
+    pub always: &'a [&'a Requirements],
 }
 
 impl PodTopology<'_> {
@@ -125,7 +151,18 @@ pub(crate) struct Topology {
     index: HashMap<String, GroupId>,
     hostnames: Vec<String>,
     universe: HashMap<String, BTreeSet<String>>,
+    /// Up to `CACHED_KEYS` non-hostname topology keys whose single value nodes cache as an id.
+    cached_keys: Vec<String>,
+    cached_domains: Vec<Vec<String>>,
 }
+
+/// How many topology keys a NodeClaim caches its single domain for (zone, capacity type, …).
+pub(crate) const CACHED_KEYS: usize = 4;
+/// "No single cached domain".
+pub(crate) const NO_DOMAIN: u32 = u32::MAX;
+
+/// A node's single domain id per cached key, for cheap rejections.
+pub(crate) type DomainIds = [u32; CACHED_KEYS];
 
 fn bump(v: &mut Vec<u32>, h: HostId) {
     let i = h as usize;
@@ -141,10 +178,57 @@ fn at(v: &[u32], h: HostId) -> u32 {
 
 impl Topology {
     pub fn new(universe: HashMap<String, BTreeSet<String>>) -> Self {
+        let mut cached_keys: Vec<String> = universe.keys().cloned().collect();
+        cached_keys.sort();
+        cached_keys.truncate(CACHED_KEYS);
+        let cached_domains = cached_keys
+            .iter()
+            .map(|k| universe[k].iter().cloned().collect())
+            .collect();
         Self {
             universe,
+            cached_keys,
+            cached_domains,
             ..Default::default()
         }
+    }
+
+    fn cached_key_index(&self, key: &str) -> Option<usize> {
+        self.cached_keys.iter().position(|k| k == key)
+    }
+
+    /// The node's single domain id for each cached key (`NO_DOMAIN` when not a single known value).
+    pub fn domain_ids(&self, reqs: &Requirements) -> DomainIds {
+        let mut ids = [NO_DOMAIN; CACHED_KEYS];
+        for (i, key) in self.cached_keys.iter().enumerate() {
+            if let Some(v) = reqs.get(key).and_then(Requirement::single_value) {
+                ids[i] = self.cached_domains[i]
+                    .binary_search_by(|d| d.as_str().cmp(v))
+                    .map(|x| x as u32)
+                    .unwrap_or(NO_DOMAIN);
+            }
+        }
+        ids
+    }
+
+    /// Cheap pre-check: false when a node's cached single domain is outside what a prepared
+    /// constraint allows (the full check would reject it too).
+    pub fn may_admit(prepared: &[PreparedGroup], ids: &DomainIds) -> bool {
+        prepared.iter().all(|p| match p.cached {
+            Some((ki, ref allowed)) => ids[ki] == NO_DOMAIN || allowed.contains(&ids[ki]),
+            None => true,
+        })
+    }
+
+    fn cached_ids(&self, key: &str, domains: &[&str]) -> Option<(usize, Vec<u32>)> {
+        let ki = self.cached_key_index(key)?;
+        let all = &self.cached_domains[ki];
+        let mut ids = Vec::with_capacity(domains.len());
+        for d in domains {
+            // A domain outside the universe cannot be cached: skip the shortcut.
+            ids.push(all.binary_search_by(|x| x.as_str().cmp(d)).ok()? as u32);
+        }
+        Some((ki, ids))
     }
 
     pub fn add_hostname(&mut self, name: String) -> HostId {
@@ -154,6 +238,10 @@ impl Topology {
 
     pub fn next_host_id(&self) -> HostId {
         self.hostnames.len() as HostId
+    }
+
+    pub fn explain(&self, r: Rejected) -> TopologyError {
+        self.groups[r.0].error()
     }
 
     pub fn has_groups(&self) -> bool {
@@ -326,7 +414,7 @@ impl Topology {
     }
 
     /// Cheap checks for hostname-keyed constraints on the node with hostname `host`.
-    pub fn hostname_allows(&self, pod: &PodTopology, host: HostId) -> Result<(), TopologyError> {
+    pub fn hostname_allows(&self, pod: &PodTopology, host: HostId) -> Result<(), Rejected> {
         for &g in pod.owned {
             let grp = &self.groups[g];
             if !grp.is_hostname {
@@ -341,61 +429,41 @@ impl Topology {
                 GroupKind::AntiAffinity { .. } => count == 0,
             };
             if !ok {
-                return Err(grp.error());
+                return Err(Rejected(g));
             }
         }
         for &g in pod.inverse {
             let grp = &self.groups[g];
             if grp.is_hostname && at(&grp.host_owners, host) > 0 {
-                return Err(grp.error());
+                return Err(Rejected(g));
             }
         }
         Ok(())
     }
 
-    /// Whether the pod carries or is subject to any non-hostname constraint.
-    pub fn has_domain_constraints(&self, pod: &PodTopology) -> bool {
-        pod.owned
-            .iter()
-            .chain(pod.inverse.iter())
-            .any(|&g| !self.groups[g].is_hostname)
-    }
-
-    /// Requirements the non-hostname constraints add for a node with requirements `node`
-    /// (already intersected with the pod's requirements).
-    pub fn domain_requirements(
-        &self,
-        pod: &PodTopology,
-        node: &Requirements,
-    ) -> Result<Vec<Requirement>, TopologyError> {
-        let mut out: Vec<Requirement> = Vec::new();
-        let allowed_by = |key: &str, d: &str, extra: &[Requirement]| {
-            node.get(key).is_none_or(|r| r.has(d))
-                && extra.iter().filter(|r| r.key() == key).all(|r| r.has(d))
-        };
+    /// Evaluates the pod's non-hostname constraints once per attempt: which domains each allows,
+    /// independent of the node, so checking a node is a few lookups.
+    pub fn prepare<'t>(&'t self, pod: &PodTopology) -> Result<Vec<PreparedGroup<'t>>, Rejected> {
+        let mut out = Vec::new();
         for &g in pod.owned {
             let grp = &self.groups[g];
             if grp.is_hostname {
                 continue;
             }
             let key = grp.key.as_str();
-            let candidates = grp
-                .domain_counts
-                .iter()
-                .filter(|(d, _)| allowed_by(key, d, &out));
-            let chosen: Vec<String> = match &grp.kind {
+            let (pick, domains): (Pick, Vec<&'t str>) = match &grp.kind {
                 GroupKind::Spread {
                     max_skew,
                     min_domains,
                     ..
                 } => {
                     let strict = pod.strict.get(key);
-                    let eligible = grp
+                    let (mut n, mut min) = (0u32, u32::MAX);
+                    for (_, c) in grp
                         .domain_counts
                         .iter()
-                        .filter(|(d, _)| strict.is_none_or(|r| r.has(d)));
-                    let (mut n, mut min) = (0u32, u32::MAX);
-                    for (_, c) in eligible {
+                        .filter(|(d, _)| strict.is_none_or(|r| r.has(d)))
+                    {
                         n += 1;
                         min = min.min(*c);
                     }
@@ -403,61 +471,126 @@ impl Topology {
                         min = 0;
                     }
                     let self_count = u32::from(pod.selects_itself(g));
-                    candidates
+                    let mut valid: Vec<(&'t str, u32)> = grp
+                        .domain_counts
+                        .iter()
                         .filter(|(_, c)| **c + self_count <= min + *max_skew)
-                        .min_by_key(|(_, c)| **c)
-                        .map(|(d, _)| vec![d.clone()])
-                        .unwrap_or_default()
+                        .map(|(d, c)| (d.as_str(), *c))
+                        .collect();
+                    // Lowest count first; ties in name order (stable sort).
+                    valid.sort_by_key(|(_, c)| *c);
+                    (Pick::First, valid.into_iter().map(|(d, _)| d).collect())
                 }
                 GroupKind::Affinity => {
-                    let with_pods: Vec<String> = candidates
-                        .clone()
-                        .filter(|(_, c)| **c > 0)
-                        .map(|(d, _)| d.clone())
-                        .collect();
-                    if !with_pods.is_empty() {
-                        with_pods
+                    let strict = pod.strict.get(key);
+                    let pods_in_pod_domains = grp
+                        .domain_counts
+                        .iter()
+                        .any(|(d, c)| *c > 0 && strict.is_none_or(|r| r.has(d)));
+                    if pod.selects_itself(g) && !pods_in_pod_domains {
+                        // Bootstrap: the first pod of a self-affine group picks a domain.
+                        (
+                            Pick::First,
+                            grp.domain_counts.keys().map(String::as_str).collect(),
+                        )
                     } else {
-                        let strict = pod.strict.get(key);
-                        let pods_in_pod_domains = grp
-                            .domain_counts
-                            .iter()
-                            .any(|(d, c)| *c > 0 && strict.is_none_or(|r| r.has(d)));
-                        if pod.selects_itself(g) && !pods_in_pod_domains {
-                            // Bootstrap: the first pod of a self-affine group picks a domain.
-                            candidates.map(|(d, _)| d.clone()).take(1).collect()
-                        } else {
-                            Vec::new()
-                        }
+                        (
+                            Pick::All,
+                            grp.domain_counts
+                                .iter()
+                                .filter(|(_, c)| **c > 0)
+                                .map(|(d, _)| d.as_str())
+                                .collect(),
+                        )
                     }
                 }
-                GroupKind::AntiAffinity { .. } => candidates
-                    .filter(|(_, c)| **c == 0)
-                    .map(|(d, _)| d.clone())
-                    .collect(),
+                GroupKind::AntiAffinity { .. } => (
+                    Pick::All,
+                    grp.domain_counts
+                        .iter()
+                        .filter(|(_, c)| **c == 0)
+                        .map(|(d, _)| d.as_str())
+                        .collect(),
+                ),
             };
-            if chosen.is_empty() {
-                return Err(grp.error());
+            let domains: Vec<&'t str> = domains
+                .into_iter()
+                .filter(|d| {
+                    pod.always
+                        .iter()
+                        .all(|r| r.get(key).is_none_or(|x| x.has(d)))
+                })
+                .collect();
+            if domains.is_empty() {
+                return Err(Rejected(g));
             }
-            out.push(Requirement::in_values(key, chosen));
+            out.push(PreparedGroup {
+                group: g,
+                key,
+                pick,
+                cached: self.cached_ids(key, &domains),
+                domains,
+            });
         }
         for &g in pod.inverse {
             let grp = &self.groups[g];
             if grp.is_hostname || grp.domain_owners.values().all(|c| *c == 0) {
                 continue;
             }
-            let key = grp.key.as_str();
-            let free: Vec<String> = grp
+            let domains: Vec<&'t str> = grp
                 .domain_counts
                 .keys()
-                .filter(|d| allowed_by(key, d, &out))
                 .filter(|d| grp.domain_owners.get(*d).copied().unwrap_or(0) == 0)
-                .cloned()
+                .map(String::as_str)
                 .collect();
-            if free.is_empty() {
-                return Err(grp.error());
+            if domains.is_empty() {
+                return Err(Rejected(g));
             }
-            out.push(Requirement::in_values(key, free));
+            out.push(PreparedGroup {
+                group: g,
+                key: grp.key.as_str(),
+                pick: Pick::All,
+                cached: self.cached_ids(&grp.key, &domains),
+                domains,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Requirements the prepared constraints add for a node whose requirements are the
+    /// intersection of all of `node` (node, pod and volume requirements, not materialised).
+    pub fn domain_requirements(
+        prepared: &[PreparedGroup],
+        node: &[&Requirements],
+    ) -> Result<Vec<Requirement>, Rejected> {
+        let mut out: Vec<Requirement> = Vec::new();
+        for p in prepared {
+            let mut limits: [Option<&Requirement>; 4] = [None; 4];
+            for (slot, n) in limits.iter_mut().zip(node.iter()) {
+                *slot = n.get(p.key);
+            }
+            let earlier = out.iter().filter(|r| r.key() == p.key);
+            let admitted = |d: &str| {
+                limits.iter().flatten().all(|r| r.has(d)) && earlier.clone().all(|r| r.has(d))
+            };
+            let chosen: Vec<String> = match p.pick {
+                Pick::First => p
+                    .domains
+                    .iter()
+                    .find(|d| admitted(d))
+                    .map(|d| vec![d.to_string()])
+                    .unwrap_or_default(),
+                Pick::All => p
+                    .domains
+                    .iter()
+                    .filter(|d| admitted(d))
+                    .map(|d| d.to_string())
+                    .collect(),
+            };
+            if chosen.is_empty() {
+                return Err(Rejected(p.group));
+            }
+            out.push(Requirement::in_values(p.key, chosen));
         }
         Ok(out)
     }
