@@ -3,7 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::scheduling::{ExistingNode, NewNodeClaim, Pod, Results, Scheduler, SchedulerInput};
+use crate::scheduling::{
+    BoundPod, ExistingNode, NewNodeClaim, Pod, Resources, Results, Scheduler, SchedulerInput,
+};
 
 use super::candidates::{Candidate, currently_reschedulable};
 use super::model::ClusterView;
@@ -13,6 +15,13 @@ pub struct SimulationBase<'a> {
     view: &'a ClusterView,
     /// Nodes pods may land on (not deleting), by index into `view.nodes`.
     active: Vec<usize>,
+    /// Upper bound of each active node's free resources (daemon overhead not subtracted).
+    free: Vec<Resources>,
+    /// Each active node with its workload pods folded into one pod carrying their summed
+    /// requests: all the scheduler looks at when no topology is in play.
+    compact: Vec<ExistingNode>,
+    /// Some bound pod has required anti-affinity: every node matters to topology.
+    bound_anti_affinity: bool,
     /// Reschedulable pods of deleting nodes: they need a home too.
     deleting_pods: Vec<Pod>,
     instance_types: HashMap<String, Vec<std::sync::Arc<crate::scheduling::InstanceType>>>,
@@ -34,6 +43,27 @@ impl<'a> SimulationBase<'a> {
                 active.push(i);
             }
         }
+        let free = active
+            .iter()
+            .map(|&i| {
+                let n = &view.nodes[i].scheduling;
+                let mut used = Resources::new();
+                for p in &n.pods {
+                    used += &p.requests;
+                }
+                n.allocatable.saturating_minus(&used)
+            })
+            .collect();
+        let compact = active
+            .iter()
+            .map(|&i| compact_node(&view.nodes[i].scheduling))
+            .collect();
+        let bound_anti_affinity = view.nodes.iter().any(|n| {
+            n.scheduling
+                .pods
+                .iter()
+                .any(|p| !p.required_anti_affinity.is_empty())
+        });
         let instance_types = view
             .pools
             .values()
@@ -42,6 +72,9 @@ impl<'a> SimulationBase<'a> {
         SimulationBase {
             view,
             active,
+            free,
+            compact,
+            bound_anti_affinity,
             deleting_pods,
             instance_types,
         }
@@ -56,13 +89,6 @@ impl<'a> SimulationBase<'a> {
     pub fn simulate(&self, candidates: &[&Candidate]) -> Simulation {
         let view = self.view;
         let removed: HashSet<&str> = candidates.iter().map(|c| c.name.as_str()).collect();
-        let existing_nodes: Vec<ExistingNode> = self
-            .active
-            .iter()
-            .map(|&i| &view.nodes[i])
-            .filter(|n| !removed.contains(n.name.as_str()))
-            .map(|n| n.scheduling.clone())
-            .collect();
         let mut pods: Vec<Pod> = view.pending_pods.clone();
         let pending = pods.len();
         for c in candidates {
@@ -70,6 +96,23 @@ impl<'a> SimulationBase<'a> {
         }
         let from_candidates = pods.len();
         pods.extend(self.deleting_pods.iter().cloned());
+        // Without topology constraints a node that no pod fits on cannot change the result;
+        // leaving it out saves building it into the scheduler (most of a simulation's cost).
+        let prune = !self.bound_anti_affinity && !pods.iter().any(has_topology);
+        let existing_nodes: Vec<ExistingNode> = self
+            .active
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| !prune || pods.iter().any(|p| p.requests.fits_in(&self.free[*k])))
+            .filter(|(_, i)| !removed.contains(view.nodes[**i].name.as_str()))
+            .map(|(k, &i)| {
+                if prune {
+                    self.compact[k].clone()
+                } else {
+                    view.nodes[i].scheduling.clone()
+                }
+            })
+            .collect();
         let input = SchedulerInput {
             node_pools: view.pools.values().map(|p| p.template.clone()).collect(),
             instance_types: self.instance_types.clone(),
@@ -113,6 +156,45 @@ impl<'a> SimulationBase<'a> {
             errors,
         }
     }
+}
+
+fn compact_node(node: &ExistingNode) -> ExistingNode {
+    let mut workload = Resources::new();
+    let mut pods = Vec::new();
+    for p in &node.pods {
+        if p.daemonset.is_some() {
+            // Kept whole: the scheduler adds the overhead of DaemonSets missing from a node.
+            pods.push(BoundPod {
+                requests: p.requests.clone(),
+                daemonset: p.daemonset.clone(),
+                ..Default::default()
+            });
+        } else {
+            workload += &p.requests;
+        }
+    }
+    pods.push(BoundPod {
+        requests: workload,
+        ..Default::default()
+    });
+    ExistingNode {
+        name: node.name.clone(),
+        hostname: node.hostname.clone(),
+        labels: node.labels.clone(),
+        taints: node.taints.clone(),
+        allocatable: node.allocatable.clone(),
+        pods,
+        node_pool: node.node_pool.clone(),
+        initialized: node.initialized,
+    }
+}
+
+fn has_topology(p: &Pod) -> bool {
+    !p.topology_spread.is_empty()
+        || !p.pod_affinity.is_empty()
+        || !p.pod_anti_affinity.is_empty()
+        || !p.preferred_pod_affinity.is_empty()
+        || !p.preferred_pod_anti_affinity.is_empty()
 }
 
 /// The outcome of one simulation.

@@ -786,3 +786,102 @@ mod validation_and_orchestration {
         );
     }
 }
+
+#[test]
+fn pods_are_not_moved_onto_uninitialized_nodes() {
+    // `light`'s pod would fit on `booting`, which is not initialized yet: nothing is deleted,
+    // and no replacement is cheaper than a medium either.
+    let medium = instance_type("medium", 2);
+    let mut booting = node("booting", "default", &large(), vec![], now());
+    booting.initialized = false;
+    booting.scheduling.initialized = false;
+    booting.consolidatable = false;
+    let v = cluster(
+        UNDERUTILIZED,
+        vec![
+            booting,
+            node(
+                "light",
+                "default",
+                &medium,
+                vec![pod("l1", "1500m", "256Mi")],
+                hour_ago(),
+            ),
+        ],
+    );
+    let o = run(&v);
+    assert!(
+        o.command.is_none(),
+        "{:?}",
+        o.command.map(|c| c.candidate_names().join(","))
+    );
+    assert!(o.events.iter().any(|e| matches!(e,
+        DisruptionEvent::Unconsolidatable { node, message, .. } if node == "light" && message.contains("uninitialized"))));
+}
+
+#[test]
+fn pods_of_deleting_nodes_need_room_too() {
+    // `light`'s 1 CPU pod fits on `big`, unless the 3 CPU pod of the deleting node goes there first.
+    let mut leaving = node(
+        "leaving",
+        "default",
+        &large(),
+        vec![pod("x", "3", "1Gi")],
+        hour_ago(),
+    );
+    leaving.marked_for_deletion = true;
+    let medium = instance_type("medium", 2);
+    let nodes = |with_leaving: bool| {
+        let mut n = vec![
+            node("big", "default", &large(), vec![], now()),
+            node(
+                "light",
+                "default",
+                &medium,
+                vec![pod("l1", "1", "256Mi")],
+                hour_ago(),
+            ),
+        ];
+        n[0].consolidatable = false;
+        if with_leaving {
+            n.push(leaving.clone());
+        }
+        n
+    };
+    let o = run(&cluster(UNDERUTILIZED, nodes(false)));
+    assert_eq!(names(&o), ["light"]);
+    let o = run(&cluster(UNDERUTILIZED, nodes(true)));
+    assert!(o.command.is_none());
+}
+
+#[test]
+fn topology_spread_pods_are_simulated_against_every_node() {
+    // A zonal spread constraint forces the full (unpruned) simulation; the result is the same
+    // delete as without it since the cluster has a single zone.
+    let mut spread = pod("s", "500m", "256Mi");
+    spread.pod.labels.insert("app".into(), "s".into());
+    spread.pod.topology_spread = vec![crate::scheduling::TopologySpreadConstraint::new(
+        crate::scheduling::labels::ZONE,
+        1,
+        LabelSelector::from_labels([("app", "s")]),
+    )];
+    let v = cluster(
+        UNDERUTILIZED,
+        vec![
+            node(
+                "full",
+                "default",
+                &large(),
+                vec![pod("f1", "1500m", "1Gi"), pod("f2", "1", "1Gi")],
+                hour_ago(),
+            ),
+            node("light", "default", &large(), vec![spread], hour_ago()),
+        ],
+    );
+    let cmd = run(&v).command.expect("a command");
+    assert_eq!(
+        (cmd.method, cmd.decision()),
+        (Method::SingleNodeConsolidation, Decision::Delete)
+    );
+    assert_eq!(cmd.candidate_names(), ["light"]);
+}
