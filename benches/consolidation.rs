@@ -6,7 +6,9 @@
 //!   simulation notices and leaves those nodes out of the scheduler.
 //! - `single-node scan, fragmented (no-op)`: every node has room for small pods but not for
 //!   each node's one big pod: every simulation includes every node and needs a new node that
-//!   is not cheaper. The worst case of a full scan.
+//!   is not cheaper. The worst case of a full scan without topology constraints.
+//! - `single-node scan, frag.+spread`: the same with a zonal topology spread on every pod, so
+//!   each simulation hands every node, as is, to the scheduler.
 //! - `full loop (no-op)`: all four methods on the packed cluster (multi-node binary search
 //!   over up to 100 candidates, then the single-node scan).
 //! - `full loop (consolidates)`: an under-used cluster; the loop stops at the first command.
@@ -22,6 +24,8 @@ use karpenter_exoscale::disruption::fixtures::{instance_type, pod, uniform_clust
 use karpenter_exoscale::disruption::methods::{decide, run_method};
 use karpenter_exoscale::disruption::model::ClusterView;
 use karpenter_exoscale::disruption::simulate::SimulationBase;
+use karpenter_exoscale::scheduling::labels::ZONE;
+use karpenter_exoscale::scheduling::{LabelSelector, TopologySpreadConstraint};
 
 struct Case {
     name: &'static str,
@@ -58,6 +62,24 @@ fn fragmented(nodes: usize) -> ClusterView {
             let cpu = if i == 0 { "1200m" } else { "50m" };
             *p = pod(&format!("{name}-{i}"), cpu, "128Mi");
             n.scheduling.pods[i].requests = p.pod.requests.clone();
+        }
+    }
+    view
+}
+
+/// As `fragmented`, with a zonal topology spread on every pod: the simulation must see
+/// every node as it is (no pruning or folding).
+fn fragmented_spread(nodes: usize) -> ClusterView {
+    let mut view = fragmented(nodes);
+    for n in &mut view.nodes {
+        for (p, bound) in n.pods.iter_mut().zip(n.scheduling.pods.iter_mut()) {
+            p.pod.labels.insert("app".into(), "web".into());
+            bound.labels = p.pod.labels.clone();
+            p.pod.topology_spread = vec![TopologySpreadConstraint::new(
+                ZONE,
+                1,
+                LabelSelector::from_labels([("app", "web")]),
+            )];
         }
     }
     view
@@ -118,6 +140,15 @@ fn main() {
         let (per_run, iterations, outcome) = measure(min, || scan(&fragmented_view));
         cases.push(Case {
             name: "single-node scan, fragmented",
+            nodes: n,
+            per_run,
+            iterations,
+            outcome,
+        });
+        let spread_view = fragmented_spread(n);
+        let (per_run, iterations, outcome) = measure(min, || scan(&spread_view));
+        cases.push(Case {
+            name: "single-node scan, frag.+spread",
             nodes: n,
             per_run,
             iterations,

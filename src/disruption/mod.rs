@@ -9,6 +9,7 @@ pub mod command;
 pub mod conditions;
 pub mod fixtures;
 pub mod hash;
+pub mod memo;
 pub mod methods;
 pub mod model;
 pub mod names;
