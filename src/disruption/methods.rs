@@ -8,6 +8,7 @@ use crate::apis::nodepool::{ConsolidationPolicy, DisruptionReason};
 use crate::scheduling::Requirement;
 use crate::scheduling::labels::{CAPACITY_TYPE, CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT};
 
+use super::balanced::{self, PoolTotals};
 use super::budgets::{BudgetCounts, BudgetMapping, PoolBudget};
 use super::candidates::{Candidate, candidates, sort_by_disruption_cost};
 use super::command::{Command, Method, cheaper_than};
@@ -90,6 +91,19 @@ pub fn run_method(
 ) -> Outcome {
     let view = base.view();
     let (eligible, mut events) = eligible_candidates(view, method);
+    let any_balanced = view
+        .pools
+        .values()
+        .any(|p| p.nodepool.spec.disruption.consolidation_policy == ConsolidationPolicy::Balanced);
+    let totals = if any_balanced
+        && matches!(
+            method,
+            Method::MultiNodeConsolidation | Method::SingleNodeConsolidation
+        ) {
+        balanced::pool_totals(view, &candidates(view, method.class()).0)
+    } else {
+        BTreeMap::new()
+    };
     let (mut budgets, pool_events) = budget_mapping(view, method.reason());
     events.extend(pool_events);
     let mut metrics = MethodMetrics {
@@ -101,12 +115,13 @@ pub fn run_method(
         Method::Emptiness => emptiness(eligible, &mut budgets),
         Method::Drift => drift(base, eligible, &budgets, &mut events),
         Method::MultiNodeConsolidation => {
-            let (cmd, timed_out) = multi_node(base, eligible, &mut budgets, should_stop);
+            let (cmd, timed_out) = multi_node(base, eligible, &mut budgets, &totals, should_stop);
             metrics.timed_out = timed_out;
             cmd
         }
         Method::SingleNodeConsolidation => {
-            let (cmd, timed_out) = single_node(base, eligible, &budgets, &mut events, should_stop);
+            let (cmd, timed_out) =
+                single_node(base, eligible, &budgets, &totals, &mut events, should_stop);
             metrics.timed_out = timed_out;
             cmd
         }
@@ -405,6 +420,7 @@ fn multi_node(
     base: &SimulationBase,
     eligible: Vec<Candidate>,
     budgets: &mut BudgetMapping,
+    totals: &BTreeMap<String, PoolTotals>,
     should_stop: &dyn Fn() -> bool,
 ) -> (Option<Command>, bool) {
     let within_budget: Vec<Candidate> = eligible
@@ -424,7 +440,9 @@ fn multi_node(
         let mid = (min + max) / 2;
         let prefix: Vec<&Candidate> = within_budget[..=mid].iter().collect();
         let ok = match compute_consolidation(base, Method::MultiNodeConsolidation, &prefix) {
-            Ok(mut cmd) => filter_out_same_type(&mut cmd).then_some(cmd),
+            Ok(mut cmd) => {
+                (filter_out_same_type(&mut cmd) && balanced::approve(&cmd, totals)).then_some(cmd)
+            }
             Err(_) => None,
         };
         match ok {
@@ -444,18 +462,21 @@ fn single_node(
     base: &SimulationBase,
     eligible: Vec<Candidate>,
     budgets: &BudgetMapping,
+    totals: &BTreeMap<String, PoolTotals>,
     events: &mut Vec<DisruptionEvent>,
     should_stop: &dyn Fn() -> bool,
 ) -> (Option<Command>, bool) {
     for c in interleave_by_pool(eligible) {
-        if budgets.remaining(&c.node_pool) == 0 {
+        if budgets.remaining(&c.node_pool) == 0 || !balanced::can_pass_threshold(&c, totals) {
             continue;
         }
         if should_stop() {
             return (None, true);
         }
         match compute_consolidation(base, Method::SingleNodeConsolidation, &[&c]) {
-            Ok(cmd) => return (Some(cmd), false),
+            Ok(cmd) if balanced::approve(&cmd, totals) => return (Some(cmd), false),
+            // Balanced rejections are counted, not published (as upstream).
+            Ok(_) => {}
             Err(message) => events.push(DisruptionEvent::Unconsolidatable {
                 node: c.name.clone(),
                 nodeclaim: c.nodeclaim.clone(),

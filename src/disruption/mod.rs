@@ -3,6 +3,7 @@
 //! clock. The disruption controller gathers the inputs, calls these functions and executes the
 //! commands they return.
 
+pub mod balanced;
 pub mod budgets;
 pub mod candidates;
 pub mod command;

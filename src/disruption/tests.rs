@@ -885,3 +885,116 @@ fn topology_spread_pods_are_simulated_against_every_node() {
     );
     assert_eq!(cmd.candidate_names(), ["light"]);
 }
+
+#[test]
+fn multi_node_takes_the_longest_prefix_that_consolidates() {
+    let nodes = (0..3)
+        .map(|i| {
+            node(
+                &format!("n{i}"),
+                "default",
+                &large(),
+                vec![pod(&format!("p{i}"), "500m", "256Mi")],
+                hour_ago(),
+            )
+        })
+        .collect();
+    let cmd = run(&cluster(UNDERUTILIZED, nodes))
+        .command
+        .expect("a command");
+    assert_eq!(cmd.method, Method::MultiNodeConsolidation);
+    assert_eq!(cmd.candidates.len(), 3);
+    assert_eq!(cmd.replacements[0].instance_types[0].name, "medium");
+}
+
+#[test]
+fn multi_node_respects_the_budget() {
+    let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"2\"}]}";
+    let nodes = (0..4)
+        .map(|i| {
+            node(
+                &format!("n{i}"),
+                "default",
+                &large(),
+                vec![pod(&format!("p{i}"), "300m", "256Mi")],
+                hour_ago(),
+            )
+        })
+        .collect();
+    let cmd = run(&cluster(policy, nodes)).command.expect("a command");
+    assert_eq!(cmd.method, Method::MultiNodeConsolidation);
+    assert_eq!(cmd.candidates.len(), 2, "two budget units, two nodes");
+}
+
+#[test]
+fn single_node_candidates_alternate_between_node_pools() {
+    use super::methods::interleave_by_pool;
+    let mut v = cluster(UNDERUTILIZED, vec![]);
+    v.pools.insert(
+        "other".into(),
+        pool(nodepool("other", UNDERUTILIZED), instance_types()),
+    );
+    v.nodes = vec![
+        node(
+            "a1",
+            "default",
+            &large(),
+            vec![pod("a1p", "100m", "64Mi")],
+            hour_ago(),
+        ),
+        node(
+            "a2",
+            "default",
+            &large(),
+            vec![pod("a2p", "100m", "64Mi")],
+            hour_ago(),
+        ),
+        node(
+            "b1",
+            "other",
+            &large(),
+            vec![pod("b1p", "100m", "64Mi")],
+            hour_ago(),
+        ),
+    ];
+    let (mut c, _) = candidates(&v, DisruptionClass::Graceful);
+    sort_by_disruption_cost(&mut c);
+    let order: Vec<String> = interleave_by_pool(c).into_iter().map(|c| c.name).collect();
+    assert_eq!(order, ["a1", "b1", "a2"]);
+}
+
+#[test]
+fn balanced_rejects_moves_that_disrupt_much_more_than_they_save() {
+    let cluster_with = |policy: &str| {
+        let busy_pods = (0..30)
+            .map(|i| pod(&format!("b{i}"), "50m", "32Mi"))
+            .collect();
+        let mut nodes = vec![node("busy", "default", &large(), busy_pods, hour_ago())];
+        for name in ["o1", "o2"] {
+            let mut n = node(
+                name,
+                "default",
+                &large(),
+                vec![pod(&format!("{name}-p"), "1500m", "1Gi")],
+                hour_ago(),
+            );
+            n.consolidatable = false;
+            nodes.push(n);
+        }
+        cluster(
+            &format!(
+                "{{consolidateAfter: 0s, consolidationPolicy: {policy}, budgets: [{{nodes: \"100%\"}}]}}"
+            ),
+            nodes,
+        )
+    };
+    // Deleting `busy` saves a third of the pool's cost but causes ~89 % of its disruption.
+    assert!(run(&cluster_with("Balanced")).command.is_none());
+    let cmd = run(&cluster_with("WhenEmptyOrUnderutilized"))
+        .command
+        .expect("a command");
+    assert_eq!(
+        (cmd.decision(), cmd.candidate_names()),
+        (Decision::Delete, vec!["busy"])
+    );
+}
