@@ -43,6 +43,9 @@ struct Measurement {
     name: String,
     pods: usize,
     nodes: usize,
+    min_nodes: usize,
+    /// The first solve on a fresh scheduler (nothing cached yet).
+    cold: Duration,
     per_solve: Duration,
     iterations: u32,
     peak_bytes: usize,
@@ -57,7 +60,9 @@ fn measure(name: &str, pods: &[Pod], policy: PreferencePolicy, min_time: Duratio
     // One solve to check the outcome and measure memory.
     let base = CURRENT.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
+    let cold_start = Instant::now();
     let results = scheduler.solve(pods);
+    let cold = cold_start.elapsed();
     let peak_bytes = PEAK.load(Ordering::Relaxed).saturating_sub(base);
     assert!(
         results.unschedulable.is_empty(),
@@ -68,6 +73,7 @@ fn measure(name: &str, pods: &[Pod], policy: PreferencePolicy, min_time: Duratio
     assert_eq!(results.scheduled_pod_count(), pods.len());
     let nodes = results.new_node_claims.len();
     drop(results);
+    let min_nodes = node_lower_bound(pods);
     let start = Instant::now();
     let mut iterations = 0u32;
     while iterations == 0 || start.elapsed() < min_time {
@@ -78,10 +84,43 @@ fn measure(name: &str, pods: &[Pod], policy: PreferencePolicy, min_time: Duratio
         name: name.to_string(),
         pods: pods.len(),
         nodes,
+        min_nodes,
+        cold,
         per_solve: start.elapsed() / iterations,
         iterations,
         peak_bytes,
     }
+}
+
+/// No solution can use fewer nodes: the summed requests over the largest type's allocatable
+/// (per resource), and one node per hostname anti-affine pod.
+fn node_lower_bound(pods: &[Pod]) -> usize {
+    let largest = instance_types(400)
+        .iter()
+        .map(|it| it.allocatable())
+        .max_by_key(|a| a.cpu())
+        .expect("types");
+    let mut total = karpenter_exoscale::scheduling::Resources::new();
+    for p in pods {
+        total += &p.requests;
+    }
+    let by_resource = total
+        .iter()
+        .map(|(k, v)| {
+            let cap = largest.get(k).milli().max(1);
+            ((v.milli() + cap - 1) / cap) as usize
+        })
+        .max()
+        .unwrap_or(0);
+    let anti = pods
+        .iter()
+        .filter(|p| {
+            p.pod_anti_affinity
+                .iter()
+                .any(|t| t.topology_key == "kubernetes.io/hostname")
+        })
+        .count();
+    by_resource.max(anti)
 }
 
 fn main() {
@@ -123,18 +162,30 @@ fn main() {
         PreferencePolicy::Ignore,
         min_time,
     ));
-    // Place for the real-Exoscale-catalogue mixed-workload case once `catalogue` lands.
+    // Real-Exoscale-catalogue mixed-workload case: add it here once
+    // `src/catalogue` lands (same `measure`, instance types from the catalogue instead of
+    // `instance_types(400)`), and report it in BENCHMARKS.md.
 
     println!(
-        "{:<28} {:>7} {:>7} {:>14} {:>14} {:>6} {:>12}",
-        "case", "pods", "nodes", "per solve", "pods/sec", "iters", "peak heap"
+        "{:<28} {:>7} {:>7} {:>9} {:>12} {:>12} {:>12} {:>6} {:>12}",
+        "case",
+        "pods",
+        "nodes",
+        "min nodes",
+        "first solve",
+        "per solve",
+        "pods/sec",
+        "iters",
+        "peak heap"
     );
     for m in rows {
         println!(
-            "{:<28} {:>7} {:>7} {:>14} {:>14.0} {:>6} {:>9.1} MiB",
+            "{:<28} {:>7} {:>7} {:>9} {:>12} {:>12} {:>12.0} {:>6} {:>9.1} MiB",
             m.name,
             m.pods,
             m.nodes,
+            m.min_nodes,
+            format!("{:.3?}", m.cold),
             format!("{:.3?}", m.per_solve),
             m.pods as f64 / m.per_solve.as_secs_f64(),
             m.iterations,

@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
 use super::labels::{HOSTNAME, NODE_POOL};
 use super::model::{
-    BoundPod, DaemonSetPod, ExistingNode, InclusionPolicy, LabelSelector, NamespaceScope, Pod,
-    PodAffinityTerm, SelectorExpression, SelectorOperator, TopologySpreadConstraint,
+    BoundPod, DaemonSetPod, ExistingNode, HostPort, InclusionPolicy, LabelSelector, NamespaceScope,
+    Pod, PodAffinityTerm, SelectorExpression, SelectorOperator, TopologySpreadConstraint,
     WeightedPodAffinityTerm, WeightedRequirements, WhenUnsatisfiable,
 };
 use super::quantity::{PODS, Quantity, QuantityError, Resources};
@@ -343,6 +343,22 @@ fn spread(
     })
 }
 
+/// `hostPort`s of the regular, init and sidecar containers.
+fn host_ports(spec: &core::PodSpec) -> Vec<HostPort> {
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            p.host_port.filter(|hp| *hp > 0).map(|port| HostPort {
+                ip: p.host_ip.clone().unwrap_or_default(),
+                port,
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+            })
+        })
+        .collect()
+}
+
 fn node_selector(selector: Option<&BTreeMap<String, String>>) -> Requirements {
     Requirements::from_labels(selector.into_iter().flatten())
 }
@@ -436,6 +452,7 @@ pub fn pod_from_k8s(pod: &core::Pod) -> Result<Pod, ConvertError> {
             .flatten()
             .map(|c| spread(&object, c))
             .collect::<Result<Vec<_>, _>>()?,
+        host_ports: host_ports(spec),
         volume_requirements: None,
         created_at: pod
             .metadata
@@ -462,6 +479,7 @@ pub fn bound_pod_from_k8s(pod: &core::Pod) -> Result<BoundPod, ConvertError> {
         labels: converted.labels,
         requests: converted.requests,
         required_anti_affinity: converted.pod_anti_affinity,
+        host_ports: converted.host_ports,
         daemonset,
     })
 }
@@ -542,6 +560,7 @@ pub fn daemonset_from_k8s(ds: &K8sDaemonSet) -> Result<DaemonSetPod, ConvertErro
         tolerations: tolerations(&object, spec.tolerations.as_ref())?,
         node_selector: node_selector(spec.node_selector.as_ref()),
         required_node_affinity,
+        host_ports: host_ports(spec),
     })
 }
 

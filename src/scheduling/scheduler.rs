@@ -4,11 +4,12 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, WellKnownLabels};
 use super::model::{
-    DaemonSetPod, ExistingNode, InstanceType, NodePoolTemplate, Pod, WhenUnsatisfiable,
+    DaemonSetPod, ExistingNode, HostPort, InstanceType, NodePoolTemplate, Pod, WhenUnsatisfiable,
+    ports_conflict,
 };
 use super::quantity::{NODES, Quantity, Resources};
 use super::requirements::{Requirement, Requirements};
@@ -91,6 +92,25 @@ pub struct NewNodeClaim {
 }
 
 impl NewNodeClaim {
+    /// Labels for the NodeClaim: `karpenter.sh/nodepool`, plus one concrete value for every
+    /// custom (non-well-known, non-restricted) requirement key — template labels included.
+    pub fn labels(&self, well_known: &WellKnownLabels) -> BTreeMap<String, String> {
+        let mut labels: BTreeMap<String, String> = self
+            .requirements
+            .iter()
+            .filter(|r| {
+                let key = r.key();
+                !well_known.contains(key)
+                    && key != HOSTNAME
+                    && !key.starts_with("karpenter.sh/")
+                    && !key.contains(".karpenter.sh/")
+            })
+            .filter_map(|r| Some((r.key().to_string(), r.any_value()?)))
+            .collect();
+        labels.insert(NODE_POOL.to_string(), self.node_pool.clone());
+        labels
+    }
+
     /// The requirements to write into the NodeClaim spec: `requirements` plus
     /// `node.kubernetes.io/instance-type In [options]` (keeping any `minValues` on that key).
     pub fn node_claim_requirements(&self) -> Requirements {
@@ -164,6 +184,11 @@ struct Template {
     remaining: BTreeMap<String, i128>,
     /// Per-resource maximum capacity over all types (quick "nothing exceeds the limits" check).
     max_capacity: Resources,
+    /// Per-resource maximum and minimum usable capacity over all types.
+    max_usable: Resources,
+    min_usable: Resources,
+    /// Host ports of the DaemonSets that run on this NodePool's nodes.
+    daemon_ports: Vec<HostPort>,
 }
 
 #[derive(Debug, Clone)]
@@ -183,7 +208,7 @@ pub struct SkippedNodePool {
 }
 
 /// The reusable scheduler: templates and nodes are prepared once, `solve` can run many times.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Scheduler {
     templates: Vec<Template>,
     nodes: Vec<NodeBase>,
@@ -191,7 +216,13 @@ pub struct Scheduler {
     options: SchedulerOptions,
     relax_prefer_no_schedule: bool,
     skipped: Vec<SkippedNodePool>,
+    /// Instance types by price for (template, zone, capacity type), shared by every solve.
+    price_orders: Mutex<HashMap<PriceOrderKey, PriceOrder>>,
 }
+
+type PriceOrderKey = (usize, Option<Requirement>, Option<Requirement>);
+/// Type indices cheapest first, and how many capacity types the admitted offerings have.
+type PriceOrder = Arc<(Vec<u32>, usize)>;
 
 impl Scheduler {
     pub fn new(input: SchedulerInput) -> Self {
@@ -220,10 +251,15 @@ impl Scheduler {
                 reqs.add(Requirement::in_values(k, [v.clone()]));
             }
             reqs.add(Requirement::in_values(NODE_POOL, [pool.name.clone()]));
+            // Daemons selecting registered/initialized nodes still land on new nodes.
+            let mut daemon_view = reqs.clone();
+            daemon_view.add(Requirement::in_values("karpenter.sh/registered", ["true"]));
+            daemon_view.add(Requirement::in_values("karpenter.sh/initialized", ["true"]));
             let daemons: Vec<&DaemonSetPod> = daemonsets
                 .iter()
                 .filter(|d| first_untolerated(&pool.taints, &d.tolerations, true).is_none())
                 .collect();
+            let mut daemon_ports: Vec<HostPort> = Vec::new();
             let entries: Vec<TypeEntry> = types
                 .iter()
                 .filter(|it| {
@@ -233,10 +269,15 @@ impl Scheduler {
                     let mut overhead = Resources::new();
                     for d in &daemons {
                         if daemon_alternatives(d).iter().any(|alt| {
-                            reqs.compatible(alt, Some(wk)).is_ok()
+                            daemon_view.compatible(alt, Some(wk)).is_ok()
                                 && it.requirements.intersects(alt).is_ok()
                         }) {
                             overhead += &d.requests;
+                            for p in &d.host_ports {
+                                if !daemon_ports.contains(p) {
+                                    daemon_ports.push(p.clone());
+                                }
+                            }
                         }
                     }
                     TypeEntry {
@@ -262,12 +303,17 @@ impl Scheduler {
             for e in &entries {
                 max_capacity.max_with(&e.it.capacity);
             }
+            let all: Vec<u32> = (0..entries.len() as u32).collect();
+            let (max_usable, min_usable) = usable_range(&entries, &all);
             templates.push(Template {
                 pool,
                 reqs,
                 types: entries,
                 remaining,
                 max_capacity,
+                max_usable,
+                min_usable,
+                daemon_ports,
             });
         }
         let relax_prefer_no_schedule = templates.iter().any(|t| {
@@ -320,6 +366,7 @@ impl Scheduler {
             options,
             relax_prefer_no_schedule,
             skipped,
+            price_orders: Mutex::new(HashMap::new()),
         }
     }
 
@@ -390,6 +437,8 @@ struct Claim {
     floor: Resources,
     pods: Vec<usize>,
     min_values_relaxed: bool,
+    /// Host ports of the pods placed here.
+    ports: Vec<HostPort>,
 }
 
 /// A template index and the narrowed requirements that decide type compatibility.
@@ -430,6 +479,8 @@ struct Solve<'a> {
     node_available: Vec<Resources>,
     node_hosts: Vec<HostId>,
     node_pods: Vec<Vec<usize>>,
+    /// Host ports in use per existing node (bound pods, then pods placed by this solve).
+    node_ports: Vec<Vec<HostPort>>,
     claims: Vec<Claim>,
     claim_order: BTreeSet<(usize, usize)>,
     remaining: Vec<BTreeMap<String, i128>>,
@@ -490,6 +541,7 @@ impl<'a> Solve<'a> {
                 })
             })
             .collect();
+        topology.start_claims();
 
         let mut info: Vec<PodInfo> = pods
             .iter()
@@ -588,6 +640,16 @@ impl<'a> Solve<'a> {
             node_available: s.nodes.iter().map(|n| n.available.clone()).collect(),
             node_hosts,
             node_pods: vec![Vec::new(); s.nodes.len()],
+            node_ports: s
+                .existing
+                .iter()
+                .map(|n| {
+                    n.pods
+                        .iter()
+                        .flat_map(|p| p.host_ports.iter().cloned())
+                        .collect()
+                })
+                .collect(),
             claims: Vec::new(),
             claim_order: BTreeSet::new(),
             remaining: s.templates.iter().map(|t| t.remaining.clone()).collect(),
@@ -740,6 +802,7 @@ impl<'a> Solve<'a> {
             Target::Node(ni, final_reqs) => {
                 self.node_available[ni] = self.node_available[ni].saturating_minus(&pod.requests);
                 self.node_pods[ni].push(pi);
+                self.node_ports[ni].extend(pod.host_ports.iter().cloned());
                 let base = &self.s.nodes[ni];
                 let req = final_reqs.as_ref().unwrap_or(&base.reqs);
                 self.topology.record(
@@ -755,6 +818,7 @@ impl<'a> Solve<'a> {
                 self.claim_order.remove(&(claim.pods.len(), ci));
                 claim.pods.push(pi);
                 claim.requests += &pod.requests;
+                claim.ports.extend(pod.host_ports.iter().cloned());
                 if let Some(reqs) = update.reqs {
                     claim.domains = self.topology.domain_ids(&reqs);
                     claim.reqs = reqs;
@@ -789,10 +853,15 @@ impl<'a> Solve<'a> {
                 let host = self.topology.add_hostname(placeholder_name(claim.host));
                 debug_assert_eq!(host, claim.host);
                 let t = &self.s.templates[ti];
-                let mut max_capacity = Resources::new();
-                for &i in &claim.types {
-                    max_capacity.max_with(&t.types[i as usize].it.capacity);
-                }
+                let max_capacity = if claim.types.len() == t.types.len() {
+                    t.max_capacity.clone()
+                } else {
+                    let mut m = Resources::new();
+                    for &i in &claim.types {
+                        m.max_with(&t.types[i as usize].it.capacity);
+                    }
+                    m
+                };
                 for (k, v) in self.remaining[ti].iter_mut() {
                     *v -= if k == NODES {
                         1000
@@ -857,9 +926,11 @@ impl<'a> Solve<'a> {
                 return Ok(Target::Node(ni, final_reqs));
             }
         }
-        for &(_, ci) in &self.claim_order {
-            if let Some(update) = self.can_add_to_claim(ci, &check) {
-                return Ok(Target::Claim(ci, update));
+        if !self.topology.blocks_every_claim(&topo) {
+            for &(_, ci) in &self.claim_order {
+                if let Some(update) = self.can_add_to_claim(ci, &check) {
+                    return Ok(Target::Claim(ci, update));
+                }
             }
         }
         if self.s.templates.is_empty() {
@@ -889,7 +960,9 @@ impl<'a> Solve<'a> {
     fn can_add_to_node(&self, ni: usize, c: &Check) -> Option<Option<Requirements>> {
         let (pod, a, topo) = (c.pod, c.a, c.topo);
         let base = &self.s.nodes[ni];
-        if first_untolerated(&base.taints, &pod.tolerations, a.tolerate_pns).is_some() {
+        if first_untolerated(&base.taints, &pod.tolerations, a.tolerate_pns).is_some()
+            || ports_conflict(&pod.host_ports, &self.node_ports[ni])
+        {
             return None;
         }
         if !pod.requests.fits_in(&self.node_available[ni]) {
@@ -922,6 +995,15 @@ impl<'a> Solve<'a> {
         if a.tolerates_template[claim.template].is_err()
             || !pod.requests.fits_in(&claim.headroom)
             || !Topology::may_admit(c.prepared, &claim.domains)
+        {
+            return None;
+        }
+        if !pod.host_ports.is_empty()
+            && (ports_conflict(&pod.host_ports, &claim.ports)
+                || ports_conflict(
+                    &pod.host_ports,
+                    &self.s.templates[claim.template].daemon_ports,
+                ))
         {
             return None;
         }
@@ -1108,6 +1190,9 @@ impl<'a> Solve<'a> {
             return Err("node limits have been exhausted for nodepool".into());
         }
         a.tolerates_template[ti].clone()?;
+        if ports_conflict(&pod.host_ports, &t.daemon_ports) {
+            return Err("host port conflicts with a DaemonSet on this nodepool".into());
+        }
         let wk = &self.s.options.well_known_labels;
         t.reqs
             .compatible(&a.reqs, Some(wk))
@@ -1173,17 +1258,18 @@ impl<'a> Solve<'a> {
             requests,
             pods: vec![pi],
             min_values_relaxed: relaxed,
+            ports: pod.host_ports.clone(),
         })
     }
 
     fn finish(self, mut results: Results) -> Results {
         let max = self.s.options.max_instance_types;
         // Price order depends only on the template and the zone/capacity-type requirements.
-        type PriceOrder = Rc<(Vec<u32>, usize)>;
-        let mut price_orders: HashMap<
-            (usize, Option<Requirement>, Option<Requirement>),
-            PriceOrder,
-        > = HashMap::new();
+        let mut price_orders = self
+            .s
+            .price_orders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for claim in self.claims {
             let t = &self.s.templates[claim.template];
             let mut reqs = claim.reqs;
@@ -1193,7 +1279,7 @@ impl<'a> Solve<'a> {
                 reqs.get(super::labels::ZONE).cloned(),
                 reqs.get(CAPACITY_TYPE).cloned(),
             );
-            let order = Rc::clone(price_orders.entry(key).or_insert_with(|| {
+            let order = Arc::clone(price_orders.entry(key).or_insert_with(|| {
                 let offerings = OfferingFilter::new(&reqs);
                 let mut priced: Vec<(f64, u32)> = (0..t.types.len() as u32)
                     .map(|i| {
@@ -1209,7 +1295,7 @@ impl<'a> Solve<'a> {
                     .filter(|o| offerings.admits(o))
                     .map(|o| o.capacity_type.as_str())
                     .collect();
-                Rc::new((
+                Arc::new((
                     priced.into_iter().map(|(_, i)| i).collect(),
                     capacity_types.len(),
                 ))
@@ -1424,21 +1510,32 @@ fn type_matches(e: &TypeEntry, reqs: &Requirements, changed: &[String]) -> bool 
 
 /// Component-wise maximum usable capacity left over the given types.
 fn headroom(t: &Template, types: &[u32], requests: &Resources) -> (Resources, Resources) {
+    if types.len() == t.types.len() {
+        return (
+            t.max_usable.saturating_minus(requests),
+            t.min_usable.saturating_minus(requests),
+        );
+    }
+    let (max, min) = usable_range(&t.types, types);
+    (
+        max.saturating_minus(requests),
+        min.saturating_minus(requests),
+    )
+}
+
+/// Per-resource maximum and minimum usable capacity over the given types.
+fn usable_range(entries: &[TypeEntry], types: &[u32]) -> (Resources, Resources) {
     let mut max = Resources::new();
     let mut min: Option<Resources> = None;
     for &i in types {
-        let usable = &t.types[i as usize].usable;
+        let usable = &entries[i as usize].usable;
         max.max_with(usable);
         match &mut min {
             Some(m) => m.min_with(usable),
             None => min = Some(usable.clone()),
         }
     }
-    let min = min.unwrap_or_default();
-    (
-        max.saturating_minus(requests),
-        min.saturating_minus(requests),
-    )
+    (max, min.unwrap_or_default())
 }
 
 /// `(key, minValues, distinct values offered)` for every unmet `minValues`.

@@ -72,6 +72,9 @@ pub(crate) struct Group {
     host_owners: Vec<u32>,
     domain_owners: BTreeMap<String, u32>,
     total: u32,
+    /// NodeClaim placeholders with a matching pod / an owner (hostname groups only).
+    busy_claim_hosts: u32,
+    busy_claim_owner_hosts: u32,
 }
 
 /// Why a topology constraint rejected a node.
@@ -154,6 +157,7 @@ pub(crate) struct Topology {
     /// Up to `CACHED_KEYS` non-hostname topology keys whose single value nodes cache as an id.
     cached_keys: Vec<String>,
     cached_domains: Vec<Vec<String>>,
+    first_claim_host: HostId,
 }
 
 /// How many topology keys a NodeClaim caches its single domain for (zone, capacity type, …).
@@ -164,12 +168,14 @@ pub(crate) const NO_DOMAIN: u32 = u32::MAX;
 /// A node's single domain id per cached key, for cheap rejections.
 pub(crate) type DomainIds = [u32; CACHED_KEYS];
 
-fn bump(v: &mut Vec<u32>, h: HostId) {
+/// Increments the host's count; true when it was zero.
+fn bump(v: &mut Vec<u32>, h: HostId) -> bool {
     let i = h as usize;
     if v.len() <= i {
         v.resize(i + 1, 0);
     }
     v[i] += 1;
+    v[i] == 1
 }
 
 fn at(v: &[u32], h: HostId) -> u32 {
@@ -231,6 +237,26 @@ impl Topology {
         Some((ki, ids))
     }
 
+    /// Hostnames added from now on are NodeClaim placeholders.
+    pub fn start_claims(&mut self) {
+        self.first_claim_host = self.next_host_id();
+    }
+
+    /// True when a hostname constraint rejects every NodeClaim of this solve, so the scan can be skipped.
+    pub fn blocks_every_claim(&self, pod: &PodTopology) -> bool {
+        let claims = self.next_host_id() - self.first_claim_host;
+        claims > 0
+            && (pod.owned.iter().any(|&g| {
+                let grp = &self.groups[g];
+                grp.is_hostname
+                    && matches!(grp.kind, GroupKind::AntiAffinity { .. })
+                    && grp.busy_claim_hosts == claims
+            }) || pod.inverse.iter().any(|&g| {
+                let grp = &self.groups[g];
+                grp.is_hostname && grp.busy_claim_owner_hosts == claims
+            }))
+    }
+
     pub fn add_hostname(&mut self, name: String) -> HostId {
         self.hostnames.push(name);
         (self.hostnames.len() - 1) as HostId
@@ -289,6 +315,8 @@ impl Topology {
             domain_counts,
             host_owners: Vec::new(),
             total: 0,
+            busy_claim_hosts: 0,
+            busy_claim_owner_hosts: 0,
         });
         let g = self.groups.len() - 1;
         self.index.insert(id, g);
@@ -604,6 +632,7 @@ impl Topology {
         taints: &[Taint],
         host: HostId,
     ) {
+        let first_claim_host = self.first_claim_host;
         for &g in matching {
             let universe = self.universe.get(&self.groups[g].key);
             let grp = &mut self.groups[g];
@@ -622,7 +651,9 @@ impl Topology {
                 }
                 GroupKind::AntiAffinity { .. } => {
                     if grp.is_hostname {
-                        bump(&mut grp.host_counts, host);
+                        if bump(&mut grp.host_counts, host) && host >= first_claim_host {
+                            grp.busy_claim_hosts += 1;
+                        }
                     } else {
                         for d in possible_domains(node.get(&grp.key), universe) {
                             *grp.domain_counts.entry(d).or_insert(0) += 1;
@@ -639,7 +670,9 @@ impl Topology {
             let universe = self.universe.get(&self.groups[g].key);
             let grp = &mut self.groups[g];
             if grp.is_hostname {
-                bump(&mut grp.host_owners, host);
+                if bump(&mut grp.host_owners, host) && host >= first_claim_host {
+                    grp.busy_claim_owner_hosts += 1;
+                }
             } else {
                 for d in possible_domains(node.get(&grp.key), universe) {
                     *grp.domain_owners.entry(d).or_insert(0) += 1;
