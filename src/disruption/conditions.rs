@@ -1,13 +1,19 @@
 //! The disruption conditions of a NodeClaim (`Consolidatable`, `Drifted`) and emptiness, decided
 //! from plain inputs at an injected instant; the `nodeclaim.disruption` controller writes them.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 
 use crate::apis::common::{ConditionsExt, NodeSelectorRequirementWithMinValues, Operator};
 use crate::apis::duration::parse_nillable_duration;
-use crate::apis::labels::{NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION_ANNOTATION, conditions};
+use crate::apis::labels::{
+    CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_RESERVED, INSTANCE_TYPE_LABEL,
+    NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION_ANNOTATION, ZONE_LABEL, conditions,
+};
 use crate::apis::nodeclaim::NodeClaim;
 use crate::apis::nodepool::NodePool;
+use crate::scheduling::InstanceType;
 
 use super::DisruptionError;
 
@@ -70,6 +76,7 @@ pub fn consolidatable(
 pub enum DriftReason {
     NodePoolDrifted,
     RequirementsDrifted,
+    InstanceTypeNotFound,
     /// Reported by the cloud provider (image changed, NodeClass changed, ...).
     Provider(String),
 }
@@ -79,18 +86,34 @@ impl DriftReason {
         match self {
             DriftReason::NodePoolDrifted => "NodePoolDrifted",
             DriftReason::RequirementsDrifted => "RequirementsDrifted",
+            DriftReason::InstanceTypeNotFound => "InstanceTypeNotFound",
             DriftReason::Provider(r) => r,
         }
     }
 }
 
+/// What drift needs besides the two objects.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DriftInputs<'a> {
+    pub now: DateTime<Utc>,
+    /// The NodePool's current instance types; `None` skips the instance-type check (the
+    /// controller runs it at most every 30 min).
+    pub instance_types: Option<&'a [Arc<InstanceType>]>,
+    /// The cloud provider's drift reason, if any.
+    pub provider_drift: Option<&'a str>,
+}
+
+/// NodeClaims younger than this are not checked for vanished instance types.
+pub const INSTANCE_TYPE_DRIFT_MIN_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// `Drifted`, first reason found wins: NodePool template hash (same hash version on both, hashes
-/// differ), then requirements no longer satisfied by the NodeClaim's labels, then the provider's
-/// reason. Only launched NodeClaims drift.
+/// differ), then requirements no longer satisfied by the NodeClaim's labels, then an instance
+/// type (or offering) no longer offered, then the provider's reason. Only launched NodeClaims
+/// drift.
 pub fn drifted(
     nodeclaim: &NodeClaim,
     nodepool: &NodePool,
-    provider_drift: Option<&str>,
+    inputs: &DriftInputs,
 ) -> ConditionDecision {
     let launched = nodeclaim
         .status
@@ -101,8 +124,10 @@ pub fn drifted(
     }
     let reason = nodepool_hash_drift(nodeclaim, nodepool)
         .or_else(|| requirements_drift(nodeclaim, nodepool))
+        .or_else(|| instance_type_drift(nodeclaim, inputs))
         .or_else(|| {
-            provider_drift
+            inputs
+                .provider_drift
                 .filter(|r| !r.is_empty())
                 .map(|r| DriftReason::Provider(r.to_string()))
         });
@@ -127,6 +152,35 @@ fn nodepool_hash_drift(nodeclaim: &NodeClaim, nodepool: &NodePool) -> Option<Dri
         nc.get(NODEPOOL_HASH_VERSION_ANNOTATION)?,
     );
     (np_version == nc_version && np_hash != nc_hash).then_some(DriftReason::NodePoolDrifted)
+}
+
+fn instance_type_drift(nodeclaim: &NodeClaim, inputs: &DriftInputs) -> Option<DriftReason> {
+    let types = inputs.instance_types?;
+    let created = nodeclaim
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(to_chrono)?;
+    let min_age = chrono::Duration::from_std(INSTANCE_TYPE_DRIFT_MIN_AGE).unwrap_or_default();
+    if inputs.now - created < min_age {
+        return None;
+    }
+    let labels = nodeclaim.metadata.labels.as_ref()?;
+    let name = labels.get(INSTANCE_TYPE_LABEL)?;
+    let Some(it) = types.iter().find(|it| &it.name == name) else {
+        return Some(DriftReason::InstanceTypeNotFound);
+    };
+    let zone = labels.get(ZONE_LABEL);
+    let capacity_type = labels.get(CAPACITY_TYPE_LABEL).map(String::as_str);
+    let offered = it.offerings.iter().any(|o| {
+        zone.is_none_or(|z| *z == o.zone)
+            && capacity_type.is_none_or(|ct| {
+                ct == o.capacity_type
+                    // A reserved node falls back to on-demand pricing once its reservation ends.
+                    || (ct == CAPACITY_TYPE_RESERVED && o.capacity_type == CAPACITY_TYPE_ON_DEMAND)
+            })
+    });
+    (!offered).then_some(DriftReason::InstanceTypeNotFound)
 }
 
 fn requirements_drift(nodeclaim: &NodeClaim, nodepool: &NodePool) -> Option<DriftReason> {
@@ -300,33 +354,93 @@ spec:
         annotate(&mut np.metadata, "1", NODEPOOL_HASH_VERSION);
         annotate(&mut nc.metadata, "2", NODEPOOL_HASH_VERSION);
         assert_eq!(
-            drifted(&nc, &np, None),
+            drifted(&nc, &np, &DriftInputs::default()),
             ConditionDecision::SetTrue {
                 reason: "NodePoolDrifted".into(),
                 message: String::new()
             }
         );
         annotate(&mut nc.metadata, "2", "v2");
-        assert_eq!(drifted(&nc, &np, None), ConditionDecision::Remove);
+        assert_eq!(
+            drifted(&nc, &np, &DriftInputs::default()),
+            ConditionDecision::Remove
+        );
         annotate(&mut nc.metadata, "1", NODEPOOL_HASH_VERSION);
-        assert_eq!(drifted(&nc, &np, None), ConditionDecision::Remove);
+        assert_eq!(
+            drifted(&nc, &np, &DriftInputs::default()),
+            ConditionDecision::Remove
+        );
     }
 
     #[test]
     fn requirement_and_provider_drift() {
         let mut np = nodepool("0s");
         let nc = nodeclaim(Some(0), None);
-        assert_eq!(drifted(&nc, &np, None), ConditionDecision::Remove);
+        assert_eq!(
+            drifted(&nc, &np, &DriftInputs::default()),
+            ConditionDecision::Remove
+        );
         np.spec.template.spec.requirements[0].values = vec!["de-fra-1".into()];
         assert!(matches!(
-            drifted(&nc, &np, Some("ImageDrifted")),
+            drifted(&nc, &np, &provider("ImageDrifted")),
             ConditionDecision::SetTrue { reason, .. } if reason == "RequirementsDrifted"
         ));
         let np = nodepool("0s");
         assert!(matches!(
-            drifted(&nc, &np, Some("ImageDrifted")),
+            drifted(&nc, &np, &provider("ImageDrifted")),
             ConditionDecision::SetTrue { reason, .. } if reason == "ImageDrifted"
         ));
+    }
+
+    fn provider(reason: &str) -> DriftInputs<'_> {
+        DriftInputs {
+            provider_drift: Some(reason),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn vanished_instance_types_drift_old_nodeclaims_only() {
+        let np = nodepool("0s");
+        let mut nc = nodeclaim(Some(0), None);
+        nc.metadata.creation_timestamp = Some(ts(0));
+        let labels = nc.metadata.labels.get_or_insert_with(BTreeMap::new);
+        labels.insert(INSTANCE_TYPE_LABEL.into(), "large".into());
+        labels.insert(CAPACITY_TYPE_LABEL.into(), "on-demand".into());
+        let offered = vec![crate::disruption::fixtures::instance_type("large", 4)];
+        let mut other_zone = (*crate::disruption::fixtures::instance_type("large", 4)).clone();
+        other_zone.offerings[0].zone = "elsewhere".into();
+        let other_zone = vec![Arc::new(other_zone)];
+        let inputs = |types: &'static [Arc<InstanceType>], at: i64| DriftInputs {
+            now: secs(at),
+            instance_types: Some(types),
+            provider_drift: None,
+        };
+        // The fixture zone is test-zone-1; the NodeClaim's is ch-gva-2: retarget it.
+        nc.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(ZONE_LABEL.into(), crate::disruption::fixtures::ZONE.into());
+        let mut np_same_zone = np.clone();
+        np_same_zone.spec.template.spec.requirements.clear();
+        let offered: &'static [Arc<InstanceType>] = Box::leak(offered.into_boxed_slice());
+        let other_zone: &'static [Arc<InstanceType>] = Box::leak(other_zone.into_boxed_slice());
+        assert_eq!(
+            drifted(&nc, &np_same_zone, &inputs(offered, 7200)),
+            ConditionDecision::Remove
+        );
+        assert!(
+            matches!(drifted(&nc, &np_same_zone, &inputs(other_zone, 7200)),
+            ConditionDecision::SetTrue { reason, .. } if reason == "InstanceTypeNotFound")
+        );
+        assert!(matches!(drifted(&nc, &np_same_zone, &inputs(&[], 7200)),
+            ConditionDecision::SetTrue { reason, .. } if reason == "InstanceTypeNotFound"));
+        assert_eq!(
+            drifted(&nc, &np_same_zone, &inputs(&[], 600)),
+            ConditionDecision::Remove,
+            "younger than 1 h"
+        );
     }
 
     #[test]

@@ -113,6 +113,7 @@ pub fn node(
             requests: p.pod.requests.clone(),
             required_anti_affinity: p.pod.pod_anti_affinity.clone(),
             daemonset: None,
+            host_ports: p.pod.host_ports.clone(),
         })
         .collect();
     StateNode {

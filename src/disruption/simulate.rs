@@ -258,24 +258,23 @@ fn may_be_relaxed(p: &Pod) -> bool {
 }
 
 fn compact_node(node: &ExistingNode) -> ExistingNode {
-    let mut workload = Resources::new();
+    let mut workload = BoundPod::default();
     let mut pods = Vec::new();
     for p in &node.pods {
         if p.daemonset.is_some() {
-            // Kept whole: the scheduler adds the overhead of DaemonSets missing from a node.
+            // Kept apart: the scheduler adds the overhead of DaemonSets missing from a node.
             pods.push(BoundPod {
                 requests: p.requests.clone(),
                 daemonset: p.daemonset.clone(),
+                host_ports: p.host_ports.clone(),
                 ..Default::default()
             });
         } else {
-            workload += &p.requests;
+            workload.requests += &p.requests;
+            workload.host_ports.extend(p.host_ports.iter().cloned());
         }
     }
-    pods.push(BoundPod {
-        requests: workload,
-        ..Default::default()
-    });
+    pods.push(workload);
     ExistingNode {
         name: node.name.clone(),
         hostname: node.hostname.clone(),
