@@ -2,6 +2,20 @@
 //! conditions and the orchestration state machine: pure logic over plain data with an injected
 //! clock. The disruption controller gathers the inputs, calls these functions and executes the
 //! commands they return.
+//!
+//! One loop of the disruption controller:
+//! 1. build a [`model::ClusterView`] (nodes with their pods, NodePools with instance types and
+//!    scheduler templates, pending pods, PDBs, queued provider IDs, `now`);
+//! 2. [`methods::decide`] tries emptiness, drift, multi-node and single-node consolidation in
+//!    that order and returns the first [`command::Command`] plus events and gauge values
+//!    ([`memo::ConsolidationMemo`] lets it skip an unchanged cluster);
+//! 3. [`orchestration::Orchestration::new`] turns the command into [`orchestration::Action`]s:
+//!    after [`validation::COMMAND_VALIDATION_DELAY`] the controller calls `validate` with a fresh
+//!    view, executes the actions (taint, condition, launch, mark, delete, restore, events,
+//!    counters) and reports replacement progress through `observe` / `launch_failed`.
+//!
+//! The `nodeclaim.disruption` controller uses [`conditions`] (`Consolidatable`, `Drifted`) and
+//! the NodePool hash controller [`hash::nodepool_hash`].
 
 pub mod balanced;
 pub mod budgets;
