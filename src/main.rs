@@ -25,7 +25,7 @@ enum OutputFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller against the cluster in KUBECONFIG (or in-cluster) and the Exoscale API.
-    Run,
+    Run(Box<karpenter_exoscale::operator::RunArgs>),
     /// Simulate provisioning for manifests (NodePools, NodeClasses, workloads) without a cluster.
     Simulate {
         /// Manifest file or directory of multi-document YAML; repeatable.
@@ -70,7 +70,8 @@ fn main() -> ExitCode {
             println!("karpenter-exoscale {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
-        Command::Run | Command::Simulate { .. } | Command::Doctor | Command::Sim { .. } => {
+        Command::Run(args) => karpenter_exoscale::operator::run::main(&args),
+        Command::Simulate { .. } | Command::Doctor | Command::Sim { .. } => {
             eprintln!("this command is not built yet in this version");
             ExitCode::from(2)
         }
