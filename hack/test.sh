@@ -7,6 +7,13 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/karpenter-exoscale/tar
 
 cargo fmt --all --check
 cargo clippy --all-targets --locked -- -D warnings
+
+# The Helm chart must lint and render with the minimal required values.
+helm="$(bash hack/helm.sh)"
+chart_values=(--set settings.zone=ch-gva-2 --set settings.sksClusterId=00000000-0000-4000-8000-000000000000
+  --set settings.clusterEndpoint=https://api.example.com:6443 --set credentials.existingSecret=exoscale)
+"$helm" lint --strict charts/karpenter-exoscale "${chart_values[@]}"
+"$helm" template karpenter charts/karpenter-exoscale --namespace karpenter "${chart_values[@]}" >/dev/null
 if [ -x hack/control-plane.sh ]; then
   KARPENTER_TEST_BIN_DIR="$(bash hack/control-plane.sh)"
   export KARPENTER_TEST_BIN_DIR

@@ -479,6 +479,64 @@ pub async fn run(cfg: &DoctorConfig, out: &mut impl Write) -> bool {
     passed
 }
 
+/// The security groups, private networks and anti-affinity groups the NodeClasses name, by ID
+/// (deprecated lists and `id` terms) or by name.
+pub fn refs_from_nodeclasses(classes: &[crate::apis::ExoscaleNodeClass]) -> Vec<NodeClassRef> {
+    use crate::apis::nodeclass::SelectorTerm;
+    let mut refs = Vec::new();
+    for class in classes {
+        let nodeclass = class.metadata.name.clone().unwrap_or_default();
+        let spec = &class.spec;
+        let groups: [(RefKind, &[String], &[SelectorTerm]); 3] = [
+            (
+                RefKind::SecurityGroup,
+                &spec.security_groups,
+                &spec.security_group_selector_terms,
+            ),
+            (
+                RefKind::PrivateNetwork,
+                &spec.private_networks,
+                &spec.private_network_selector_terms,
+            ),
+            (
+                RefKind::AntiAffinityGroup,
+                &spec.anti_affinity_groups,
+                &spec.anti_affinity_group_selector_terms,
+            ),
+        ];
+        for (kind, ids, terms) in groups {
+            let terms = terms
+                .iter()
+                .filter_map(|t| t.id.clone().or_else(|| t.name.clone()));
+            for id_or_name in ids.iter().cloned().chain(terms) {
+                refs.push(NodeClassRef {
+                    nodeclass: nodeclass.clone(),
+                    kind,
+                    id_or_name,
+                });
+            }
+        }
+    }
+    refs
+}
+
+/// Reads the ExoscaleNodeClasses from the cluster in KUBECONFIG (or in-cluster), bounded in time.
+pub async fn read_nodeclass_refs(timeout: Duration) -> Result<Vec<NodeClassRef>, String> {
+    let list = async {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|e| e.to_string())?;
+        let api: kube::Api<crate::apis::ExoscaleNodeClass> = kube::Api::all(client);
+        api.list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())
+    };
+    let classes = tokio::time::timeout(timeout, list)
+        .await
+        .map_err(|_| format!("no answer from the cluster within {}s", timeout.as_secs()))??;
+    Ok(refs_from_nodeclasses(&classes.items))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

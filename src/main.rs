@@ -64,17 +64,86 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // One TLS crypto backend for kube and reqwest alike, chosen here rather than by features.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.command {
         Command::Crds { output_dir } => write_crds(output_dir),
         Command::Version => {
             println!("karpenter-exoscale {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
+        Command::Doctor => runtime().block_on(doctor()),
+        Command::Sim { listen, zone } => runtime().block_on(async move {
+            match karpenter_exoscale::sim::serve(listen, zone, None, None).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("sim: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }),
+        Command::Simulate {
+            paths,
+            zone,
+            currency,
+            output,
+        } => simulate(paths, zone, currency, output),
         Command::Run(args) => karpenter_exoscale::operator::run::main(&args),
-        Command::Simulate { .. } | Command::Doctor | Command::Sim { .. } => {
-            eprintln!("this command is not built yet in this version");
-            ExitCode::from(2)
+    }
+}
+
+fn simulate(paths: Vec<PathBuf>, zone: String, currency: String, output: OutputFormat) -> ExitCode {
+    use karpenter_exoscale::simulate;
+    let options = simulate::Options {
+        paths,
+        zone,
+        currency,
+    };
+    match simulate::run(&options) {
+        Ok(report) => {
+            match output {
+                OutputFormat::Table => print!("{}", simulate::render_table(&report)),
+                OutputFormat::Json => {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&report).expect("the report serialises")
+                    )
+                }
+            }
+            ExitCode::SUCCESS
         }
+        Err(error) => {
+            eprintln!("simulate: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime starts")
+}
+
+async fn doctor() -> ExitCode {
+    use karpenter_exoscale::doctor;
+    let mut config = match doctor::DoctorConfig::from_env() {
+        Ok(config) => config,
+        Err(missing) => {
+            eprintln!("✗ configuration: {missing}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match doctor::read_nodeclass_refs(std::time::Duration::from_secs(10)).await {
+        Ok(refs) => config.nodeclass_refs = Some(refs),
+        Err(why) => eprintln!("note: NodeClass references not checked: {why}"),
+    }
+    let mut out = std::io::stdout();
+    if doctor::run(&config, &mut out).await {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

@@ -285,6 +285,20 @@ async fn instance_types_are_refreshed_not_only_at_start() {
 }
 
 #[tokio::test]
+async fn the_periodic_refresh_picks_up_new_authorisations() {
+    let w = world().await;
+    let refresh = w
+        .provider
+        .spawn_instance_type_refresh(Duration::from_millis(20));
+    w.sim.set_authorized("gpua30.medium", true);
+    eventually("gpua30.medium to appear", || async {
+        w.types().await.iter().any(|t| t.name == "gpua30.medium")
+    })
+    .await;
+    refresh.abort();
+}
+
+#[tokio::test]
 async fn every_type_is_priced_and_unpriced_ones_are_reported() {
     let w = world().await;
     for t in Catalogue::embedded().instance_types() {

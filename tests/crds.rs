@@ -41,6 +41,20 @@ fn committed_crds_match_the_types() {
 }
 
 #[test]
+fn helm_chart_ships_the_same_crds() {
+    for (file, _) in crd::all() {
+        let committed = std::fs::read_to_string(repo().join("crds").join(&file)).unwrap();
+        let chart =
+            std::fs::read_to_string(repo().join("charts/karpenter-exoscale/crds").join(&file))
+                .unwrap_or_default();
+        assert_eq!(
+            committed, chart,
+            "charts/karpenter-exoscale/crds/{file} differs from crds/{file}; copy it over"
+        );
+    }
+}
+
+#[test]
 fn crds_command_output_is_the_four_committed_files() {
     let rendered = crd::render_all();
     let mut from_disk = String::new();

@@ -294,6 +294,19 @@ async fn instance_lifecycle_round_trip() {
         Err(Error::BadRequest { status: 409, .. })
     ));
 
+    let web = sim.add_security_group("web");
+    let op = client
+        .attach_instance_to_security_group(&web, &id)
+        .await
+        .unwrap();
+    client.wait_operation(&op).await.unwrap();
+    let in_groups = client.get_instance(&id).await.unwrap().security_groups;
+    assert_eq!(in_groups, vec![IdRef::new(&sg), IdRef::new(&web)]);
+    assert!(matches!(
+        client.attach_instance_to_security_group(&web, &id).await,
+        Err(Error::BadRequest { status: 409, .. })
+    ));
+
     let op = client.delete_instance(&id).await.unwrap();
     assert_eq!(
         client.get_instance(&id).await.unwrap().state,
@@ -494,4 +507,43 @@ async fn a_burst_through_the_rate_limiter_all_succeeds() {
     let results = futures::future::join_all(calls).await;
     assert!(results.iter().all(Result::is_ok));
     assert_eq!(sim.call_count("list-zones"), 30);
+}
+
+#[tokio::test]
+async fn update_instance_replaces_name_and_user_data() {
+    let (sim, client) = setup().await;
+    let op = client
+        .create_instance(&create_request(&sim, &client, "before").await)
+        .await
+        .unwrap();
+    let id = op.reference_id().unwrap().to_string();
+    let update = UpdateInstanceRequest {
+        name: Some("after".into()),
+        labels: None,
+        user_data: Some(base64::engine::general_purpose::STANDARD.encode("plain = true")),
+    };
+    let op = client.update_instance(&id, &update).await.unwrap();
+    assert_eq!(op.reference_id(), Some(id.as_str()));
+    client.wait_operation(&op).await.unwrap();
+    let updated = client.get_instance(&id).await.unwrap();
+    assert_eq!(updated.name, "after");
+    assert_eq!(
+        updated
+            .labels
+            .get("exoscale.com/node-claim")
+            .map(String::as_str),
+        Some("before"),
+        "labels untouched"
+    );
+    assert_eq!(
+        sim.instance(&id).unwrap().user_data.as_deref(),
+        Some("plain = true")
+    );
+    assert!(
+        client
+            .update_instance("6a7a4f0e-3e0c-4c3b-9d58-3f1f1f0c2b11", &update)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
 }

@@ -387,3 +387,35 @@ async fn operation_polling_is_bounded_by_its_timeout() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn an_accepted_create_whose_operation_fails() {
+    let (sim, client) = setup().await;
+    sim.inject(Fault::on(
+        "create-instance",
+        FaultAction::FailOperation {
+            reason: "unavailable".into(),
+            message: "no host available for standard.small".into(),
+        },
+    ));
+    let op = client
+        .create_instance(&create_request(&sim, &client, "doomed").await)
+        .await
+        .unwrap();
+    let err = client.wait_operation(&op).await.unwrap_err();
+    match &err {
+        Error::OperationFailed { state, reason, .. } => {
+            assert_eq!(
+                (state.as_str(), reason.as_str()),
+                ("failure", "unavailable")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(err.is_capacity_error());
+    let instance = client
+        .get_instance(op.reference_id().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(instance.state, InstanceState::Error);
+}

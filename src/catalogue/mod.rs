@@ -116,8 +116,8 @@ struct CatalogueFile {
 pub struct Catalogue {
     zones: Vec<String>,
     instance_types: Vec<CatalogueInstanceType>,
-    /// (family, size) → currency → price per hour.
-    prices: BTreeMap<(String, String), BTreeMap<Currency, f64>>,
+    /// family → size → currency → price per hour (nested so lookups need no allocation).
+    prices: BTreeMap<String, BTreeMap<String, BTreeMap<Currency, f64>>>,
 }
 
 impl Catalogue {
@@ -135,7 +135,8 @@ impl Catalogue {
     pub fn parse(catalogue_json: &str, prices_json: &str) -> Result<Catalogue, CatalogueError> {
         let file: CatalogueFile = serde_json::from_str(catalogue_json)?;
         let raw: BTreeMap<String, BTreeMap<String, String>> = serde_json::from_str(prices_json)?;
-        let mut prices: BTreeMap<(String, String), BTreeMap<Currency, f64>> = BTreeMap::new();
+        let mut prices: BTreeMap<String, BTreeMap<String, BTreeMap<Currency, f64>>> =
+            BTreeMap::new();
         for currency in Currency::ALL {
             let Some(table) = raw.get(currency.key()) else {
                 continue;
@@ -153,7 +154,9 @@ impl Catalogue {
                     value: value.clone(),
                 })?;
                 prices
-                    .entry((it.family.clone(), it.size.clone()))
+                    .entry(it.family.clone())
+                    .or_default()
+                    .entry(it.size.clone())
                     .or_default()
                     .insert(currency, price);
             }
@@ -197,10 +200,7 @@ impl Catalogue {
 
     /// Public list price per hour, or `None` when Exoscale publishes no price for the type.
     pub fn price(&self, family: &str, size: &str, currency: Currency) -> Option<f64> {
-        self.prices
-            .get(&(family.to_string(), size.to_string()))
-            .and_then(|by_currency| by_currency.get(&currency))
-            .copied()
+        self.prices.get(family)?.get(size)?.get(&currency).copied()
     }
 
     /// Same as [`Catalogue::price`] for a `family.size` name.

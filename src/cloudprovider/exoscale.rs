@@ -302,6 +302,17 @@ impl ExoscaleCloudProvider {
             .map_err(|e| CloudProviderError::Other(e.to_string()))
     }
 
+    /// Starts the periodic instance-type refresh; abort the handle to stop it.
+    pub fn spawn_instance_type_refresh(
+        &self,
+        interval: std::time::Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        self.instance_types
+            .catalog()
+            .clone()
+            .spawn_refresh(interval)
+    }
+
     fn nodeclass_of(&self, reference: &NodeClassReference) -> Result<ExoscaleNodeClass> {
         if reference.group != EXOSCALE_GROUP || reference.kind != NODECLASS_KIND {
             return Err(CloudProviderError::create(
@@ -504,9 +515,7 @@ impl ExoscaleCloudProvider {
             )
         })?;
         let it = instance_types::build(
-            &DiscoveredType {
-                ..discovered.clone()
-            },
+            &discovered,
             nodeclass,
             &self.settings.zone,
             self.instance_types.price(&discovered),
@@ -800,5 +809,82 @@ impl CloudProvider for ExoscaleCloudProvider {
             group: EXOSCALE_GROUP.into(),
             kind: NODECLASS_KIND.into(),
         }]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(labels: &[(&str, &str)]) -> Instance {
+        serde_json::from_value(serde_json::json!({
+            "id": "6a7a4f0e-3e0c-4c3b-9d58-3f1f1f0c2b11",
+            "name": "karpenter-default-x7k2p",
+            "state": "running",
+            "created-at": "2026-01-01T12:00:00Z",
+            "disk-size": 50,
+            "instance-type": {"id": "b6e9d1e8-89fc-4db3-aaa4-9b4c5b1d0844"},
+            "template": {"id": "cbd89eb1-c66c-4637-9483-904d7e36c318"},
+            "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+        }))
+        .unwrap()
+    }
+
+    fn medium() -> DiscoveredType {
+        DiscoveredType {
+            id: "b6e9d1e8-89fc-4db3-aaa4-9b4c5b1d0844".into(),
+            family: "standard".into(),
+            size: "medium".into(),
+            cpus: 2,
+            memory_bytes: 4 << 30,
+            gpus: 0,
+        }
+    }
+
+    #[test]
+    fn instances_become_nodeclaims_with_name_labels_and_status() {
+        let i = instance(&[
+            (INSTANCE_NODECLAIM_LABEL, "default-x7k2p"),
+            (INSTANCE_NODEPOOL_LABEL, "default"),
+        ]);
+        let nc = nodeclaim_from_instance(&i, Some(&medium()), "ch-gva-2");
+        assert_eq!(nc.metadata.name.as_deref(), Some("default-x7k2p"));
+        let l = nc.metadata.labels.as_ref().unwrap();
+        assert_eq!(l[INSTANCE_TYPE], "standard.medium");
+        assert_eq!(l[CAPACITY_TYPE], "on-demand");
+        assert_eq!(l[ZONE], "ch-gva-2");
+        assert_eq!(l[NODEPOOL_LABEL], "default");
+        let s = nc.status.as_ref().unwrap();
+        assert_eq!(
+            s.provider_id.as_deref(),
+            Some("exoscale://6a7a4f0e-3e0c-4c3b-9d58-3f1f1f0c2b11")
+        );
+        assert_eq!(
+            s.image_id.as_deref(),
+            Some("cbd89eb1-c66c-4637-9483-904d7e36c318")
+        );
+        assert_eq!(s.capacity["ephemeral-storage"].0, "50Gi");
+        assert_eq!(s.capacity["pods"].0, "110");
+        assert_eq!(
+            nc.metadata
+                .creation_timestamp
+                .as_ref()
+                .unwrap()
+                .0
+                .as_second(),
+            1_767_268_800
+        );
+    }
+
+    #[test]
+    fn an_instance_of_an_unknown_type_still_maps_without_guessing() {
+        let nc = nodeclaim_from_instance(&instance(&[]), None, "ch-gva-2");
+        assert_eq!(nc.metadata.name.as_deref(), Some("karpenter-default-x7k2p"));
+        let l = nc.metadata.labels.as_ref().unwrap();
+        assert!(
+            !l.contains_key(INSTANCE_TYPE),
+            "never the Go provider's `.`"
+        );
+        assert!(nc.status.as_ref().unwrap().capacity.is_empty());
     }
 }

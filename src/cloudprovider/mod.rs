@@ -5,6 +5,7 @@
 pub mod error;
 pub mod exoscale;
 pub mod fake;
+pub mod overlay;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -229,6 +230,30 @@ mod tests {
         assert_eq!(it.name, "fake-it-5");
         let huge = Resources::from_literals(&[("cpu", "64")]);
         assert!(cheapest_offering(&types, &reqs, &huge).is_none());
+    }
+
+    #[test]
+    fn a_single_candidate_is_used_and_ties_keep_the_earlier_type() {
+        let types = fixtures::instance_types(3);
+        let only = requirements_from_api(&[req(
+            "node.kubernetes.io/instance-type",
+            ApiOperator::In,
+            &["fake-it-2"],
+        )])
+        .unwrap();
+        let (it, _) = cheapest_offering(&types, &only, &Resources::new()).unwrap();
+        assert_eq!(it.name, "fake-it-2");
+        let same_price: Vec<Arc<InstanceType>> = types
+            .iter()
+            .map(|t| {
+                let mut t = (**t).clone();
+                t.offerings.iter_mut().for_each(|o| o.price = 1.0);
+                Arc::new(t)
+            })
+            .collect();
+        let (it, _) =
+            cheapest_offering(&same_price, &Requirements::new(), &Resources::new()).unwrap();
+        assert_eq!(it.name, "fake-it-0");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::credentials::Credentials;
-use super::endpoint::Endpoint;
+use super::endpoint::{Endpoint, EndpointError};
 use super::error::{self, Error};
 use super::models::*;
 use super::poll::PollPolicy;
@@ -44,6 +44,20 @@ impl ClientConfig {
             clock: Arc::new(SystemClock),
             user_agent: format!("karpenter-exoscale/{}", env!("CARGO_PKG_VERSION")),
         }
+    }
+
+    /// The configuration for `zone`, with the endpoint chosen as [`Endpoint::resolve`] does
+    /// (EXOSCALE_API_ENDPOINT, else EXOSCALE_API_ENVIRONMENT and the zone).
+    pub fn for_zone(
+        zone: &str,
+        api_endpoint: Option<&str>,
+        api_environment: Option<&str>,
+        credentials: Credentials,
+    ) -> Result<Self, EndpointError> {
+        Ok(ClientConfig::new(
+            Endpoint::resolve(zone, api_endpoint, api_environment)?,
+            credentials,
+        ))
     }
 }
 
@@ -195,6 +209,14 @@ impl Client {
                 limiter,
             }),
         })
+    }
+
+    /// Builds the client and checks that `zone` is listed by the endpoint's `GET /zone`
+    /// (which also proves the credentials).
+    pub async fn connect(config: ClientConfig, zone: &str) -> Result<Client, Error> {
+        let client = Client::new(config)?;
+        client.check_zone(zone).await?;
+        Ok(client)
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -534,6 +556,26 @@ impl Client {
         let id = segment(id, "security group id")?;
         self.get_json(format!("/security-group/{id}"), "security group")
             .await
+    }
+
+    /// `PUT /security-group/{id}:attach`. Not retried on 5xx: a repeated attach conflicts.
+    pub async fn attach_instance_to_security_group(
+        &self,
+        security_group_id: &str,
+        instance_id: &str,
+    ) -> Result<Operation, Error> {
+        let sg = segment(security_group_id, "security group id")?;
+        let req = AttachInstanceRequest {
+            instance: IdRef::new(instance_id),
+            ip: None,
+        };
+        self.mutate(
+            Method::PUT,
+            format!("/security-group/{sg}:attach"),
+            Some(&req),
+            false,
+        )
+        .await
     }
 
     pub async fn list_private_networks(&self) -> Result<Vec<PrivateNetwork>, Error> {

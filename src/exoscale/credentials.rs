@@ -17,6 +17,18 @@ impl ApiSecret {
     }
 }
 
+impl From<String> for ApiSecret {
+    fn from(secret: String) -> Self {
+        ApiSecret(secret)
+    }
+}
+
+impl From<&str> for ApiSecret {
+    fn from(secret: &str) -> Self {
+        ApiSecret(secret.to_string())
+    }
+}
+
 impl fmt::Debug for ApiSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ApiSecret(<redacted>)")

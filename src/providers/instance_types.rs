@@ -111,6 +111,28 @@ pub fn usable_in_zone(
     out
 }
 
+/// The usable types of `zone` from the embedded catalogue (offline use: `simulate`, tests).
+pub fn discovered_from_catalogue(
+    catalogue: &crate::catalogue::Catalogue,
+    zone: &str,
+) -> Vec<DiscoveredType> {
+    let types = catalogue
+        .instance_types()
+        .iter()
+        .map(|t| exoscale::models::InstanceType {
+            id: t.id.clone(),
+            family: t.family.clone(),
+            size: t.size.clone(),
+            cpus: t.cpus,
+            gpus: t.gpus,
+            memory: t.memory,
+            authorized: t.authorized,
+            zones: t.zones.clone(),
+        })
+        .collect();
+    usable_in_zone(types, zone)
+}
+
 #[derive(Default)]
 struct Snapshot {
     types: Vec<DiscoveredType>,
@@ -171,6 +193,14 @@ impl InstanceTypeCatalog {
                 }
             }
         })
+    }
+
+    /// Replaces the list without an API call (offline use, tests).
+    pub fn seed(&self, types: Vec<DiscoveredType>) {
+        *self.snapshot.write().expect("lock") = Snapshot {
+            types,
+            refreshed: true,
+        };
     }
 
     /// Every usable type, sorted by name.
@@ -336,6 +366,15 @@ pub fn overhead(
         )?,
     );
     Ok(r)
+}
+
+/// Checks every kubelet reservation and eviction threshold parses; the error names the field
+/// (`kubelet.kubeReserved.cpu`, ...). What the NodeClass controller reports as validation.
+pub fn validate_kubelet(kubelet: &KubeletConfiguration) -> Result<(), InstanceTypeError> {
+    let mut capacity = Resources::new();
+    capacity.set(MEMORY, Quantity::from_units(GIB));
+    capacity.set(EPHEMERAL_STORAGE, Quantity::from_units(GIB));
+    overhead(kubelet, &capacity).map(|_| ())
 }
 
 /// The node labels of a type in a zone (also what a launched NodeClaim carries).
@@ -653,6 +692,103 @@ mod tests {
         assert!(r.get(INSTANCE_GPU_MODEL_LABEL).unwrap().has("a30"));
         assert!(r.get(LEGACY_ACCELERATOR_LABEL).unwrap().has("nvidia"));
         assert!(r.get(LEGACY_GPU_COUNT_LABEL).unwrap().has("1"));
+    }
+
+    #[test]
+    fn capacity_of_standard_and_gpu_types() {
+        let c = capacity(&standard_large(), 100, 110);
+        assert_eq!(c.cpu(), Quantity::from_units(4));
+        assert_eq!(c.memory(), Quantity::parse("8Gi").unwrap());
+        assert_eq!(c.pods(), Quantity::from_units(110));
+        assert_eq!(c.get(EPHEMERAL_STORAGE), Quantity::parse("100Gi").unwrap());
+        assert!(!c.contains(GPU_RESOURCE));
+        let gpu = DiscoveredType {
+            id: "g".into(),
+            family: "gpu2".into(),
+            size: "medium".into(),
+            cpus: 8,
+            memory_bytes: 16 << 30,
+            gpus: 2,
+        };
+        let c = capacity(&gpu, 50, 110);
+        assert_eq!(c.cpu(), Quantity::from_units(8));
+        assert_eq!(c.memory(), Quantity::parse("16Gi").unwrap());
+        assert_eq!(c.get(GPU_RESOURCE), Quantity::from_units(2));
+    }
+
+    #[test]
+    fn overhead_for_full_partial_and_empty_reservations() {
+        let cap = capacity(&standard_large(), 100, 110);
+        let evict_mem = Quantity::parse("100Mi").unwrap();
+        let evict_fs = Quantity::parse("10Gi").unwrap();
+        // Defaults: 200m/300Mi/1Gi + 100m/100Mi/3Gi.
+        let o = overhead(&KubeletConfiguration::default(), &cap).unwrap();
+        assert_eq!(o.cpu(), Quantity::parse("300m").unwrap());
+        assert_eq!(o.memory(), Quantity::parse("400Mi").unwrap() + evict_mem);
+        assert_eq!(
+            o.get(EPHEMERAL_STORAGE),
+            Quantity::parse("4Gi").unwrap() + evict_fs
+        );
+        // Only kube-reserved cpu set, system-reserved partially.
+        let mut k = KubeletConfiguration::default();
+        k.kube_reserved.cpu = "500m".into();
+        k.kube_reserved.memory = String::new();
+        k.kube_reserved.ephemeral_storage = String::new();
+        k.system_reserved.cpu = String::new();
+        k.system_reserved.memory = "200Mi".into();
+        k.system_reserved.ephemeral_storage = "2Gi".into();
+        let o = overhead(&k, &cap).unwrap();
+        assert_eq!(o.cpu(), Quantity::parse("500m").unwrap());
+        assert_eq!(o.memory(), Quantity::parse("200Mi").unwrap() + evict_mem);
+        assert_eq!(
+            o.get(EPHEMERAL_STORAGE),
+            Quantity::parse("2Gi").unwrap() + evict_fs
+        );
+        // Nothing reserved: only the eviction thresholds remain.
+        for r in [
+            &mut k.kube_reserved.cpu,
+            &mut k.system_reserved.memory,
+            &mut k.system_reserved.ephemeral_storage,
+        ] {
+            r.clear();
+        }
+        let o = overhead(&k, &cap).unwrap();
+        assert!(o.cpu().is_zero());
+        assert_eq!(o.memory(), evict_mem);
+    }
+
+    #[test]
+    fn kubelet_validation_names_the_bad_field() {
+        assert!(validate_kubelet(&KubeletConfiguration::default()).is_ok());
+        for (set, field) in [
+            (0, "kubelet.kubeReserved.cpu"),
+            (1, "kubelet.systemReserved.memory"),
+            (2, "kubelet.systemReserved.ephemeralStorage"),
+        ] {
+            let mut k = KubeletConfiguration::default();
+            match set {
+                0 => k.kube_reserved.cpu = "500 millicores".into(),
+                1 => k.system_reserved.memory = "1 gigabyte".into(),
+                _ => k.system_reserved.ephemeral_storage = "lots".into(),
+            }
+            let e = validate_kubelet(&k).unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
+        for ok in ["2", "1500m"] {
+            let mut k = KubeletConfiguration::default();
+            k.kube_reserved.cpu = ok.into();
+            assert!(validate_kubelet(&k).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn offline_catalogue_matches_api_discovery_rules() {
+        let types = discovered_from_catalogue(crate::catalogue::Catalogue::embedded(), "ch-gva-2");
+        assert!(types.iter().any(|t| t.name() == "standard.medium"));
+        assert!(
+            types.iter().all(|t| t.gpus == 0),
+            "GPU types are not authorized by default"
+        );
     }
 
     #[test]

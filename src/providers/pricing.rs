@@ -74,6 +74,27 @@ impl PriceOverrides {
         Ok(o)
     }
 
+    /// Reads overrides from a file (e.g. a mounted ConfigMap key).
+    pub fn from_file(path: &std::path::Path) -> Result<Self, PricingError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PricingError::Parse(format!("{}: {e}", path.display())))?;
+        Self::parse(&text)
+    }
+
+    /// Reads overrides from the `key` of a ConfigMap.
+    pub fn from_configmap(
+        cm: &k8s_openapi::api::core::v1::ConfigMap,
+        key: &str,
+    ) -> Result<Self, PricingError> {
+        let name = cm.metadata.name.as_deref().unwrap_or_default();
+        let text = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .ok_or_else(|| PricingError::Parse(format!("ConfigMap {name} has no key {key}")))?;
+        Self::parse(text)
+    }
+
     fn validate(&self) -> Result<(), PricingError> {
         if let Some(d) = self.discount_percent
             && !(0.0..=100.0).contains(&d)
@@ -335,6 +356,37 @@ mod tests {
             .per_hour;
         assert!((large - 0.09333 * 0.9).abs() < 1e-12, "{large}");
         assert!(book.unpriced(["gpua30.small"]).is_empty());
+    }
+
+    #[test]
+    fn overrides_load_from_configmaps_and_files() {
+        let mut cm = k8s_openapi::api::core::v1::ConfigMap::default();
+        cm.metadata.name = Some("prices".into());
+        cm.data = Some(
+            [(
+                "prices.yaml".to_string(),
+                "discountPercent: 5\n".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            PriceOverrides::from_configmap(&cm, "prices.yaml")
+                .unwrap()
+                .discount_percent,
+            Some(5.0)
+        );
+        let e = PriceOverrides::from_configmap(&cm, "other")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("prices") && e.contains("other"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("prices.json");
+        std::fs::write(&path, r#"{"prices": {"standard.tiny": 0.001}}"#).unwrap();
+        assert_eq!(
+            PriceOverrides::from_file(&path).unwrap().prices["standard.tiny"],
+            0.001
+        );
+        assert!(PriceOverrides::from_file(&dir.path().join("missing")).is_err());
     }
 
     #[test]

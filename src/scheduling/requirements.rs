@@ -366,6 +366,21 @@ impl Requirement {
         }
     }
 
+    /// Whether every value `other` admits is admitted here too (so intersecting changes nothing).
+    /// Conservative: complements in `other` only count when `self` is `Exists` without bounds.
+    pub fn admits_all_of(&self, other: &Requirement) -> bool {
+        if self.min_values.unwrap_or(0) < other.min_values.unwrap_or(0) {
+            return false;
+        }
+        if other.complement {
+            return self.complement
+                && self.values.is_empty()
+                && self.gte.is_none()
+                && self.lte.is_none();
+        }
+        other.values.iter().all(|v| self.has(v))
+    }
+
     /// Upstream's pairwise `Intersects`: overlap, except two negative requirements never conflict.
     pub fn intersects(&self, other: &Requirement) -> bool {
         self.overlaps(other) || (self.is_negative() && other.is_negative())

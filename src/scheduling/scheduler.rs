@@ -1,7 +1,9 @@
 //! The solver: places pods on existing nodes, in-flight NodeClaims, then new NodeClaims built
 //! from NodePool templates, relaxing preferences when a pod does not fit.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, WellKnownLabels};
@@ -11,7 +13,9 @@ use super::model::{
 use super::quantity::{NODES, Quantity, Resources};
 use super::requirements::{Requirement, Requirements};
 use super::taints::{Taint, TaintEffect, Toleration, first_untolerated};
-use super::topology::{GroupId, HostId, NodeFilter, PodTopology, Topology};
+use super::topology::{
+    GroupId, HostId, NodeFilter, PodTopology, PreparedGroup, Rejected, Topology,
+};
 
 /// Upstream's cap on instance types written into one NodeClaim.
 pub const MAX_INSTANCE_TYPES: usize = 600;
@@ -72,7 +76,8 @@ pub struct SchedulerInput {
 #[derive(Debug, Clone)]
 pub struct NewNodeClaim {
     pub node_pool: String,
-    /// Template requirements narrowed by the pods, with `node.kubernetes.io/instance-type In [...]`.
+    /// Template requirements narrowed by the pods, capacity type narrowed to the offerings left.
+    /// The instance-type list is kept in `instance_types`; see [`NewNodeClaim::node_claim_requirements`].
     pub requirements: Requirements,
     /// Compatible instance types, cheapest first, at most `max_instance_types`.
     pub instance_types: Vec<Arc<InstanceType>>,
@@ -83,6 +88,23 @@ pub struct NewNodeClaim {
     pub daemon_overhead: Resources,
     /// Set when `MinValuesPolicy::BestEffort` had to lower a `minValues`.
     pub min_values_relaxed: bool,
+}
+
+impl NewNodeClaim {
+    /// The requirements to write into the NodeClaim spec: `requirements` plus
+    /// `node.kubernetes.io/instance-type In [options]` (keeping any `minValues` on that key).
+    pub fn node_claim_requirements(&self) -> Requirements {
+        let mut reqs = self.requirements.clone();
+        let min_values = reqs.get(INSTANCE_TYPE).and_then(Requirement::min_values);
+        reqs.set(
+            Requirement::in_values(
+                INSTANCE_TYPE,
+                self.instance_types.iter().map(|it| it.name.clone()),
+            )
+            .with_min_values(min_values),
+        );
+        reqs
+    }
 }
 
 /// Pods placed on an existing node (or in-flight NodeClaim).
@@ -359,6 +381,27 @@ struct Claim {
     min_values_relaxed: bool,
 }
 
+/// What one attempt checks every candidate against.
+struct Check<'c> {
+    pod: &'c Pod,
+    a: &'c Attempt,
+    topo: &'c PodTopology<'c>,
+    prepared: &'c [PreparedGroup<'c>],
+}
+
+enum Target {
+    Node(usize, Option<Requirements>),
+    Claim(usize, ClaimUpdate),
+    New(usize, Claim),
+}
+
+/// Why merging a pod into a node's requirements failed; only formatted when reported.
+enum MergeError {
+    Topology(Rejected),
+    Volume(super::requirements::Incompatibility),
+    Empty(String),
+}
+
 struct ClaimUpdate {
     reqs: Option<Requirements>,
     types: Vec<u32>,
@@ -376,6 +419,9 @@ struct Solve<'a> {
     claims: Vec<Claim>,
     claim_order: BTreeSet<(usize, usize)>,
     remaining: Vec<BTreeMap<String, i128>>,
+    /// Instance types (bitset per template) compatible with a set of narrowed requirements;
+    /// pods mostly repeat a few requirement shapes, so this saves re-checking every type.
+    type_cache: RefCell<HashMap<(usize, Vec<Requirement>), Rc<Vec<u64>>>>,
 }
 
 impl<'a> Solve<'a> {
@@ -531,6 +577,7 @@ impl<'a> Solve<'a> {
             claims: Vec::new(),
             claim_order: BTreeSet::new(),
             remaining: s.templates.iter().map(|t| t.remaining.clone()).collect(),
+            type_cache: RefCell::new(HashMap::new()),
         }
     }
 
@@ -672,17 +719,11 @@ impl<'a> Solve<'a> {
     }
 
     fn add(&mut self, pi: usize, a: &Attempt) -> Result<(), (String, Vec<(String, String)>)> {
+        let target = self.find_target(pi, a)?;
         let pod = &self.pods[pi];
         let info = &self.info[pi];
-        let topo = PodTopology {
-            matching: &info.matching,
-            inverse: &info.inverse,
-            owned: &a.owned,
-            strict: &a.strict,
-        };
-        // (a) existing nodes and in-flight NodeClaims with a providerID.
-        for ni in 0..self.s.nodes.len() {
-            if let Some(final_reqs) = self.can_add_to_node(ni, pod, a, &topo) {
+        match target {
+            Target::Node(ni, final_reqs) => {
                 self.node_available[ni] = self.node_available[ni].saturating_minus(&pod.requests);
                 self.node_pods[ni].push(pi);
                 let base = &self.s.nodes[ni];
@@ -694,45 +735,112 @@ impl<'a> Solve<'a> {
                     &base.taints,
                     self.node_hosts[ni],
                 );
-                return Ok(());
+            }
+            Target::Claim(ci, update) => {
+                let claim = &mut self.claims[ci];
+                self.claim_order.remove(&(claim.pods.len(), ci));
+                claim.pods.push(pi);
+                claim.requests += &pod.requests;
+                if let Some(reqs) = update.reqs {
+                    claim.reqs = reqs;
+                }
+                claim.headroom = if update.types.len() == claim.types.len() {
+                    // Same instance types: only the new pod's requests come off the headroom.
+                    claim.headroom.saturating_minus(&pod.requests)
+                } else {
+                    headroom(
+                        &self.s.templates[claim.template],
+                        &update.types,
+                        &claim.requests,
+                    )
+                };
+                claim.types = update.types;
+                claim.min_values_relaxed |= update.min_values_relaxed;
+                self.claim_order.insert((claim.pods.len(), ci));
+                let claim = &self.claims[ci];
+                let taints = &self.s.templates[claim.template].pool.taints;
+                self.topology.record(
+                    &info.matching,
+                    &info.required_anti,
+                    &claim.reqs,
+                    taints,
+                    claim.host,
+                );
+            }
+            Target::New(ti, claim) => {
+                let host = self.topology.add_hostname(placeholder_name(claim.host));
+                debug_assert_eq!(host, claim.host);
+                let t = &self.s.templates[ti];
+                let mut max_capacity = Resources::new();
+                for &i in &claim.types {
+                    max_capacity.max_with(&t.types[i as usize].it.capacity);
+                }
+                for (k, v) in self.remaining[ti].iter_mut() {
+                    *v -= if k == NODES {
+                        1000
+                    } else {
+                        max_capacity.get(k).milli()
+                    };
+                }
+                self.topology.record(
+                    &info.matching,
+                    &info.required_anti,
+                    &claim.reqs,
+                    &t.pool.taints,
+                    host,
+                );
+                let ci = self.claims.len();
+                self.claim_order.insert((1, ci));
+                self.claims.push(claim);
             }
         }
-        // (b) NodeClaims created earlier in this solve, emptiest first.
-        let mut chosen = None;
+        Ok(())
+    }
+
+    /// Where the pod goes: (a) existing nodes in order, (b) this solve's NodeClaims emptiest
+    /// first, (c) a new NodeClaim from the first NodePool (by weight) that can take it.
+    fn find_target(
+        &self,
+        pi: usize,
+        a: &Attempt,
+    ) -> Result<Target, (String, Vec<(String, String)>)> {
+        let pod = &self.pods[pi];
+        let info = &self.info[pi];
+        let topo = PodTopology {
+            matching: &info.matching,
+            inverse: &info.inverse,
+            owned: &a.owned,
+            strict: &a.strict,
+        };
+        let prepared = match self.topology.prepare(&topo) {
+            Ok(p) => p,
+            Err(r) => {
+                let why = self.topology.explain(r).to_string();
+                let per_pool: Vec<(String, String)> = self
+                    .s
+                    .templates
+                    .iter()
+                    .map(|t| (t.pool.name.clone(), why.clone()))
+                    .collect();
+                return Err((why, per_pool));
+            }
+        };
+        let check = Check {
+            pod,
+            a,
+            topo: &topo,
+            prepared: &prepared,
+        };
+        for ni in 0..self.s.nodes.len() {
+            if let Some(final_reqs) = self.can_add_to_node(ni, &check) {
+                return Ok(Target::Node(ni, final_reqs));
+            }
+        }
         for &(_, ci) in &self.claim_order {
-            if let Some(update) = self.can_add_to_claim(ci, pod, a, &topo) {
-                chosen = Some((ci, update));
-                break;
+            if let Some(update) = self.can_add_to_claim(ci, &check) {
+                return Ok(Target::Claim(ci, update));
             }
         }
-        if let Some((ci, update)) = chosen {
-            let claim = &mut self.claims[ci];
-            self.claim_order.remove(&(claim.pods.len(), ci));
-            claim.pods.push(pi);
-            claim.requests += &pod.requests;
-            if let Some(reqs) = update.reqs {
-                claim.reqs = reqs;
-            }
-            claim.types = update.types;
-            claim.min_values_relaxed |= update.min_values_relaxed;
-            claim.headroom = headroom(
-                &self.s.templates[claim.template],
-                &claim.types,
-                &claim.requests,
-            );
-            self.claim_order.insert((claim.pods.len(), ci));
-            let claim = &self.claims[ci];
-            let taints = &self.s.templates[claim.template].pool.taints;
-            self.topology.record(
-                &info.matching,
-                &info.required_anti,
-                &claim.reqs,
-                taints,
-                claim.host,
-            );
-            return Ok(());
-        }
-        // (c) a new NodeClaim from the first NodePool (by weight) that can take the pod.
         if self.s.templates.is_empty() {
             let reason = if self.s.skipped.is_empty() {
                 "no nodepools found".to_string()
@@ -743,34 +851,8 @@ impl<'a> Solve<'a> {
         }
         let mut per_pool = Vec::new();
         for ti in 0..self.s.templates.len() {
-            match self.new_claim(ti, pi, a, &topo) {
-                Ok(claim) => {
-                    let host = self.topology.add_hostname(placeholder_name(claim.host));
-                    debug_assert_eq!(host, claim.host);
-                    let t = &self.s.templates[ti];
-                    let mut max_capacity = Resources::new();
-                    for &i in &claim.types {
-                        max_capacity.max_with(&t.types[i as usize].it.capacity);
-                    }
-                    for (k, v) in self.remaining[ti].iter_mut() {
-                        *v -= if k == NODES {
-                            1000
-                        } else {
-                            max_capacity.get(k).milli()
-                        };
-                    }
-                    self.topology.record(
-                        &info.matching,
-                        &info.required_anti,
-                        &claim.reqs,
-                        &t.pool.taints,
-                        host,
-                    );
-                    let ci = self.claims.len();
-                    self.claim_order.insert((1, ci));
-                    self.claims.push(claim);
-                    return Ok(());
-                }
+            match self.new_claim(ti, pi, &check) {
+                Ok(claim) => return Ok(Target::New(ti, claim)),
                 Err(reason) => per_pool.push((self.s.templates[ti].pool.name.clone(), reason)),
             }
         }
@@ -783,13 +865,8 @@ impl<'a> Solve<'a> {
     }
 
     /// `Some(None)`: fits with the node's requirements unchanged; `Some(Some(r))`: fits, narrowed to `r`.
-    fn can_add_to_node(
-        &self,
-        ni: usize,
-        pod: &Pod,
-        a: &Attempt,
-        topo: &PodTopology,
-    ) -> Option<Option<Requirements>> {
+    fn can_add_to_node(&self, ni: usize, c: &Check) -> Option<Option<Requirements>> {
+        let (pod, a, topo) = (c.pod, c.a, c.topo);
         let base = &self.s.nodes[ni];
         if first_untolerated(&base.taints, &pod.tolerations, a.tolerate_pns).is_some() {
             return None;
@@ -804,8 +881,8 @@ impl<'a> Solve<'a> {
         if let Some(v) = &a.node_reqs_extra {
             base.reqs.compatible(v, None).ok()?;
         }
-        if self.topology.has_domain_constraints(topo) {
-            let extra = self.topology.domain_requirements(topo, &base.reqs).ok()?;
+        if !c.prepared.is_empty() {
+            let extra = Topology::domain_requirements(c.prepared, &[&base.reqs]).ok()?;
             let mut r = base.reqs.clone();
             for e in extra {
                 r.add(e);
@@ -818,13 +895,8 @@ impl<'a> Solve<'a> {
         Some(None)
     }
 
-    fn can_add_to_claim(
-        &self,
-        ci: usize,
-        pod: &Pod,
-        a: &Attempt,
-        topo: &PodTopology,
-    ) -> Option<ClaimUpdate> {
+    fn can_add_to_claim(&self, ci: usize, c: &Check) -> Option<ClaimUpdate> {
+        let (pod, a, topo) = (c.pod, c.a, c.topo);
         let claim = &self.claims[ci];
         if a.tolerates_template[claim.template].is_err() || !pod.requests.fits_in(&claim.headroom) {
             return None;
@@ -833,9 +905,8 @@ impl<'a> Solve<'a> {
         let wk = &self.s.options.well_known_labels;
         claim.reqs.compatible(&a.reqs, Some(wk)).ok()?;
         let t = &self.s.templates[claim.template];
-        let domain = self.topology.has_domain_constraints(topo);
-        if a.reqs.is_empty() && a.node_reqs_extra.is_none() && !domain {
-            let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None, &[]);
+        if a.reqs.is_empty() && a.node_reqs_extra.is_none() && c.prepared.is_empty() {
+            let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None);
             if types.is_empty() {
                 return None;
             }
@@ -845,14 +916,22 @@ impl<'a> Solve<'a> {
                 min_values_relaxed: false,
             });
         }
-        let (merged, changed) = self.merge(&claim.reqs, a, topo).ok()?;
+        let (merged, changed) = self.merge(&claim.reqs, c).ok()?;
+        let Some(merged) = merged else {
+            let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None);
+            return (!types.is_empty()).then_some(ClaimUpdate {
+                reqs: None,
+                types,
+                min_values_relaxed: false,
+            });
+        };
+        let compatible = self.compatible_set(claim.template, &merged, &changed);
         let types = filter_types(
             t,
             &claim.types,
             &claim.requests,
             &pod.requests,
-            Some(&merged),
-            &changed,
+            compatible.as_deref().map(Vec::as_slice),
         );
         if types.is_empty() {
             return None;
@@ -870,32 +949,86 @@ impl<'a> Solve<'a> {
     fn merge(
         &self,
         base: &Requirements,
-        a: &Attempt,
-        topo: &PodTopology,
-    ) -> Result<(Requirements, Vec<String>), String> {
-        let mut merged = base.intersection(&a.reqs);
-        let mut changed: Vec<String> = a.reqs.iter().map(|r| r.key().to_string()).collect();
+        c: &Check,
+    ) -> Result<(Option<Requirements>, Vec<String>), MergeError> {
+        let a = c.a;
+        let mut views: Vec<&Requirements> = vec![base, &a.reqs];
         if let Some(v) = &a.node_reqs_extra {
-            base.intersects(v)
-                .map_err(|e| format!("incompatible volume requirements, {e}"))?;
-            merged.add_all(v);
-            changed.extend(v.iter().map(|r| r.key().to_string()));
+            base.intersects(v).map_err(MergeError::Volume)?;
+            views.push(v);
         }
-        for e in self
-            .topology
-            .domain_requirements(topo, &merged)
-            .map_err(|e| e.to_string())?
-        {
-            changed.push(e.key().to_string());
-            merged.add(e);
-        }
-        if let Some(empty) = merged
+        let topology =
+            Topology::domain_requirements(c.prepared, &views).map_err(MergeError::Topology)?;
+        // Most pods narrow nothing (or re-pick the claim's own zone): skip the clone then.
+        let narrowing: Vec<&Requirement> = views[1..]
             .iter()
+            .flat_map(|r| r.iter())
+            .chain(topology.iter())
+            .filter(|r| base.get(r.key()).is_none_or(|b| !r.admits_all_of(b)))
+            .collect();
+        if narrowing.is_empty() {
+            return Ok((None, Vec::new()));
+        }
+        let mut changed: Vec<String> = narrowing.iter().map(|r| r.key().to_string()).collect();
+        changed.sort_unstable();
+        changed.dedup();
+        let mut merged = base.clone();
+        for r in narrowing {
+            merged.add(r.clone());
+        }
+        if let Some(empty) = changed
+            .iter()
+            .filter_map(|k| merged.get(k))
             .find(|r| r.is_empty() && !base.get(r.key()).is_some_and(|b| b.is_empty()))
         {
-            return Err(format!("requirement {} cannot be satisfied", empty.key()));
+            return Err(MergeError::Empty(empty.key().to_string()));
         }
-        Ok((merged, changed))
+        Ok((Some(merged), changed))
+    }
+
+    /// Bitset of the template's instance types whose requirements and offerings admit `merged`
+    /// on the `changed` keys; `None` when nothing narrowed.
+    fn compatible_set(
+        &self,
+        ti: usize,
+        merged: &Requirements,
+        changed: &[String],
+    ) -> Option<Rc<Vec<u64>>> {
+        if changed.is_empty() {
+            return None;
+        }
+        let mut key: Vec<Requirement> = changed
+            .iter()
+            .filter_map(|k| merged.get(k).cloned())
+            .collect();
+        for k in [super::labels::ZONE, CAPACITY_TYPE] {
+            if !changed.iter().any(|c| c == k)
+                && let Some(r) = merged.get(k)
+            {
+                key.push(r.clone());
+            }
+        }
+        let key = (ti, key);
+        if let Some(bits) = self.type_cache.borrow().get(&key) {
+            return Some(Rc::clone(bits));
+        }
+        let t = &self.s.templates[ti];
+        let narrowed: Vec<&Requirement> = changed.iter().filter_map(|k| merged.get(k)).collect();
+        let offerings = OfferingFilter::new(merged);
+        let mut bits = vec![0u64; t.types.len().div_ceil(64)];
+        for (i, e) in t.types.iter().enumerate() {
+            let ok = narrowed.iter().all(|r| {
+                e.it.requirements
+                    .get(r.key())
+                    .is_none_or(|tr| r.intersects(tr))
+            }) && offerings.any_available(&e.it);
+            if ok {
+                bits[i / 64] |= 1 << (i % 64);
+            }
+        }
+        let bits = Rc::new(bits);
+        self.type_cache.borrow_mut().insert(key, Rc::clone(&bits));
+        Some(bits)
     }
 
     fn check_min_values(
@@ -933,13 +1066,8 @@ impl<'a> Solve<'a> {
         }
     }
 
-    fn new_claim(
-        &self,
-        ti: usize,
-        pi: usize,
-        a: &Attempt,
-        topo: &PodTopology,
-    ) -> Result<Claim, String> {
+    fn new_claim(&self, ti: usize, pi: usize, c: &Check) -> Result<Claim, String> {
+        let (a, topo) = (c.a, c.topo);
         let t = &self.s.templates[ti];
         let pod = &self.pods[pi];
         let remaining = &self.remaining[ti];
@@ -952,12 +1080,17 @@ impl<'a> Solve<'a> {
             .compatible(&a.reqs, Some(wk))
             .map_err(|e| e.to_string())?;
         let host = self.topology.next_host_id();
-        let mut base = t.reqs.clone();
-        base.set(Requirement::in_values(HOSTNAME, [placeholder_name(host)]));
         self.topology
             .hostname_allows(topo, host)
-            .map_err(|e| e.to_string())?;
-        let (merged, changed) = self.merge(&base, a, topo)?;
+            .map_err(|r| self.topology.explain(r).to_string())?;
+        let mut base = t.reqs.clone();
+        base.set(Requirement::in_values(HOSTNAME, [placeholder_name(host)]));
+        let (merged, changed) = self.merge(&base, c).map_err(|e| match e {
+            MergeError::Topology(r) => self.topology.explain(r).to_string(),
+            MergeError::Volume(i) => format!("incompatible volume requirements, {i}"),
+            MergeError::Empty(k) => format!("requirement {k} cannot be satisfied"),
+        })?;
+        let merged = merged.unwrap_or(base);
         let within_limits: Vec<u32> = (0..t.types.len() as u32)
             .filter(|&i| {
                 let cap = &t.types[i as usize].it.capacity;
@@ -970,13 +1103,13 @@ impl<'a> Solve<'a> {
             return Err("all available instance types exceed limits for nodepool".into());
         }
         let zero = Resources::new();
+        let compatible = self.compatible_set(ti, &merged, &changed);
         let types = filter_types(
             t,
             &within_limits,
             &zero,
             &pod.requests,
-            Some(&merged),
-            &changed,
+            compatible.as_deref().map(Vec::as_slice),
         );
         if types.is_empty() {
             return Err(explain_no_type(
@@ -1003,26 +1136,53 @@ impl<'a> Solve<'a> {
 
     fn finish(self, mut results: Results) -> Results {
         let max = self.s.options.max_instance_types;
+        // Price order depends only on the template and the zone/capacity-type requirements.
+        type PriceOrder = Rc<(Vec<u32>, usize)>;
+        let mut price_orders: HashMap<
+            (usize, Option<Requirement>, Option<Requirement>),
+            PriceOrder,
+        > = HashMap::new();
         for claim in self.claims {
             let t = &self.s.templates[claim.template];
             let mut reqs = claim.reqs;
             reqs.remove(HOSTNAME);
-            let mut priced: Vec<(f64, u32)> = claim
-                .types
+            let key = (
+                claim.template,
+                reqs.get(super::labels::ZONE).cloned(),
+                reqs.get(CAPACITY_TYPE).cloned(),
+            );
+            let order = Rc::clone(price_orders.entry(key).or_insert_with(|| {
+                let offerings = OfferingFilter::new(&reqs);
+                let mut priced: Vec<(f64, u32)> = (0..t.types.len() as u32)
+                    .map(|i| {
+                        let price = offerings.cheapest(&t.types[i as usize].it);
+                        (price.unwrap_or(f64::MAX), i)
+                    })
+                    .collect();
+                priced.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                let capacity_types: BTreeSet<&str> = t
+                    .types
+                    .iter()
+                    .flat_map(|e| e.it.offerings.iter())
+                    .filter(|o| offerings.admits(o))
+                    .map(|o| o.capacity_type.as_str())
+                    .collect();
+                Rc::new((
+                    priced.into_iter().map(|(_, i)| i).collect(),
+                    capacity_types.len(),
+                ))
+            }));
+            let mut member = vec![0u64; t.types.len().div_ceil(64)];
+            for &i in &claim.types {
+                member[i as usize / 64] |= 1 << (i % 64);
+            }
+            let types: Vec<u32> = order
+                .0
                 .iter()
-                .map(|&i| {
-                    (
-                        t.types[i as usize]
-                            .it
-                            .cheapest_price(&reqs)
-                            .unwrap_or(f64::MAX),
-                        i,
-                    )
-                })
+                .copied()
+                .filter(|&i| member[i as usize / 64] & (1 << (i % 64)) != 0)
+                .take(max)
                 .collect();
-            priced.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            priced.truncate(max);
-            let types: Vec<u32> = priced.iter().map(|(_, i)| *i).collect();
             let mut relaxed = claim.min_values_relaxed;
             if reqs.has_min_values() {
                 let short = min_values_shortfalls(t, &reqs, &types);
@@ -1049,23 +1209,20 @@ impl<'a> Solve<'a> {
                 .iter()
                 .map(|&i| Arc::clone(&t.types[i as usize].it))
                 .collect();
-            let it_min_values = reqs.get(INSTANCE_TYPE).and_then(Requirement::min_values);
-            reqs.set(
-                Requirement::in_values(
-                    INSTANCE_TYPE,
-                    instance_types.iter().map(|it| it.name.clone()),
-                )
-                .with_min_values(it_min_values),
-            );
-            let capacity_types: BTreeSet<String> = instance_types
-                .iter()
-                .flat_map(|it| {
-                    it.offerings
-                        .iter()
-                        .filter(|o| o.available && o.compatible(&reqs))
-                        .map(|o| o.capacity_type.clone())
-                })
-                .collect();
+            let offerings = OfferingFilter::new(&reqs);
+            let mut capacity_types: BTreeSet<&str> = BTreeSet::new();
+            for it in &instance_types {
+                if capacity_types.len() == order.1 {
+                    break; // every capacity type the template offers here is already present
+                }
+                for o in &it.offerings {
+                    if offerings.admits(o) {
+                        capacity_types.insert(o.capacity_type.as_str());
+                    }
+                }
+            }
+            let capacity_types: Vec<String> =
+                capacity_types.into_iter().map(str::to_string).collect();
             let ct_min = reqs.get(CAPACITY_TYPE).and_then(Requirement::min_values);
             reqs.set(Requirement::in_values(CAPACITY_TYPE, capacity_types).with_min_values(ct_min));
             let mut overhead: Option<Resources> = None;
@@ -1169,23 +1326,49 @@ fn filter_types(
     candidates: &[u32],
     claim_requests: &Resources,
     pod_requests: &Resources,
-    reqs: Option<&Requirements>,
-    changed: &[String],
+    compatible: Option<&[u64]>,
 ) -> Vec<u32> {
-    let check_offerings = reqs.is_some() && !changed.is_empty();
     candidates
         .iter()
         .copied()
         .filter(|&i| {
-            let e = &t.types[i as usize];
-            if !claim_requests.sum_fits_in(pod_requests, &e.usable) {
-                return false;
-            }
-            let Some(reqs) = reqs else { return true };
-            type_matches(e, reqs, changed)
-                && (!check_offerings || e.it.has_available_offering(reqs))
+            compatible.is_none_or(|bits| bits[i as usize / 64] & (1 << (i % 64)) != 0)
+                && claim_requests.sum_fits_in(pod_requests, &t.types[i as usize].usable)
         })
         .collect()
+}
+
+/// Zone and capacity-type requirements resolved once for checking many offerings.
+struct OfferingFilter<'r> {
+    zone: Option<&'r Requirement>,
+    capacity_type: Option<&'r Requirement>,
+}
+
+impl<'r> OfferingFilter<'r> {
+    fn new(reqs: &'r Requirements) -> Self {
+        Self {
+            zone: reqs.get(super::labels::ZONE),
+            capacity_type: reqs.get(CAPACITY_TYPE),
+        }
+    }
+
+    fn admits(&self, o: &super::model::Offering) -> bool {
+        o.available
+            && self.zone.is_none_or(|r| r.has(&o.zone))
+            && self.capacity_type.is_none_or(|r| r.has(&o.capacity_type))
+    }
+
+    fn any_available(&self, it: &InstanceType) -> bool {
+        it.offerings.iter().any(|o| self.admits(o))
+    }
+
+    fn cheapest(&self, it: &InstanceType) -> Option<f64> {
+        it.offerings
+            .iter()
+            .filter(|o| self.admits(o))
+            .map(|o| o.price)
+            .min_by(f64::total_cmp)
+    }
 }
 
 fn type_matches(e: &TypeEntry, reqs: &Requirements, changed: &[String]) -> bool {

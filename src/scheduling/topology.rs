@@ -101,6 +101,27 @@ impl fmt::Display for TopologyError {
     }
 }
 
+/// A rejection by one group; turned into a [`TopologyError`] only when reported.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rejected(GroupId);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pick {
+    /// The first admitted domain (spread: lowest count; affinity bootstrap).
+    First,
+    /// Every admitted domain.
+    All,
+}
+
+/// One non-hostname constraint evaluated for an attempt: the domains it allows, in preference order.
+#[derive(Debug, Clone)]
+pub(crate) struct PreparedGroup<'t> {
+    group: GroupId,
+    key: &'t str,
+    pick: Pick,
+    domains: Vec<&'t str>,
+}
+
 /// A pod's view of the topology for one scheduling attempt.
 pub(crate) struct PodTopology<'a> {
     /// Groups whose selector matches the pod (sorted).
@@ -154,6 +175,10 @@ impl Topology {
 
     pub fn next_host_id(&self) -> HostId {
         self.hostnames.len() as HostId
+    }
+
+    pub fn explain(&self, r: Rejected) -> TopologyError {
+        self.groups[r.0].error()
     }
 
     pub fn has_groups(&self) -> bool {
@@ -326,7 +351,7 @@ impl Topology {
     }
 
     /// Cheap checks for hostname-keyed constraints on the node with hostname `host`.
-    pub fn hostname_allows(&self, pod: &PodTopology, host: HostId) -> Result<(), TopologyError> {
+    pub fn hostname_allows(&self, pod: &PodTopology, host: HostId) -> Result<(), Rejected> {
         for &g in pod.owned {
             let grp = &self.groups[g];
             if !grp.is_hostname {
@@ -341,61 +366,41 @@ impl Topology {
                 GroupKind::AntiAffinity { .. } => count == 0,
             };
             if !ok {
-                return Err(grp.error());
+                return Err(Rejected(g));
             }
         }
         for &g in pod.inverse {
             let grp = &self.groups[g];
             if grp.is_hostname && at(&grp.host_owners, host) > 0 {
-                return Err(grp.error());
+                return Err(Rejected(g));
             }
         }
         Ok(())
     }
 
-    /// Whether the pod carries or is subject to any non-hostname constraint.
-    pub fn has_domain_constraints(&self, pod: &PodTopology) -> bool {
-        pod.owned
-            .iter()
-            .chain(pod.inverse.iter())
-            .any(|&g| !self.groups[g].is_hostname)
-    }
-
-    /// Requirements the non-hostname constraints add for a node with requirements `node`
-    /// (already intersected with the pod's requirements).
-    pub fn domain_requirements(
-        &self,
-        pod: &PodTopology,
-        node: &Requirements,
-    ) -> Result<Vec<Requirement>, TopologyError> {
-        let mut out: Vec<Requirement> = Vec::new();
-        let allowed_by = |key: &str, d: &str, extra: &[Requirement]| {
-            node.get(key).is_none_or(|r| r.has(d))
-                && extra.iter().filter(|r| r.key() == key).all(|r| r.has(d))
-        };
+    /// Evaluates the pod's non-hostname constraints once per attempt: which domains each allows,
+    /// independent of the node, so checking a node is a few lookups.
+    pub fn prepare<'t>(&'t self, pod: &PodTopology) -> Result<Vec<PreparedGroup<'t>>, Rejected> {
+        let mut out = Vec::new();
         for &g in pod.owned {
             let grp = &self.groups[g];
             if grp.is_hostname {
                 continue;
             }
             let key = grp.key.as_str();
-            let candidates = grp
-                .domain_counts
-                .iter()
-                .filter(|(d, _)| allowed_by(key, d, &out));
-            let chosen: Vec<String> = match &grp.kind {
+            let (pick, domains): (Pick, Vec<&'t str>) = match &grp.kind {
                 GroupKind::Spread {
                     max_skew,
                     min_domains,
                     ..
                 } => {
                     let strict = pod.strict.get(key);
-                    let eligible = grp
+                    let (mut n, mut min) = (0u32, u32::MAX);
+                    for (_, c) in grp
                         .domain_counts
                         .iter()
-                        .filter(|(d, _)| strict.is_none_or(|r| r.has(d)));
-                    let (mut n, mut min) = (0u32, u32::MAX);
-                    for (_, c) in eligible {
+                        .filter(|(d, _)| strict.is_none_or(|r| r.has(d)))
+                    {
                         n += 1;
                         min = min.min(*c);
                     }
@@ -403,61 +408,116 @@ impl Topology {
                         min = 0;
                     }
                     let self_count = u32::from(pod.selects_itself(g));
-                    candidates
+                    let mut valid: Vec<(&'t str, u32)> = grp
+                        .domain_counts
+                        .iter()
                         .filter(|(_, c)| **c + self_count <= min + *max_skew)
-                        .min_by_key(|(_, c)| **c)
-                        .map(|(d, _)| vec![d.clone()])
-                        .unwrap_or_default()
+                        .map(|(d, c)| (d.as_str(), *c))
+                        .collect();
+                    // Lowest count first; ties in name order (stable sort).
+                    valid.sort_by_key(|(_, c)| *c);
+                    (Pick::First, valid.into_iter().map(|(d, _)| d).collect())
                 }
                 GroupKind::Affinity => {
-                    let with_pods: Vec<String> = candidates
-                        .clone()
-                        .filter(|(_, c)| **c > 0)
-                        .map(|(d, _)| d.clone())
-                        .collect();
-                    if !with_pods.is_empty() {
-                        with_pods
+                    let strict = pod.strict.get(key);
+                    let pods_in_pod_domains = grp
+                        .domain_counts
+                        .iter()
+                        .any(|(d, c)| *c > 0 && strict.is_none_or(|r| r.has(d)));
+                    if pod.selects_itself(g) && !pods_in_pod_domains {
+                        // Bootstrap: the first pod of a self-affine group picks a domain.
+                        (
+                            Pick::First,
+                            grp.domain_counts.keys().map(String::as_str).collect(),
+                        )
                     } else {
-                        let strict = pod.strict.get(key);
-                        let pods_in_pod_domains = grp
-                            .domain_counts
-                            .iter()
-                            .any(|(d, c)| *c > 0 && strict.is_none_or(|r| r.has(d)));
-                        if pod.selects_itself(g) && !pods_in_pod_domains {
-                            // Bootstrap: the first pod of a self-affine group picks a domain.
-                            candidates.map(|(d, _)| d.clone()).take(1).collect()
-                        } else {
-                            Vec::new()
-                        }
+                        (
+                            Pick::All,
+                            grp.domain_counts
+                                .iter()
+                                .filter(|(_, c)| **c > 0)
+                                .map(|(d, _)| d.as_str())
+                                .collect(),
+                        )
                     }
                 }
-                GroupKind::AntiAffinity { .. } => candidates
-                    .filter(|(_, c)| **c == 0)
-                    .map(|(d, _)| d.clone())
-                    .collect(),
+                GroupKind::AntiAffinity { .. } => (
+                    Pick::All,
+                    grp.domain_counts
+                        .iter()
+                        .filter(|(_, c)| **c == 0)
+                        .map(|(d, _)| d.as_str())
+                        .collect(),
+                ),
             };
-            if chosen.is_empty() {
-                return Err(grp.error());
+            if domains.is_empty() {
+                return Err(Rejected(g));
             }
-            out.push(Requirement::in_values(key, chosen));
+            out.push(PreparedGroup {
+                group: g,
+                key,
+                pick,
+                domains,
+            });
         }
         for &g in pod.inverse {
             let grp = &self.groups[g];
             if grp.is_hostname || grp.domain_owners.values().all(|c| *c == 0) {
                 continue;
             }
-            let key = grp.key.as_str();
-            let free: Vec<String> = grp
+            let domains: Vec<&'t str> = grp
                 .domain_counts
                 .keys()
-                .filter(|d| allowed_by(key, d, &out))
                 .filter(|d| grp.domain_owners.get(*d).copied().unwrap_or(0) == 0)
-                .cloned()
+                .map(String::as_str)
                 .collect();
-            if free.is_empty() {
-                return Err(grp.error());
+            if domains.is_empty() {
+                return Err(Rejected(g));
             }
-            out.push(Requirement::in_values(key, free));
+            out.push(PreparedGroup {
+                group: g,
+                key: grp.key.as_str(),
+                pick: Pick::All,
+                domains,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Requirements the prepared constraints add for a node whose requirements are the
+    /// intersection of all of `node` (node, pod and volume requirements, not materialised).
+    pub fn domain_requirements(
+        prepared: &[PreparedGroup],
+        node: &[&Requirements],
+    ) -> Result<Vec<Requirement>, Rejected> {
+        let mut out: Vec<Requirement> = Vec::new();
+        for p in prepared {
+            let mut limits: [Option<&Requirement>; 4] = [None; 4];
+            for (slot, n) in limits.iter_mut().zip(node.iter()) {
+                *slot = n.get(p.key);
+            }
+            let earlier = out.iter().filter(|r| r.key() == p.key);
+            let admitted = |d: &str| {
+                limits.iter().flatten().all(|r| r.has(d)) && earlier.clone().all(|r| r.has(d))
+            };
+            let chosen: Vec<String> = match p.pick {
+                Pick::First => p
+                    .domains
+                    .iter()
+                    .find(|d| admitted(d))
+                    .map(|d| vec![d.to_string()])
+                    .unwrap_or_default(),
+                Pick::All => p
+                    .domains
+                    .iter()
+                    .filter(|d| admitted(d))
+                    .map(|d| d.to_string())
+                    .collect(),
+            };
+            if chosen.is_empty() {
+                return Err(Rejected(p.group));
+            }
+            out.push(Requirement::in_values(p.key, chosen));
         }
         Ok(out)
     }

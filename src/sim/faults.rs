@@ -17,6 +17,9 @@ pub enum FaultAction {
     /// Act normally, then drop the response (headers sent, body broken), as a proxy that lost
     /// the answer would.
     LoseResponse,
+    /// Accept a mutation, then let its operation end in `failure` with this reason
+    /// (one of the API's: busy, conflict, fault, forbidden, unavailable, …) and message.
+    FailOperation { reason: String, message: String },
 }
 
 #[derive(Debug, Clone, PartialEq)]

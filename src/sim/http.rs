@@ -48,6 +48,10 @@ pub(crate) fn route(method: &Method, path: &str) -> Option<Route> {
         ("GET", ["sks-cluster", id]) => r("get-sks-cluster", &[id]),
         ("GET", ["sks-cluster-version"]) => r("list-sks-cluster-versions", &[]),
         ("GET", ["security-group"]) => r("list-security-groups", &[]),
+        ("PUT", ["security-group", action]) if action.ends_with(":attach") => r(
+            "attach-instance-to-security-group",
+            &[action.trim_end_matches(":attach")],
+        ),
         ("GET", ["security-group", id]) => r("get-security-group", &[id]),
         ("GET", ["private-network"]) => r("list-private-networks", &[]),
         ("PUT", ["private-network", action]) if action.ends_with(":attach") => r(
@@ -174,7 +178,7 @@ pub(crate) async fn handle(
         response_lost: false,
     };
     let response = respond(&shared, route, &auth, &body, &uri, &mut record).await;
-    shared.calls.lock().expect("lock").push(record);
+    super::record_call(&shared, record);
     response
 }
 
@@ -196,6 +200,7 @@ async fn respond(
     };
     let action = faults::next_action(&mut shared.faults.lock().expect("lock"), route.operation);
     let mut lose = false;
+    let mut failure = None;
     match action {
         Some(FaultAction::Status { status, body }) => {
             record.status = status;
@@ -219,11 +224,15 @@ async fn respond(
         }
         Some(FaultAction::Latency(wait)) => tokio::time::sleep(wait).await,
         Some(FaultAction::LoseResponse) => lose = true,
+        Some(FaultAction::FailOperation { reason, message }) => failure = Some((reason, message)),
         None => {}
     }
     let reply = execute(shared, &route, body, uri);
     record.status = reply.status;
-    if let Some(deferred) = reply.deferred.clone() {
+    if let Some(mut deferred) = reply.deferred.clone() {
+        if let Some((reason, message)) = &failure {
+            deferred = deferred.failing(reason, message);
+        }
         super::schedule_completion(shared.clone(), deferred);
     }
     if lose {
@@ -265,6 +274,7 @@ fn execute(shared: &Shared, route: &Route, body: &[u8], uri: &Uri) -> Reply {
         "list-sks-cluster-versions" => w.list_sks_versions(),
         "list-security-groups" => w.list_security_groups(),
         "get-security-group" => w.get_security_group(p(0)),
+        "attach-instance-to-security-group" => w.attach_security_group(p(0), body),
         "list-private-networks" => w.list_private_networks(),
         "get-private-network" => w.get_private_network(p(0)),
         "attach-instance-to-private-network" => w.attach_private_network(p(0), body),

@@ -23,7 +23,7 @@ pub use world::decode_user_data;
 
 use crate::exoscale::models::{Instance, SksTemplateVariant};
 use crate::exoscale::{
-    ClientConfig, Credentials, Endpoint, PollPolicy, RetryPolicy,
+    ApiSecret, ClientConfig, Credentials, Endpoint, PollPolicy, RetryPolicy,
     signer::{Clock, SystemClock},
 };
 use world::{Deferred, World};
@@ -87,7 +87,7 @@ pub struct SimConfig {
     pub zone: String,
     /// Generated when `None`.
     pub api_key: Option<String>,
-    pub api_secret: Option<String>,
+    pub api_secret: Option<ApiSecret>,
     pub kubernetes_version: String,
     /// How long a mutation's operation stays pending.
     pub operation_delay: Duration,
@@ -117,6 +117,17 @@ pub(crate) struct Shared {
     events: broadcast::Sender<InstanceEvent>,
     operation_delay: Mutex<Duration>,
     clock: Arc<dyn Clock>,
+}
+
+/// The call log keeps the most recent calls only, so a long-running standalone sim stays small.
+const MAX_RECORDED_CALLS: usize = 100_000;
+
+pub(crate) fn record_call(shared: &Shared, record: CallRecord) {
+    let mut calls = shared.calls.lock().expect("lock");
+    if calls.len() >= MAX_RECORDED_CALLS {
+        calls.drain(..MAX_RECORDED_CALLS / 10);
+    }
+    calls.push(record);
 }
 
 /// Finishes a pending operation after the configured delay and announces the result.
@@ -192,7 +203,10 @@ impl ExoscaleSim {
         let key = config
             .api_key
             .unwrap_or_else(|| format!("EXO{}", hex_token(12)));
-        let secret = config.api_secret.unwrap_or_else(|| random_token(32));
+        let secret = config
+            .api_secret
+            .map(|s| s.expose().to_string())
+            .unwrap_or_else(|| random_token(32));
         let world = World::new(&config.zone, &endpoint, &config.kubernetes_version);
         let cluster_id = world.clusters[0].id.clone();
         let (events, _) = broadcast::channel(1024);
@@ -478,23 +492,41 @@ pub async fn serve(
     key: Option<String>,
     secret: Option<String>,
 ) -> Result<(), SimError> {
-    let sim = ExoscaleSim::start_with(SimConfig {
+    let config = SimConfig {
         listen,
         zone,
         api_key: key,
-        api_secret: secret,
+        api_secret: secret.map(ApiSecret::from),
         operation_delay: Duration::from_secs(2),
         ..SimConfig::default()
-    })
-    .await?;
+    };
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    serve_until(config, ctrl_c, &mut std::io::stdout()).await
+}
+
+/// Serves the sim until `stop` completes; writes the env lines to `out` once listening.
+pub async fn serve_until(
+    config: SimConfig,
+    stop: impl std::future::Future<Output = ()>,
+    out: &mut impl std::io::Write,
+) -> Result<(), SimError> {
+    let sim = ExoscaleSim::start_with(config).await?;
     // These are the sim's own throw-away credentials; printing them is the point.
-    println!("simulated Exoscale API v2 listening; point the controller at it with:");
-    println!("EXOSCALE_API_ENDPOINT={}", sim.endpoint());
-    println!("EXOSCALE_API_KEY={}", sim.credentials().key);
-    println!("EXOSCALE_API_SECRET={}", sim.credentials().secret.expose());
-    println!("EXOSCALE_ZONE={}", sim.zone());
-    println!("EXOSCALE_SKS_CLUSTER_ID={}", sim.cluster_id());
-    let _ = tokio::signal::ctrl_c().await;
+    let lines = [
+        "# simulated Exoscale API v2; point the controller or doctor at it with:".to_string(),
+        format!("EXOSCALE_API_ENDPOINT={}", sim.endpoint()),
+        format!("EXOSCALE_API_KEY={}", sim.credentials().key),
+        format!("EXOSCALE_API_SECRET={}", sim.credentials().secret.expose()),
+        format!("EXOSCALE_ZONE={}", sim.zone()),
+        format!("EXOSCALE_SKS_CLUSTER_ID={}", sim.cluster_id()),
+    ];
+    for line in lines {
+        writeln!(out, "{line}").map_err(SimError::Serve)?;
+    }
+    out.flush().map_err(SimError::Serve)?;
+    stop.await;
     sim.shutdown().await;
     Ok(())
 }

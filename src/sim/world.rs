@@ -28,6 +28,34 @@ pub(crate) enum Deferred {
     Destroy { operation: String, instance: String },
     /// Nothing but the operation turning `success`.
     Complete { operation: String },
+    /// The operation ends in `failure`; a starting instance goes to `error`.
+    Fail {
+        operation: String,
+        instance: Option<String>,
+        reason: String,
+        message: String,
+    },
+}
+
+impl Deferred {
+    /// The same work, but ending in failure (fault `FailOperation`).
+    pub fn failing(self, reason: &str, message: &str) -> Deferred {
+        let (operation, instance) = match self {
+            Deferred::Start {
+                operation,
+                instance,
+            } => (operation, Some(instance)),
+            Deferred::Destroy { operation, .. }
+            | Deferred::Complete { operation }
+            | Deferred::Fail { operation, .. } => (operation, None),
+        };
+        Deferred::Fail {
+            operation,
+            instance,
+            reason: reason.to_string(),
+            message: message.to_string(),
+        }
+    }
 }
 
 fn ok<T: Serialize>(value: T) -> Reply {
@@ -291,6 +319,26 @@ impl World {
                 (operation, outcome)
             }
             Deferred::Complete { operation } => (operation, None),
+            Deferred::Fail {
+                operation,
+                instance,
+                reason,
+                message,
+            } => {
+                if let Some(i) = self
+                    .instances
+                    .iter_mut()
+                    .find(|i| Some(&i.id) == instance.as_ref())
+                {
+                    i.state = InstanceState::Error;
+                }
+                if let Some(op) = self.operations.get_mut(operation) {
+                    op.state = OperationState::Failure;
+                    op.reason = Some(reason.clone());
+                    op.message = Some(message.clone());
+                }
+                return None;
+            }
         };
         if let Some(op) = self.operations.get_mut(operation) {
             op.state = OperationState::Success;
@@ -467,8 +515,8 @@ impl World {
             Ok(r) => r,
             Err(e) => return error(400, format!("Invalid request body: {e}")),
         };
-        if let Err(reply) = self.validate_create(&req) {
-            return reply;
+        if let Err((status, message)) = self.validate_create(&req) {
+            return error(status, message);
         }
         let id = uuid::Uuid::new_v4().to_string();
         self.next_address += 1;
@@ -511,21 +559,21 @@ impl World {
         })
     }
 
-    fn validate_create(&self, req: &CreateInstanceRequest) -> Result<(), Reply> {
+    fn validate_create(&self, req: &CreateInstanceRequest) -> Result<(), (u16, String)> {
         if !(10..=51200).contains(&req.disk_size) {
-            return Err(error(400, "disk-size must be between 10 and 51200"));
+            return Err((400, "disk-size must be between 10 and 51200".into()));
         }
         if let Some(name) = &req.name
             && (name.is_empty() || name.len() > 255)
         {
-            return Err(error(400, "name must be 1 to 255 characters"));
+            return Err((400, "name must be 1 to 255 characters".into()));
         }
         if let Some(ud) = &req.user_data {
             if ud.is_empty() || ud.len() >= 32768 {
-                return Err(error(400, "user-data must be 1 to 32767 base64 characters"));
+                return Err((400, "user-data must be 1 to 32767 base64 characters".into()));
             }
             if BASE64.decode(ud).is_err() {
-                return Err(error(400, "user-data must be base64-encoded"));
+                return Err((400, "user-data must be base64-encoded".into()));
             }
         }
         let Some(itype) = self
@@ -533,13 +581,13 @@ impl World {
             .iter()
             .find(|t| t.id == req.instance_type.id)
         else {
-            return Err(error(
+            return Err((
                 400,
                 format!("Invalid instance type {}", req.instance_type.id),
             ));
         };
         if !itype.authorized {
-            return Err(error(
+            return Err((
                 400,
                 format!(
                     "Instance type {} is not authorized for this organization",
@@ -548,7 +596,7 @@ impl World {
             ));
         }
         if !itype.zones.contains(&self.zone) {
-            return Err(error(
+            return Err((
                 400,
                 format!(
                     "Instance type {} is not available in zone {}",
@@ -558,22 +606,19 @@ impl World {
             ));
         }
         if !self.templates.iter().any(|t| t.id == req.template.id) {
-            return Err(error(400, format!("Invalid template {}", req.template.id)));
+            return Err((400, format!("Invalid template {}", req.template.id)));
         }
         for sg in &req.security_groups {
             if !self.security_groups.iter().any(|g| g.id == sg.id) {
-                return Err(error(400, format!("Invalid security group {}", sg.id)));
+                return Err((400, format!("Invalid security group {}", sg.id)));
             }
         }
         for aag in &req.anti_affinity_groups {
             let Some(group) = self.anti_affinity_groups.iter().find(|g| g.id == aag.id) else {
-                return Err(error(
-                    400,
-                    format!("Invalid anti-affinity group {}", aag.id),
-                ));
+                return Err((400, format!("Invalid anti-affinity group {}", aag.id)));
             };
             if self.aag_with_members(group).is_full() {
-                return Err(error(
+                return Err((
                     400,
                     format!(
                         "Anti-affinity group {} is full ({MAX_ANTI_AFFINITY_GROUP_MEMBERS} instances max)",
@@ -585,7 +630,7 @@ impl World {
         if let Some(limit) = self.instance_quota
             && self.live_instances().count() >= limit
         {
-            return Err(quota_exceeded(limit));
+            return Err((403, quota_message(limit)));
         }
         Ok(())
     }
@@ -628,6 +673,27 @@ impl World {
         })
     }
 
+    pub fn attach_security_group(&mut self, sg_id: &str, body: &[u8]) -> Reply {
+        let req: AttachInstanceRequest = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return error(400, format!("Invalid request body: {e}")),
+        };
+        if !self.security_groups.iter().any(|g| g.id == sg_id) {
+            return error(404, "Security group not found");
+        }
+        let Some(instance) = self.instances.iter_mut().find(|i| i.id == req.instance.id) else {
+            return error(404, "Instance not found");
+        };
+        if instance.security_groups.iter().any(|g| g.id == sg_id) {
+            return error(409, "Instance is already in this security group");
+        }
+        instance.security_groups.push(IdRef::new(sg_id));
+        let sg_id = sg_id.to_string();
+        self.pending(&sg_id, "security-group", |operation| Deferred::Complete {
+            operation,
+        })
+    }
+
     pub fn attach_private_network(&mut self, pn_id: &str, body: &[u8]) -> Reply {
         let req: AttachInstanceRequest = match serde_json::from_slice(body) {
             Ok(r) => r,
@@ -663,11 +729,12 @@ impl World {
     }
 }
 
+fn quota_message(limit: usize) -> String {
+    format!("Quota exceeded for resource instance (limit {limit})")
+}
+
 pub(crate) fn quota_exceeded(limit: usize) -> Reply {
-    error(
-        403,
-        format!("Quota exceeded for resource instance (limit {limit})"),
-    )
+    error(403, quota_message(limit))
 }
 
 /// The readable form of stored user data: base64, then gunzip when gzip-compressed.

@@ -1,0 +1,808 @@
+//! A simulated kubelet for tests: turns a running (simulated) Exoscale instance into a
+//! registered Node, the way the SKS node agent, the kubelet and the Exoscale CCM would.
+//!
+//! The input is a plain [`RunningInstance`] so the simulated cloud can feed it from its
+//! instance events. The instance's user data (the SKS node-agent TOML, plain, base64 or
+//! gzip+base64) supplies the node labels, taints and reservations; the instance type
+//! supplies capacity. [`KubeletBehaviour`] scripts the faults repair logic must handle.
+//!
+//! Pure parts ([`decode_user_data`], [`node_for`], [`node_status_for`]) are separate from
+//! the API calls ([`register_node`], [`set_node_condition`], [`spawn`]).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use k8s_openapi::api::core::v1::{
+    Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde::Deserialize;
+
+/// Kubernetes version the simulated kubelet reports.
+pub const KUBELET_VERSION: &str = "v1.35.4";
+/// Extended resource name for GPUs, as the NVIDIA device plugin advertises them.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// Pods per node: the kubelet's default `--max-pods`.
+pub const MAX_PODS: u32 = 110;
+/// Taint the node-lifecycle controller keeps on nodes that are not Ready.
+pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+const PROVIDER_ID_PREFIX: &str = "exoscale://";
+const FIELD_MANAGER: &str = "simulated-kubelet";
+const MIB: u64 = 1024 * 1024;
+const GIB: u64 = 1024 * MIB;
+/// The kubelet's default hard eviction threshold `memory.available<100Mi`.
+const EVICTION_HARD_MEMORY_BYTES: u64 = 100 * MIB;
+/// The kubelet's default hard eviction threshold `nodefs.available<10%`.
+const EVICTION_HARD_NODEFS_PERCENT: u64 = 10;
+
+/// Errors of the simulated kubelet.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletSimError {
+    #[error("user data is gzip-compressed but does not decompress: {0}")]
+    UserDataGzip(#[source] std::io::Error),
+    #[error("user data is not UTF-8 text")]
+    UserDataNotUtf8,
+    #[error("user data is not a valid node-agent TOML document: {0}")]
+    UserDataToml(#[source] toml::de::Error),
+    #[error("user data has no settings.kubernetes.bootstrap-token: the node cannot join")]
+    MissingBootstrapToken,
+    #[error(
+        "node taint {key:?} has entry {entry:?}; expected \"<value>:<NoSchedule|PreferNoSchedule|NoExecute>\""
+    )]
+    InvalidTaint { key: String, entry: String },
+    #[error("{field} quantity {value:?} is not a valid Kubernetes quantity")]
+    InvalidQuantity { field: String, value: String },
+    #[error("{field} reservation {reserved} exceeds the node's capacity {capacity}")]
+    ReservationExceedsCapacity {
+        field: String,
+        reserved: u64,
+        capacity: u64,
+    },
+    #[error("Kubernetes API call failed: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Size of the instance type a simulated instance runs as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceShape {
+    /// `family.size`, e.g. `standard.medium`: the node's instance-type label.
+    pub name: String,
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    pub gpus: u32,
+    pub disk_gib: u64,
+}
+
+/// A simulated instance that reached the running state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunningInstance {
+    /// Exoscale instance UUID (lowercase); becomes `exoscale://<id>` and the system UUID.
+    pub id: String,
+    /// Instance name; the node takes the same name.
+    pub name: String,
+    pub zone: String,
+    pub shape: InstanceShape,
+    /// The `user-data` field as sent to `create-instance`.
+    pub user_data: String,
+}
+
+impl RunningInstance {
+    pub fn provider_id(&self) -> String {
+        format!("{PROVIDER_ID_PREFIX}{}", self.id)
+    }
+}
+
+/// When the node registers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Join {
+    /// The instance runs but its kubelet never registers a node.
+    Never,
+    /// The node registers (Ready) after this delay; `Duration::ZERO` means at once.
+    After(Duration),
+}
+
+/// What goes wrong after the node turned Ready.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    None,
+    /// Ready turns False after this delay.
+    NotReadyAfter(Duration),
+    /// DiskPressure turns True after this delay.
+    DiskPressureAfter(Duration),
+}
+
+/// The script a simulated kubelet follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeletBehaviour {
+    pub join: Join,
+    pub fault: Fault,
+}
+
+impl Default for KubeletBehaviour {
+    fn default() -> Self {
+        Self {
+            join: Join::After(Duration::ZERO),
+            fault: Fault::None,
+        }
+    }
+}
+
+/// `kube-reserved` / `system-reserved` table of the node-agent TOML.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub struct Reservation {
+    pub cpu: Option<String>,
+    pub memory: Option<String>,
+    pub ephemeral_storage: Option<String>,
+}
+
+/// The `settings.kubernetes` keys of the node-agent TOML that shape the Node.
+/// Other keys (cluster CA, DNS, GC thresholds, feature gates...) are accepted and ignored.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub struct NodeAgentSettings {
+    pub api_server: Option<String>,
+    pub bootstrap_token: Option<BootstrapToken>,
+    #[serde(default)]
+    pub node_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub node_taints: BTreeMap<String, Vec<String>>,
+    pub kube_reserved: Option<Reservation>,
+    pub system_reserved: Option<Reservation>,
+}
+
+impl NodeAgentSettings {
+    pub fn has_bootstrap_token(&self) -> bool {
+        self.bootstrap_token
+            .as_ref()
+            .is_some_and(|t| !t.0.is_empty())
+    }
+}
+
+/// The `<id>.<secret>` bootstrap token; a credential, so Debug never shows it.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct BootstrapToken(pub String);
+
+impl std::fmt::Debug for BootstrapToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BootstrapToken(<redacted>)")
+    }
+}
+
+#[derive(Deserialize)]
+struct UserDataDocument {
+    settings: UserDataSettings,
+}
+
+#[derive(Deserialize)]
+struct UserDataSettings {
+    kubernetes: NodeAgentSettings,
+}
+
+/// Decodes user data the way the SKS node agent does: gzip+base64, base64 or plain TOML.
+pub fn decode_user_data(user_data: &str) -> Result<NodeAgentSettings, KubeletSimError> {
+    let trimmed = user_data.trim();
+    let bytes = match BASE64.decode(trimmed) {
+        Ok(decoded) => decoded,
+        // Not base64: the agent then reads it as plain TOML.
+        Err(_) => trimmed.as_bytes().to_vec(),
+    };
+    let bytes = if bytes.starts_with(&GZIP_MAGIC) {
+        let mut inflated = Vec::new();
+        flate2::read::GzDecoder::new(bytes.as_slice())
+            .read_to_end(&mut inflated)
+            .map_err(KubeletSimError::UserDataGzip)?;
+        inflated
+    } else {
+        bytes
+    };
+    let text = String::from_utf8(bytes).map_err(|_| KubeletSimError::UserDataNotUtf8)?;
+    let document: UserDataDocument =
+        toml::from_str(&text).map_err(KubeletSimError::UserDataToml)?;
+    let settings = document.settings.kubernetes;
+    if !settings.has_bootstrap_token() {
+        return Err(KubeletSimError::MissingBootstrapToken);
+    }
+    Ok(settings)
+}
+
+/// Taints from the agent's `node-taints` map (`key -> ["value:Effect", ...]`).
+pub fn taints_from(settings: &NodeAgentSettings) -> Result<Vec<Taint>, KubeletSimError> {
+    let mut taints = Vec::new();
+    for (key, entries) in &settings.node_taints {
+        for entry in entries {
+            let invalid = || KubeletSimError::InvalidTaint {
+                key: key.clone(),
+                entry: entry.clone(),
+            };
+            let (value, effect) = entry.rsplit_once(':').ok_or_else(invalid)?;
+            if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+                return Err(invalid());
+            }
+            taints.push(Taint {
+                key: key.clone(),
+                value: (!value.is_empty()).then(|| value.to_string()),
+                effect: effect.to_string(),
+                time_added: None,
+            });
+        }
+    }
+    Ok(taints)
+}
+
+/// Labels the node carries: the user data's node labels, then the ones the kubelet and the
+/// Exoscale CCM set themselves (those win, as they do on a real node).
+pub fn labels_for(
+    instance: &RunningInstance,
+    settings: &NodeAgentSettings,
+) -> BTreeMap<String, String> {
+    let mut labels = settings.node_labels.clone();
+    let own = [
+        ("kubernetes.io/hostname", instance.name.as_str()),
+        ("kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", "amd64"),
+        (
+            "node.kubernetes.io/instance-type",
+            instance.shape.name.as_str(),
+        ),
+        ("topology.kubernetes.io/zone", instance.zone.as_str()),
+        ("topology.kubernetes.io/region", instance.zone.as_str()),
+    ];
+    for (key, value) in own {
+        labels.insert(key.to_string(), value.to_string());
+    }
+    labels
+}
+
+/// The Node object the kubelet creates (metadata and spec; status comes separately).
+pub fn node_for(
+    instance: &RunningInstance,
+    settings: &NodeAgentSettings,
+) -> Result<Node, KubeletSimError> {
+    Ok(Node {
+        metadata: ObjectMeta {
+            name: Some(instance.name.clone()),
+            labels: Some(labels_for(instance, settings)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            provider_id: Some(instance.provider_id()),
+            taints: Some(taints_from(settings)?),
+            ..NodeSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// Parses a Kubernetes quantity into thousandths of its base unit (millicores, millibytes).
+pub fn parse_quantity_milli(field: &str, value: &str) -> Result<u128, KubeletSimError> {
+    let invalid = || KubeletSimError::InvalidQuantity {
+        field: field.to_string(),
+        value: value.to_string(),
+    };
+    let split = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(value.len());
+    let (number, suffix) = value.split_at(split);
+    let multiplier_milli: u128 = match suffix {
+        "m" => 1,
+        "" => 1000,
+        "k" => 1000 * 1000,
+        "M" => 1000 * 1000 * 1000,
+        "G" => 1000 * 1000 * 1000 * 1000,
+        "T" => 1000 * 1000 * 1000 * 1000 * 1000,
+        "Ki" => 1000 * 1024,
+        "Mi" => 1000 * 1024 * 1024,
+        "Gi" => 1000 * 1024 * 1024 * 1024,
+        "Ti" => 1000 * 1024 * 1024 * 1024 * 1024,
+        _ => return Err(invalid()),
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() {
+        return Err(invalid());
+    }
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| invalid())?
+    };
+    let mut milli = whole.checked_mul(multiplier_milli).ok_or_else(invalid)?;
+    if !fraction.is_empty() {
+        let digits = u32::try_from(fraction.len()).map_err(|_| invalid())?;
+        let numerator: u128 = fraction.parse().map_err(|_| invalid())?;
+        let scale = 10u128.checked_pow(digits).ok_or_else(invalid)?;
+        milli += numerator
+            .checked_mul(multiplier_milli)
+            .ok_or_else(invalid)?
+            / scale;
+    }
+    Ok(milli)
+}
+
+/// Reservations the SKS node agent applies when the user data sets none
+/// (its documented defaults).
+fn default_kube_reserved() -> Reservation {
+    Reservation {
+        cpu: Some("200m".into()),
+        memory: Some("300Mi".into()),
+        ephemeral_storage: Some("1Gi".into()),
+    }
+}
+
+fn default_system_reserved() -> Reservation {
+    Reservation {
+        cpu: Some("100m".into()),
+        memory: Some("100Mi".into()),
+        ephemeral_storage: Some("3Gi".into()),
+    }
+}
+
+/// Sum of both reservations for one resource, in thousandths of the base unit. A key
+/// the user data leaves out keeps the agent's default for that key.
+fn reserved_milli(
+    settings: &NodeAgentSettings,
+    field: &str,
+    pick: fn(&Reservation) -> Option<&String>,
+) -> Result<u128, KubeletSimError> {
+    let tables = [
+        (
+            "kube-reserved",
+            &settings.kube_reserved,
+            default_kube_reserved(),
+        ),
+        (
+            "system-reserved",
+            &settings.system_reserved,
+            default_system_reserved(),
+        ),
+    ];
+    let mut total = 0;
+    for (table, given, default) in tables {
+        let value = given.as_ref().and_then(pick).or_else(|| pick(&default));
+        if let Some(value) = value {
+            total += parse_quantity_milli(&format!("{table}.{field}"), value)?;
+        }
+    }
+    Ok(total)
+}
+
+fn subtract(field: &str, capacity: u128, reserved: u128) -> Result<u128, KubeletSimError> {
+    capacity
+        .checked_sub(reserved)
+        .ok_or_else(|| KubeletSimError::ReservationExceedsCapacity {
+            field: field.to_string(),
+            reserved: u64::try_from(reserved / 1000).unwrap_or(u64::MAX),
+            capacity: u64::try_from(capacity / 1000).unwrap_or(u64::MAX),
+        })
+}
+
+/// Resource maps of a node's status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeResources {
+    pub capacity: BTreeMap<String, Quantity>,
+    pub allocatable: BTreeMap<String, Quantity>,
+}
+
+/// Capacity and allocatable of the node, as the kubelet computes them:
+/// allocatable = capacity - kube-reserved - system-reserved - hard eviction threshold.
+pub fn resources_for(
+    instance: &RunningInstance,
+    settings: &NodeAgentSettings,
+) -> Result<NodeResources, KubeletSimError> {
+    let shape = &instance.shape;
+    let cpu_milli = u128::from(shape.cpus) * 1000;
+    let memory_milli = u128::from(shape.memory_bytes) * 1000;
+    let disk_milli = u128::from(shape.disk_gib * GIB) * 1000;
+
+    let mut capacity = BTreeMap::new();
+    capacity.insert("cpu".to_string(), Quantity(shape.cpus.to_string()));
+    capacity.insert("memory".to_string(), bytes_quantity(memory_milli));
+    capacity.insert("ephemeral-storage".to_string(), bytes_quantity(disk_milli));
+    capacity.insert("pods".to_string(), Quantity(MAX_PODS.to_string()));
+    if shape.gpus > 0 {
+        capacity.insert(GPU_RESOURCE.to_string(), Quantity(shape.gpus.to_string()));
+    }
+
+    let cpu = subtract(
+        "cpu",
+        cpu_milli,
+        reserved_milli(settings, "cpu", |r| r.cpu.as_ref())?,
+    )?;
+    let memory = subtract(
+        "memory",
+        memory_milli,
+        reserved_milli(settings, "memory", |r| r.memory.as_ref())?
+            + u128::from(EVICTION_HARD_MEMORY_BYTES) * 1000,
+    )?;
+    let disk = subtract(
+        "ephemeral-storage",
+        disk_milli,
+        reserved_milli(settings, "ephemeral-storage", |r| {
+            r.ephemeral_storage.as_ref()
+        })? + disk_milli * u128::from(EVICTION_HARD_NODEFS_PERCENT) / 100,
+    )?;
+
+    let mut allocatable = capacity.clone();
+    allocatable.insert("cpu".to_string(), Quantity(format!("{cpu}m")));
+    allocatable.insert("memory".to_string(), bytes_quantity(memory));
+    allocatable.insert("ephemeral-storage".to_string(), bytes_quantity(disk));
+    Ok(NodeResources {
+        capacity,
+        allocatable,
+    })
+}
+
+/// Whole bytes as a `Ki` quantity when it divides evenly, plain bytes otherwise.
+fn bytes_quantity(milli_bytes: u128) -> Quantity {
+    let bytes = milli_bytes / 1000;
+    if bytes.is_multiple_of(1024) {
+        Quantity(format!("{}Ki", bytes / 1024))
+    } else {
+        Quantity(bytes.to_string())
+    }
+}
+
+fn condition(type_: &str, healthy_status: bool, status: bool, now: Timestamp) -> NodeCondition {
+    let (reason, message) = match (type_, status == healthy_status) {
+        ("Ready", true) => ("KubeletReady", "kubelet is posting ready status"),
+        ("Ready", false) => ("KubeletNotReady", "container runtime network not ready"),
+        ("DiskPressure", false) => ("KubeletHasDiskPressure", "kubelet has disk pressure"),
+        (_, true) => ("KubeletHasSufficientResources", "kubelet has no pressure"),
+        (_, false) => ("KubeletHasPressure", "kubelet reports pressure"),
+    };
+    NodeCondition {
+        type_: type_.to_string(),
+        status: if status { "True" } else { "False" }.to_string(),
+        reason: Some(reason.to_string()),
+        message: Some(message.to_string()),
+        last_heartbeat_time: Some(Time(now)),
+        last_transition_time: Some(Time(now)),
+    }
+}
+
+/// The status the kubelet posts right after registering: Ready, no pressure.
+pub fn node_status_for(
+    instance: &RunningInstance,
+    settings: &NodeAgentSettings,
+    now: Timestamp,
+) -> Result<NodeStatus, KubeletSimError> {
+    let NodeResources {
+        capacity,
+        allocatable,
+    } = resources_for(instance, settings)?;
+    Ok(NodeStatus {
+        capacity: Some(capacity),
+        allocatable: Some(allocatable),
+        conditions: Some(vec![
+            condition("Ready", true, true, now),
+            condition("MemoryPressure", false, false, now),
+            condition("DiskPressure", false, false, now),
+            condition("PIDPressure", false, false, now),
+        ]),
+        addresses: Some(vec![NodeAddress {
+            type_: "Hostname".to_string(),
+            address: instance.name.clone(),
+        }]),
+        node_info: Some(NodeSystemInfo {
+            architecture: "amd64".to_string(),
+            boot_id: instance.id.clone(),
+            container_runtime_version: "containerd://2.1.0".to_string(),
+            kernel_version: "6.12.0-simulated".to_string(),
+            kube_proxy_version: String::new(),
+            kubelet_version: KUBELET_VERSION.to_string(),
+            machine_id: instance.id.replace('-', ""),
+            operating_system: "linux".to_string(),
+            os_image: "Exoscale SKS node (simulated)".to_string(),
+            system_uuid: instance.id.clone(),
+            ..NodeSystemInfo::default()
+        }),
+        ..NodeStatus::default()
+    })
+}
+
+/// Registers the instance's Node (create, then status) and returns it.
+/// Fails on undecodable user data before touching the API.
+pub async fn register_node(
+    client: &kube::Client,
+    instance: &RunningInstance,
+) -> Result<Node, KubeletSimError> {
+    let settings = decode_user_data(&instance.user_data)?;
+    let node = node_for(instance, &settings)?;
+    let status = node_status_for(instance, &settings, Timestamp::now())?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes.create(&PostParams::default(), &node).await?;
+    let patch = serde_json::json!({ "status": status });
+    let registered = nodes
+        .patch_status(
+            &instance.name,
+            &PatchParams {
+                field_manager: Some(FIELD_MANAGER.to_string()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(registered)
+}
+
+/// Sets one node condition (`Ready`, `DiskPressure`, ...) to True or False, keeping the rest.
+pub async fn set_node_condition(
+    client: &kube::Client,
+    node_name: &str,
+    condition_type: &str,
+    status: bool,
+) -> Result<Node, KubeletSimError> {
+    let healthy_status = condition_type == "Ready";
+    let update = condition(condition_type, healthy_status, status, Timestamp::now());
+    let patch = serde_json::json!({ "status": { "conditions": [update] } });
+    let nodes: Api<Node> = Api::all(client.clone());
+    // Strategic merge keys node conditions by type, so the other conditions stay.
+    Ok(nodes
+        .patch_status(
+            node_name,
+            &PatchParams {
+                field_manager: Some(FIELD_MANAGER.to_string()),
+                ..PatchParams::default()
+            },
+            &Patch::Strategic(&patch),
+        )
+        .await?)
+}
+
+/// Runs the behaviour script for one instance in the background.
+pub fn spawn(
+    client: kube::Client,
+    instance: RunningInstance,
+    behaviour: KubeletBehaviour,
+) -> tokio::task::JoinHandle<Result<(), KubeletSimError>> {
+    tokio::spawn(async move { run(&client, &instance, &behaviour).await })
+}
+
+async fn run(
+    client: &kube::Client,
+    instance: &RunningInstance,
+    behaviour: &KubeletBehaviour,
+) -> Result<(), KubeletSimError> {
+    match behaviour.join {
+        Join::Never => return Ok(()),
+        Join::After(delay) => tokio::time::sleep(delay).await,
+    }
+    register_node(client, instance).await?;
+    match behaviour.fault {
+        Fault::None => {}
+        Fault::NotReadyAfter(delay) => {
+            tokio::time::sleep(delay).await;
+            set_node_condition(client, &instance.name, "Ready", false).await?;
+        }
+        Fault::DiskPressureAfter(delay) => {
+            tokio::time::sleep(delay).await;
+            set_node_condition(client, &instance.name, "DiskPressure", true).await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const USER_DATA_TOML: &str = r#"
+[settings.kubernetes]
+api-server = "https://example.sks-ch-gva-2.exo.io:443"
+bootstrap-token = "abcdef.0123456789abcdef"
+cloud-provider = "external"
+cluster-certificate = "Q0E="
+cluster-dns-ip = ["10.96.0.10"]
+
+[settings.kubernetes.node-labels]
+"karpenter.sh/nodepool" = "default"
+"kubernetes.io/hostname" = "ignored-by-kubelet"
+
+[settings.kubernetes.node-taints]
+"karpenter.sh/unregistered" = ["true:NoExecute"]
+"dedicated" = [":NoSchedule", "gpu:PreferNoSchedule"]
+
+[settings.kubernetes.kube-reserved]
+cpu = "250m"
+memory = "0.5Gi"
+"#;
+
+    fn gzip_base64(text: &str) -> String {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(text.as_bytes()).unwrap();
+        BASE64.encode(encoder.finish().unwrap())
+    }
+
+    fn instance(user_data: String) -> RunningInstance {
+        RunningInstance {
+            id: "3f1b2a9c-0d4e-4b7a-9c1e-5a6b7c8d9e0f".into(),
+            name: "karpenter-default-abcde".into(),
+            zone: "ch-gva-2".into(),
+            shape: InstanceShape {
+                name: "standard.medium".into(),
+                cpus: 2,
+                memory_bytes: 4 * GIB,
+                gpus: 0,
+                disk_gib: 50,
+            },
+            user_data,
+        }
+    }
+
+    #[test]
+    fn decodes_all_three_encodings_alike() {
+        let plain = decode_user_data(USER_DATA_TOML).unwrap();
+        let base64 = decode_user_data(&BASE64.encode(USER_DATA_TOML)).unwrap();
+        let gzipped = decode_user_data(&gzip_base64(USER_DATA_TOML)).unwrap();
+        assert_eq!(plain, base64);
+        assert_eq!(plain, gzipped);
+        assert_eq!(plain.node_labels["karpenter.sh/nodepool"], "default");
+    }
+
+    #[test]
+    fn user_data_without_bootstrap_token_is_refused() {
+        let err =
+            decode_user_data("[settings.kubernetes]\napi-server = \"https://x\"\n").unwrap_err();
+        assert!(
+            matches!(err, KubeletSimError::MissingBootstrapToken),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn broken_toml_names_the_problem() {
+        let err = decode_user_data("[settings.kubernetes\n").unwrap_err();
+        assert!(
+            err.to_string().contains("not a valid node-agent TOML"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn taints_split_value_and_effect() {
+        let settings = decode_user_data(USER_DATA_TOML).unwrap();
+        let taints = taints_from(&settings).unwrap();
+        let rendered: Vec<_> = taints
+            .iter()
+            .map(|t| {
+                format!(
+                    "{}={}:{}",
+                    t.key,
+                    t.value.as_deref().unwrap_or(""),
+                    t.effect
+                )
+            })
+            .collect();
+        assert_eq!(
+            rendered,
+            [
+                "dedicated=:NoSchedule",
+                "dedicated=gpu:PreferNoSchedule",
+                "karpenter.sh/unregistered=true:NoExecute"
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_taint_effect_is_refused() {
+        let mut settings = decode_user_data(USER_DATA_TOML).unwrap();
+        settings
+            .node_taints
+            .insert("bad".into(), vec!["x:Sometimes".into()]);
+        let err = taints_from(&settings).unwrap_err();
+        assert!(err.to_string().contains("\"bad\""), "{err}");
+    }
+
+    #[test]
+    fn node_carries_provider_id_and_kubelet_labels_win() {
+        let instance = instance(gzip_base64(USER_DATA_TOML));
+        let settings = decode_user_data(&instance.user_data).unwrap();
+        let node = node_for(&instance, &settings).unwrap();
+        assert_eq!(
+            node.spec.unwrap().provider_id.unwrap(),
+            "exoscale://3f1b2a9c-0d4e-4b7a-9c1e-5a6b7c8d9e0f"
+        );
+        let labels = node.metadata.labels.unwrap();
+        assert_eq!(labels["kubernetes.io/hostname"], "karpenter-default-abcde");
+        assert_eq!(
+            labels["node.kubernetes.io/instance-type"],
+            "standard.medium"
+        );
+        assert_eq!(labels["topology.kubernetes.io/zone"], "ch-gva-2");
+        assert_eq!(labels["karpenter.sh/nodepool"], "default");
+    }
+
+    #[test]
+    fn allocatable_subtracts_reservations_and_eviction_thresholds() {
+        let instance = instance(USER_DATA_TOML.to_string());
+        let settings = decode_user_data(&instance.user_data).unwrap();
+        let NodeResources {
+            capacity,
+            allocatable,
+        } = resources_for(&instance, &settings).unwrap();
+        assert_eq!(capacity["cpu"].0, "2");
+        assert_eq!(capacity["memory"].0, "4194304Ki");
+        assert_eq!(capacity["pods"].0, "110");
+        assert!(!capacity.contains_key(GPU_RESOURCE));
+        // 2000m - 250m (kube) - 100m (system default)
+        assert_eq!(allocatable["cpu"].0, "1650m");
+        // 4096Mi - 512Mi (kube) - 100Mi (system default) - 100Mi (eviction)
+        assert_eq!(
+            allocatable["memory"].0,
+            format!("{}Ki", (4096 - 712) * 1024)
+        );
+        // 50Gi - 1Gi (kube default) - 3Gi (system default) - 5Gi (10%)
+        assert_eq!(
+            allocatable["ephemeral-storage"].0,
+            format!("{}Ki", 41 * 1024 * 1024)
+        );
+    }
+
+    #[test]
+    fn gpus_appear_as_extended_resource() {
+        let mut instance = instance(USER_DATA_TOML.to_string());
+        instance.shape.gpus = 2;
+        let settings = decode_user_data(&instance.user_data).unwrap();
+        let NodeResources {
+            capacity,
+            allocatable,
+        } = resources_for(&instance, &settings).unwrap();
+        assert_eq!(capacity[GPU_RESOURCE].0, "2");
+        assert_eq!(allocatable[GPU_RESOURCE].0, "2");
+    }
+
+    #[test]
+    fn reservation_larger_than_the_node_is_an_error() {
+        let mut instance = instance(USER_DATA_TOML.to_string());
+        instance.shape.memory_bytes = 256 * MIB;
+        let settings = decode_user_data(&instance.user_data).unwrap();
+        let err = resources_for(&instance, &settings).unwrap_err();
+        assert!(err.to_string().starts_with("memory reservation"), "{err}");
+    }
+
+    #[test]
+    fn quantities_parse_with_suffixes_and_fractions() {
+        assert_eq!(parse_quantity_milli("f", "250m").unwrap(), 250);
+        assert_eq!(parse_quantity_milli("f", "2").unwrap(), 2000);
+        assert_eq!(parse_quantity_milli("f", "1.5").unwrap(), 1500);
+        assert_eq!(parse_quantity_milli("f", "1Ki").unwrap(), 1_024_000);
+        assert_eq!(parse_quantity_milli("f", "1M").unwrap(), 1_000_000_000);
+        for bad in ["", "abc", "1Xi", ".", "1..2"] {
+            assert!(parse_quantity_milli("f", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn debug_output_hides_the_bootstrap_token() {
+        let settings = decode_user_data(USER_DATA_TOML).unwrap();
+        let shown = format!("{settings:?}");
+        assert!(!shown.contains("0123456789abcdef"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+    }
+
+    #[test]
+    fn status_is_ready_without_pressure() {
+        let instance = instance(USER_DATA_TOML.to_string());
+        let settings = decode_user_data(&instance.user_data).unwrap();
+        let status = node_status_for(&instance, &settings, Timestamp::now()).unwrap();
+        let conditions: BTreeMap<_, _> = status
+            .conditions
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.type_, c.status))
+            .collect();
+        assert_eq!(conditions["Ready"], "True");
+        assert_eq!(conditions["DiskPressure"], "False");
+        assert_eq!(status.node_info.unwrap().system_uuid, instance.id);
+    }
+}

@@ -1,0 +1,112 @@
+//! Batching of provisioning triggers: after the first trigger, a window closes once no new
+//! trigger arrived for `idle` or `max` elapsed since it opened. Pure, with the time passed in,
+//! so the controller's loop and the tests share it.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+#[derive(Debug)]
+pub struct Batcher {
+    idle: Duration,
+    max: Duration,
+    window: Option<Window>,
+}
+
+#[derive(Debug)]
+struct Window {
+    opened: Instant,
+    last_trigger: Instant,
+    seen: HashSet<String>,
+}
+
+impl Batcher {
+    pub fn new(idle: Duration, max: Duration) -> Self {
+        Batcher {
+            idle,
+            max,
+            window: None,
+        }
+    }
+
+    /// Records a trigger (a pod UID, or a node name). A UID already in the window is ignored so a
+    /// pod requeued every few seconds does not keep the window open forever.
+    pub fn trigger(&mut self, uid: &str, now: Instant) {
+        let window = self.window.get_or_insert_with(|| Window {
+            opened: now,
+            last_trigger: now,
+            seen: HashSet::new(),
+        });
+        if window.seen.insert(uid.to_string()) {
+            window.last_trigger = now;
+        }
+    }
+
+    /// When the current window closes, if one is open.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.window
+            .as_ref()
+            .map(|w| (w.last_trigger + self.idle).min(w.opened + self.max))
+    }
+
+    /// Closes the window if its deadline has passed; returns how many distinct triggers it held.
+    pub fn take_if_ready(&mut self, now: Instant) -> Option<usize> {
+        let deadline = self.deadline()?;
+        if now < deadline {
+            return None;
+        }
+        self.window.take().map(|w| w.seen.len())
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.window.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IDLE: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn window_closes_after_idle_time() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new(IDLE, MAX);
+        assert!(b.take_if_ready(t0).is_none(), "no window without a trigger");
+        b.trigger("a", t0);
+        b.trigger("b", t0 + Duration::from_millis(500));
+        assert!(
+            b.take_if_ready(t0 + Duration::from_millis(1400)).is_none(),
+            "idle timer reset by b"
+        );
+        assert_eq!(b.take_if_ready(t0 + Duration::from_millis(1500)), Some(2));
+        assert!(!b.is_open());
+    }
+
+    #[test]
+    fn window_closes_at_max_even_with_steady_triggers() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new(IDLE, MAX);
+        for i in 0..34u64 {
+            let now = t0 + Duration::from_millis(i * 300);
+            b.trigger(&format!("pod-{i}"), now);
+            assert!(b.take_if_ready(now).is_none(), "still open at {i}");
+        }
+        assert_eq!(
+            b.deadline(),
+            Some(t0 + MAX),
+            "max bounds the window, not the idle timer"
+        );
+        assert_eq!(b.take_if_ready(t0 + MAX), Some(34));
+    }
+
+    #[test]
+    fn repeated_uid_does_not_extend_the_window() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new(IDLE, MAX);
+        b.trigger("a", t0);
+        b.trigger("a", t0 + Duration::from_millis(900));
+        assert_eq!(b.take_if_ready(t0 + IDLE), Some(1));
+    }
+}

@@ -1,0 +1,7 @@
+//! Provisioning: batches pending pods, solves them with the shared scheduler against existing
+//! capacity and NodePool templates, and creates NodeClaims.
+
+pub mod batcher;
+pub mod eligibility;
+pub mod overlay;
+pub mod template;

@@ -1,0 +1,10 @@
+//! Test support shared by the integration-test targets (`mod support;` in each).
+// Each test target uses a different subset of these helpers.
+#![allow(dead_code)]
+
+pub mod control_plane;
+pub mod crds;
+pub mod pki;
+pub mod process;
+
+pub use control_plane::shared;
