@@ -965,6 +965,31 @@ async fn a_failed_private_network_attach_rolls_the_instance_back() {
     assert!(w.bootstrap.tokens().is_empty());
 }
 
+#[tokio::test]
+async fn a_failed_attach_operation_rolls_back_too() {
+    let w = world().await;
+    let mut s = spec();
+    s.private_network_selector_terms = vec![SelectorTerm {
+        id: None,
+        name: Some("karpenter-private".into()),
+    }];
+    w.put_nodeclass(s).await;
+    w.sim.inject(Fault::on(
+        "attach-instance-to-private-network",
+        FaultAction::FailOperation {
+            reason: "conflict".into(),
+            message: "network busy".into(),
+        },
+    ));
+    let err = w
+        .provider
+        .create(&claim("rb-op", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("network busy"), "{err}");
+    eventually("rollback", || async { w.sim.instances().is_empty() }).await;
+}
+
 // ---- drift ----
 
 #[tokio::test]

@@ -5,7 +5,6 @@
 pub mod error;
 pub mod exoscale;
 pub mod fake;
-pub mod overlay;
 
 use std::sync::Arc;
 use std::time::Duration;

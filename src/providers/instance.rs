@@ -111,8 +111,9 @@ pub fn is_capacity_failure(err: &exoscale::Error) -> bool {
     }
 }
 
-/// Everything one launch needs, already resolved.
-#[derive(Clone, Debug)]
+/// Everything one launch needs, already resolved. Debug leaves out the user data (it carries
+/// the bootstrap token).
+#[derive(Clone)]
 pub struct LaunchSpec {
     pub nodeclaim: String,
     pub nodepool: Option<String>,
@@ -124,6 +125,26 @@ pub struct LaunchSpec {
     pub security_groups: Vec<String>,
     pub anti_affinity_groups: Vec<String>,
     pub private_networks: Vec<String>,
+}
+
+impl std::fmt::Debug for LaunchSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchSpec")
+            .field("nodeclaim", &self.nodeclaim)
+            .field("nodepool", &self.nodepool)
+            .field("name", &self.name)
+            .field("instance_type_id", &self.instance_type_id)
+            .field("template_id", &self.template_id)
+            .field("disk_size", &self.disk_size)
+            .field(
+                "user_data",
+                &format_args!("<{} bytes>", self.user_data.len()),
+            )
+            .field("security_groups", &self.security_groups)
+            .field("anti_affinity_groups", &self.anti_affinity_groups)
+            .field("private_networks", &self.private_networks)
+            .finish()
+    }
 }
 
 #[derive(Debug, Error)]
@@ -397,6 +418,25 @@ mod tests {
         assert!(is_live(&i));
         i.state = InstanceState::Destroying;
         assert!(!is_live(&i));
+    }
+
+    #[test]
+    fn launch_spec_debug_hides_the_user_data() {
+        let spec = LaunchSpec {
+            nodeclaim: "nc".into(),
+            nodepool: None,
+            name: "nc".into(),
+            instance_type_id: "t".into(),
+            template_id: "tpl".into(),
+            disk_size: 50,
+            user_data: "H4sIAAAAsecretsecret".into(),
+            security_groups: vec![],
+            anti_affinity_groups: vec![],
+            private_networks: vec![],
+        };
+        let debug = format!("{spec:?}");
+        assert!(!debug.contains("secretsecret"), "{debug}");
+        assert!(debug.contains("<20 bytes>"), "{debug}");
     }
 
     #[test]

@@ -332,6 +332,12 @@ mod tests {
     }
 
     #[test]
+    fn debug_never_shows_the_token_secret() {
+        let debug = format!("{:?}", input());
+        assert!(!debug.contains("0123456789abcdef"), "{debug}");
+    }
+
+    #[test]
     fn missing_inputs_are_named() {
         let mut i = input();
         i.cluster_ca_pem.clear();

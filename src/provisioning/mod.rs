@@ -3,5 +3,5 @@
 
 pub mod batcher;
 pub mod eligibility;
-pub mod overlay;
+pub mod input;
 pub mod template;

@@ -17,10 +17,11 @@ use crate::apis::{
     NodeClaim, NodeClaimSpec, NodePool, NodeSelectorRequirementWithMinValues,
     Operator as CrdOperator, Taint as CrdTaint, TaintEffect as CrdEffect,
 };
+use crate::cloudprovider::requirements_from_api;
 use crate::scheduling::NewNodeClaim;
 use crate::scheduling::model::NodePoolTemplate;
 use crate::scheduling::quantity::{Quantity, Resources};
-use crate::scheduling::requirements::{Operator, Requirement, RequirementError, Requirements};
+use crate::scheduling::requirements::{Operator, RequirementError, Requirements};
 use crate::scheduling::taints::{Taint, TaintEffect};
 
 #[derive(Debug, Error)]
@@ -37,19 +38,6 @@ pub enum TemplateError {
         resource: String,
         message: String,
     },
-}
-
-fn operator(op: CrdOperator) -> Operator {
-    match op {
-        CrdOperator::In => Operator::In,
-        CrdOperator::NotIn => Operator::NotIn,
-        CrdOperator::Exists => Operator::Exists,
-        CrdOperator::DoesNotExist => Operator::DoesNotExist,
-        CrdOperator::Gt => Operator::Gt,
-        CrdOperator::Lt => Operator::Lt,
-        CrdOperator::Gte => Operator::Gte,
-        CrdOperator::Lte => Operator::Lte,
-    }
 }
 
 fn effect(effect: CrdEffect) -> TaintEffect {
@@ -73,16 +61,17 @@ pub fn requirements(
     owner: &str,
     list: &[NodeSelectorRequirementWithMinValues],
 ) -> Result<Requirements, TemplateError> {
+    // One at a time, so that an error names the offending requirement.
     let mut out = Requirements::new();
     for (index, r) in list.iter().enumerate() {
-        let requirement = Requirement::new(&r.key, operator(r.operator), r.values.iter().cloned())
-            .map_err(|source| TemplateError::Requirement {
+        let one = requirements_from_api(std::slice::from_ref(r)).map_err(|source| {
+            TemplateError::Requirement {
                 pool: owner.to_string(),
                 index,
                 source,
-            })?
-            .with_min_values(r.min_values.and_then(|m| usize::try_from(m).ok()));
-        out.add(requirement);
+            }
+        })?;
+        out.add_all(&one);
     }
     Ok(out)
 }

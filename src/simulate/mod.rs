@@ -13,9 +13,10 @@ use thiserror::Error;
 
 use crate::apis::{ExoscaleNodeClass, ExoscaleNodeClassSpec, labels};
 use crate::catalogue::{Catalogue, Currency};
+use crate::cloudprovider::overlay;
 use crate::providers::instance_types::{self, DiscoveredType};
 use crate::providers::pricing::{PriceBook, PriceSource};
-use crate::provisioning::{overlay, template};
+use crate::provisioning::template;
 use crate::scheduling::convert;
 use crate::scheduling::{
     Pod, Resources, Scheduler, SchedulerInput, SchedulerOptions, WellKnownLabels,
@@ -184,16 +185,14 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
             let it = instance_types::build(t, class, zone, price.per_hour, true).map_err(|e| {
                 SimulateError::Invalid(format!("ExoscaleNodeClass {class_name}: {e}"))
             })?;
-            types.push(it);
+            types.push(Arc::new(it));
         }
-        let outcome = overlay::apply(&m.overlays, &pool.template_labels(), &mut types);
-        warnings.extend(outcome.invalid);
+        let (types, _) = overlay::apply(&name, &pool.template_labels(), &types, &m.overlays)
+            .map_err(|e| SimulateError::Invalid(e.to_string()))?;
         let template = template::nodepool_template(pool, usage.remove(&name).unwrap_or_default())
             .map_err(|e| SimulateError::Invalid(e.to_string()))?;
         input.node_pools.push(template);
-        input
-            .instance_types
-            .insert(name, types.into_iter().map(Arc::new).collect());
+        input.instance_types.insert(name, types);
     }
 
     let mut pods: Vec<Pod> = Vec::new();
