@@ -72,9 +72,12 @@ pub async fn run(
     extra_controllers: Vec<ExtraController>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), RunError> {
-    let kube_config = kube::Config::infer()
+    let mut kube_config = kube::Config::infer()
         .await
         .map_err(|e| RunError::Kube(e.to_string()))?;
+    // Reconcilers requeue on their own; client-side retries of 429 would hide a PDB refusing
+    // an eviction for minutes.
+    kube_config.default_retry = false;
     let cluster_url = kube_config.cluster_url.to_string();
     let client = kube::Client::try_from(kube_config).map_err(|e| RunError::Kube(e.to_string()))?;
     let settings = &config.exoscale;
@@ -92,7 +95,62 @@ pub async fn run(
         .await
         .map_err(|e| RunError::Exoscale(e.to_string()))?;
 
-    // NodeClasses for the provider's Create come from a reflector store.
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let cloud = build_cloud(
+        ProviderSettings {
+            zone: settings.zone.clone(),
+            cluster_id: settings.sks_cluster_id.to_string(),
+            instance_prefix: settings.instance_prefix.clone(),
+            cluster_endpoint: settings.cluster_endpoint.clone().unwrap_or(cluster_url),
+            cluster_domain: settings.cluster_domain.clone(),
+        },
+        exo,
+        client.clone(),
+        clock.clone(),
+    )
+    .await?;
+    let result = serve(
+        Runtime {
+            config,
+            client,
+            cloud: cloud.provider.clone(),
+            nodeclass_resolution: Some(cloud.resolution.clone()),
+            clock,
+            bind_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            extra_controllers,
+            lease: LeaseTimings::default(),
+        },
+        shutdown,
+    )
+    .await;
+    drop(cloud);
+    result
+}
+
+/// The Exoscale cloud provider with its background tasks (NodeClass store, instance-type
+/// refresh); dropping it stops them.
+pub struct ExoscaleCloud {
+    pub provider: Arc<ExoscaleCloudProvider>,
+    pub resolution: Arc<dyn Resolution>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for ExoscaleCloud {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Builds the Exoscale cloud provider: NodeClasses from a reflector store, tokens and CA from
+/// the cluster, instance types loaded once and refreshed hourly.
+pub async fn build_cloud(
+    settings: ProviderSettings,
+    exo: exoscale::Client,
+    client: kube::Client,
+    clock: Arc<dyn Clock>,
+) -> Result<ExoscaleCloud, RunError> {
     let (reader, writer) = reflector::store::<ExoscaleNodeClass>();
     let nodeclass_feed = tokio::spawn({
         let api = kube::Api::<ExoscaleNodeClass>::all(client.clone());
@@ -105,28 +163,21 @@ pub async fn run(
                 .await
         }
     });
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let provider = Arc::new(ExoscaleCloudProvider::new(
-        ProviderSettings {
-            zone: settings.zone.clone(),
-            cluster_id: settings.sks_cluster_id.to_string(),
-            instance_prefix: settings.instance_prefix.clone(),
-            cluster_endpoint: settings.cluster_endpoint.clone().unwrap_or(cluster_url),
-            cluster_domain: settings.cluster_domain.clone(),
-        },
+        settings,
         Dependencies {
-            client: exo.clone(),
+            client: exo,
             nodeclasses: Arc::new(reader),
             bootstrap: Arc::new(KubeNodeBootstrap::new(client.clone())),
-            versions: Arc::new(crate::providers::template::ApiServerVersion(client.clone())),
-            clock: clock.clone(),
+            versions: Arc::new(crate::providers::template::ApiServerVersion(client)),
+            clock,
             prices: crate::providers::pricing::PriceBook::new(crate::catalogue::Currency::Eur),
         },
     ));
-    provider
-        .refresh_instance_types()
-        .await
-        .map_err(|e| RunError::InstanceTypes(e.to_string()))?;
+    if let Err(e) = provider.refresh_instance_types().await {
+        nodeclass_feed.abort();
+        return Err(RunError::InstanceTypes(e.to_string()));
+    }
     let refresh = provider
         .instance_type_provider()
         .catalog()
@@ -136,23 +187,11 @@ pub async fn run(
         groups: provider.nodeclass_resolver().clone(),
         templates: provider.templates().clone(),
     });
-    let result = serve(
-        Runtime {
-            config,
-            client,
-            cloud: provider,
-            nodeclass_resolution: Some(resolution),
-            clock,
-            bind_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            extra_controllers,
-            lease: LeaseTimings::default(),
-        },
-        shutdown,
-    )
-    .await;
-    refresh.abort();
-    nodeclass_feed.abort();
-    result
+    Ok(ExoscaleCloud {
+        provider,
+        resolution,
+        tasks: vec![nodeclass_feed, refresh],
+    })
 }
 
 /// Runs servers, cluster state, leader election and (while leading) every controller until
