@@ -93,14 +93,34 @@ fn instance_shape(types: &[exoscale::models::InstanceType], id: &str) -> Instanc
     }
 }
 
+/// What kubeadm or kube-controller-manager's root-CA publisher would provide: the cluster CA
+/// in `kube-system/kube-root-ca.crt`, which user data embeds.
+async fn publish_cluster_ca(client: &Client, config: &kube::Config) {
+    use base64::Engine;
+    let der = config.root_cert.as_ref().and_then(|c| c.first()).expect("the test kubeconfig has a CA");
+    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    let lines: Vec<&str> = body.as_bytes().chunks(64).map(|c| std::str::from_utf8(c).unwrap()).collect();
+    let pem = format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", lines.join("\n"));
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": pem}});
+    maps.patch("kube-root-ca.crt", &PatchParams::apply("e2e").force(), &Patch::Apply(&map))
+        .await
+        .expect("publish the cluster CA");
+}
+
 impl World {
     /// Starts the sim, kubelets and pod "kubelet"; `None` when the control plane is not built
     /// (outside CI; see tests/support).
     pub async fn start(test: &str, policy: KubeletPolicy) -> Option<World> {
         let serial = SERIAL.lock().await;
+        karpenter_exoscale::operator::logging::init(
+            karpenter_exoscale::operator::config::LogLevel::Info,
+            karpenter_exoscale::operator::config::LogFormat::Text,
+        );
         let plane = support::shared()?;
         let client = plane.client_without_retries().await;
         let namespace = plane.namespace(&client, test).await;
+        publish_cluster_ca(&client, &plane.config().await).await;
         let sim = Arc::new(ExoscaleSim::start().await.expect("simulated cloud starts"));
         let exo = exoscale::Client::new(sim.client_config()).expect("sim client");
         let types = exo.list_instance_types().await.expect("instance types");
