@@ -9,3 +9,6 @@ pub mod logging;
 pub mod metrics;
 
 pub use config::{Config, ConfigError, RunArgs};
+pub mod run;
+
+pub use run::{ExtraController, RunError, Runtime, run, serve};
