@@ -2,6 +2,8 @@
 //! pods → one batch → NodeClaims → simulated instances → Nodes registered and Ready →
 //! kube-scheduler binds the pods. Also prints the latencies the issue asks to measure.
 
+// Shared with tests/e2e.rs; this target uses only part of it.
+#[allow(dead_code)]
 #[path = "e2e/harness.rs"]
 mod harness;
 mod support;
