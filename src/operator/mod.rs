@@ -7,5 +7,6 @@ pub mod health;
 pub mod leader;
 pub mod logging;
 pub mod metrics;
+pub mod rbac;
 
 pub use config::{Config, ConfigError, RunArgs};
