@@ -637,3 +637,178 @@ fn scan_refuses_what_it_cannot_follow() {
     assert!(text.contains("unknown Api method `entry`"), "{text}");
     assert_eq!(errors.len(), 4, "{text}");
 }
+
+// ---- Metrics: dashboard and README name only metrics the binary registers ----
+
+/// `karpenter_*` metric names registered in `src/` (string literals outside tests).
+fn registered_metrics() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for (_, source) in scan::sources(&repo().join("src"), &[]) {
+        let shipped = source.split("#[cfg(test)]").next().unwrap();
+        for quoted in shipped.split('"').skip(1).step_by(2) {
+            if quoted.starts_with("karpenter_")
+                && quoted.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            {
+                names.insert(quoted.to_string());
+            }
+        }
+    }
+    names
+}
+
+fn metric_names_in(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("karpenter_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        names.insert(name);
+    }
+    names
+}
+
+#[test]
+fn dashboard_queries_only_registered_metrics() {
+    let registered = registered_metrics();
+    assert!(
+        registered.contains("karpenter_nodeclaims_created"),
+        "{registered:?}"
+    );
+    let text = std::fs::read_to_string(repo().join("dashboards/karpenter-exoscale.json")).unwrap();
+    let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() > 10));
+    let mut exprs = String::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push_str(target["expr"].as_str().unwrap());
+            exprs.push('\n');
+        }
+    }
+    let unknown: Vec<String> = metric_names_in(&exprs)
+        .into_iter()
+        .filter(|name| {
+            let base = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            !registered.contains(name.as_str()) && !registered.contains(base)
+        })
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "the dashboard queries unregistered metrics {unknown:?}"
+    );
+}
+
+#[test]
+fn readme_lists_every_registered_metric() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let listed = metric_names_in(&readme);
+    let missing: Vec<_> = registered_metrics()
+        .into_iter()
+        .filter(|m| !listed.contains(m))
+        .collect();
+    assert!(missing.is_empty(), "README.md does not list {missing:?}");
+}
+
+// ---- Container image (no Docker engine here: check the Dockerfile's inputs and runtime) ----
+
+/// Top-level paths the build stage copies, and those `.dockerignore` lets into the context.
+fn docker_inputs() -> (BTreeSet<String>, BTreeSet<String>) {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let mut copied = BTreeSet::new();
+    for line in dockerfile.lines() {
+        if let Some(args) = line.strip_prefix("COPY ")
+            && !args.starts_with("--from")
+        {
+            let parts: Vec<&str> = args.split_whitespace().collect();
+            for src in &parts[..parts.len() - 1] {
+                copied.insert(src.trim_end_matches('/').to_string());
+            }
+        }
+    }
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
+    let allowed = ignore
+        .lines()
+        .filter_map(|l| l.strip_prefix('!'))
+        .map(|p| p.trim_end_matches('/').to_string())
+        .collect();
+    (copied, allowed)
+}
+
+#[test]
+fn image_build_gets_every_file_the_binary_embeds() {
+    let (copied, allowed) = docker_inputs();
+    for needed in ["Cargo.toml", "Cargo.lock", "src"] {
+        assert!(
+            copied.contains(needed) && allowed.contains(needed),
+            "{needed}"
+        );
+    }
+    let manifest = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    for line in manifest.lines() {
+        if let Some(path) = line.strip_prefix("path = \"") {
+            let top = path.split('/').next().unwrap();
+            assert!(
+                copied.contains(top) && allowed.contains(top),
+                "Cargo.toml target {path}"
+            );
+        }
+        if line.trim() == "[[bench]]" {
+            assert!(copied.contains("benches") && allowed.contains("benches"));
+        }
+    }
+    for (file, source) in scan::sources(&repo().join("src"), &[]) {
+        let shipped = source.split("#[cfg(test)]").next().unwrap();
+        for macro_name in ["include_str!(\"", "include_bytes!(\""] {
+            for (at, _) in shipped.match_indices(macro_name) {
+                let rel = shipped[at + macro_name.len()..].split('"').next().unwrap();
+                let dir = PathBuf::from(&file).parent().unwrap().join(rel);
+                let mut normal = PathBuf::new();
+                for part in dir.components() {
+                    match part {
+                        std::path::Component::ParentDir => {
+                            normal.pop();
+                        }
+                        other => normal.push(other),
+                    }
+                }
+                let top = normal.components().next().unwrap();
+                let top = top.as_os_str().to_string_lossy().into_owned();
+                assert!(
+                    copied.contains(&top) && allowed.contains(&top),
+                    "{file} embeds {}, but the image build does not copy {top}/",
+                    normal.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn image_runs_the_static_binary_as_non_root() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let stages: Vec<&str> = dockerfile.split("\nFROM ").skip(1).collect();
+    assert!(stages.len() >= 2, "multi-stage build");
+    let runtime = stages.last().unwrap();
+    assert!(runtime.starts_with("gcr.io/distroless/static"), "{runtime}");
+    assert!(runtime.contains("USER 65532:65532"));
+    assert!(runtime.contains("ENTRYPOINT [\"/karpenter-exoscale\"]"));
+    assert!(
+        dockerfile.contains("unknown-linux-musl"),
+        "a static (musl) binary"
+    );
+    let copies: Vec<&str> = runtime.lines().filter(|l| l.starts_with("COPY")).collect();
+    assert_eq!(
+        copies.len(),
+        1,
+        "the runtime image holds the binary only: {copies:?}"
+    );
+    // The chart runs the same user and binary.
+    let docs = render(&[]);
+    let pod = &deployment(&docs)["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+}
