@@ -10,7 +10,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use karpenter_exoscale::scheduling::fixtures::{PodGenerator, benchmark_input, instance_types};
-use karpenter_exoscale::scheduling::{Pod, PreferencePolicy, Scheduler, SchedulerOptions};
+use std::sync::Arc;
+
+use karpenter_exoscale::apis::ExoscaleNodeClass;
+use karpenter_exoscale::catalogue::{Catalogue, Currency};
+use karpenter_exoscale::providers::instance_types::build;
+use karpenter_exoscale::providers::pricing::PriceBook;
+use karpenter_exoscale::scheduling::{
+    InstanceType, Pod, PreferencePolicy, Scheduler, SchedulerOptions,
+};
+use karpenter_exoscale::simulate::catalogue_types;
 
 struct CountingAllocator;
 
@@ -52,11 +61,22 @@ struct Measurement {
 }
 
 fn measure(name: &str, pods: &[Pod], policy: PreferencePolicy, min_time: Duration) -> Measurement {
+    measure_on(name, instance_types(400), pods, policy, min_time)
+}
+
+fn measure_on(
+    name: &str,
+    types: Vec<Arc<InstanceType>>,
+    pods: &[Pod],
+    policy: PreferencePolicy,
+    min_time: Duration,
+) -> Measurement {
     let options = SchedulerOptions {
         preference_policy: policy,
         ..Default::default()
     };
-    let scheduler = Scheduler::new(benchmark_input(instance_types(400), options));
+    let min_nodes = node_lower_bound(&types, pods);
+    let scheduler = Scheduler::new(benchmark_input(types, options));
     // One solve to check the outcome and measure memory.
     let base = CURRENT.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
@@ -73,7 +93,6 @@ fn measure(name: &str, pods: &[Pod], policy: PreferencePolicy, min_time: Duratio
     assert_eq!(results.scheduled_pod_count(), pods.len());
     let nodes = results.new_node_claims.len();
     drop(results);
-    let min_nodes = node_lower_bound(pods);
     let start = Instant::now();
     let mut iterations = 0u32;
     while iterations == 0 || start.elapsed() < min_time {
@@ -94,8 +113,8 @@ fn measure(name: &str, pods: &[Pod], policy: PreferencePolicy, min_time: Duratio
 
 /// No solution can use fewer nodes: the summed requests over the largest type's allocatable
 /// (per resource), and one node per hostname anti-affine pod.
-fn node_lower_bound(pods: &[Pod]) -> usize {
-    let largest = instance_types(400)
+fn node_lower_bound(types: &[Arc<InstanceType>], pods: &[Pod]) -> usize {
+    let largest = types
         .iter()
         .map(|it| it.allocatable())
         .max_by_key(|a| a.cpu())
@@ -121,6 +140,24 @@ fn node_lower_bound(pods: &[Pod]) -> usize {
         })
         .count();
     by_resource.max(anti)
+}
+
+/// Every type of the embedded catalogue in ch-gva-2, built as the instance-type provider does.
+fn exoscale_types() -> Vec<Arc<InstanceType>> {
+    let catalogue = Catalogue::embedded();
+    let prices = PriceBook::from_catalogue(catalogue, Currency::Eur);
+    let nodeclass: ExoscaleNodeClass = serde_json::from_value(serde_json::json!({
+        "apiVersion": "karpenter.exoscale.com/v1", "kind": "ExoscaleNodeClass",
+        "metadata": {"name": "bench"}, "spec": {"imageTemplateSelector": {}}
+    }))
+    .expect("nodeclass");
+    catalogue_types(catalogue, "ch-gva-2")
+        .iter()
+        .map(|t| {
+            let price = prices.price(&t.name(), t.shape()).per_hour;
+            Arc::new(build(t, &nodeclass, "ch-gva-2", price, true).expect("instance type"))
+        })
+        .collect()
 }
 
 fn main() {
@@ -162,9 +199,17 @@ fn main() {
         PreferencePolicy::Ignore,
         min_time,
     ));
-    // Real-Exoscale-catalogue mixed-workload case: add it here once
-    // `src/catalogue` lands (same `measure`, instance types from the catalogue instead of
-    // `instance_types(400)`), and report it in BENCHMARKS.md.
+    // The real Exoscale catalogue (ch-gva-2, list prices, default NodeClass) with the same mix.
+    for &n in &sizes {
+        let pods = PodGenerator::new(7).diverse(n);
+        rows.push(measure_on(
+            &format!("exoscale-diverse/{n}"),
+            exoscale_types(),
+            &pods,
+            PreferencePolicy::Respect,
+            min_time,
+        ));
+    }
 
     println!(
         "{:<28} {:>7} {:>7} {:>9} {:>12} {:>12} {:>12} {:>6} {:>12}",

@@ -25,7 +25,7 @@ enum OutputFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller against the cluster in KUBECONFIG (or in-cluster) and the Exoscale API.
-    Run,
+    Run(Box<karpenter_exoscale::operator::RunArgs>),
     /// Simulate provisioning for manifests (NodePools, NodeClasses, workloads) without a cluster.
     Simulate {
         /// Manifest file or directory of multi-document YAML; repeatable.
@@ -88,10 +88,7 @@ fn main() -> ExitCode {
             currency,
             output,
         } => simulate(paths, zone, currency, output),
-        Command::Run => {
-            eprintln!("this command is not built yet in this version");
-            ExitCode::from(2)
-        }
+        Command::Run(args) => karpenter_exoscale::operator::run::main(&args),
     }
 }
 

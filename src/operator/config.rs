@@ -61,17 +61,8 @@ impl LogLevel {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PreferencePolicy {
-    Respect,
-    Ignore,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MinValuesPolicy {
-    Strict,
-    BestEffort,
-}
+/// The scheduler's own policy types: configuration parses straight into them.
+pub use crate::scheduling::{MinValuesPolicy, PreferencePolicy};
 
 /// Upstream feature gates; unknown names are refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -380,19 +371,15 @@ impl Config {
             })
         };
         let api_environment = r.raw(&args.exoscale_api_environment, "EXOSCALE_API_ENVIRONMENT");
-        if let Some(environment) = &api_environment
-            && environment != "ppapi"
-        {
-            r.errors.push(format!(
-                "EXOSCALE_API_ENVIRONMENT={environment:?}: only \"ppapi\" is recognised"
-            ));
-        }
         let api_endpoint = r.raw(&args.exoscale_api_endpoint, "EXOSCALE_API_ENDPOINT");
-        if let Some(endpoint) = &api_endpoint
-            && url::Url::parse(endpoint).is_err()
+        if !zone.is_empty()
+            && let Err(e) = crate::exoscale::Endpoint::resolve(
+                &zone,
+                api_endpoint.as_deref(),
+                api_environment.as_deref(),
+            )
         {
-            r.errors
-                .push(format!("EXOSCALE_API_ENDPOINT={endpoint:?}: not a URL"));
+            r.errors.push(e.to_string());
         }
         let cluster_endpoint = r.raw(&args.cluster_endpoint, "CLUSTER_ENDPOINT");
         if let Some(endpoint) = &cluster_endpoint

@@ -10,3 +10,6 @@ pub mod metrics;
 pub mod rbac;
 
 pub use config::{Config, ConfigError, RunArgs};
+pub mod run;
+
+pub use run::{ExtraController, RunError, Runtime, run, serve};

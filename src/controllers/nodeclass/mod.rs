@@ -34,7 +34,7 @@ pub trait Resolution: Send + Sync {
 
 /// Resolution through the Exoscale providers.
 pub struct ExoscaleResolution {
-    pub groups: crate::providers::nodeclass::NodeClassResolver,
+    pub groups: Arc<crate::providers::nodeclass::NodeClassResolver>,
     pub templates: Arc<crate::providers::template::TemplateResolver>,
 }
 

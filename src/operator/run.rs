@@ -1,0 +1,377 @@
+//! Wiring of `karpenter-exoscale run`: servers, cluster state, leader election, controllers,
+//! graceful shutdown. [`serve`] takes its cloud and clients injected (tests run two replicas
+//! in one process against a simulated cloud); [`run`] builds the Exoscale ones from [`Config`].
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use thiserror::Error;
+use tokio::sync::watch;
+
+use crate::apis::ExoscaleNodeClass;
+use crate::cloudprovider::CloudProvider;
+use crate::cloudprovider::exoscale::{
+    Dependencies, ExoscaleCloudProvider, ExoscaleSettings as ProviderSettings, KubeNodeBootstrap,
+};
+use crate::controllers::nodeclass::{ExoscaleResolution, Resolution};
+use crate::controllers::{self, Context, Shutdown, shutdown_signal};
+use crate::exoscale::{self, Clock, SystemClock};
+use crate::state::{self, Cluster};
+
+use super::config::Config;
+use super::events::KubeEvents;
+use super::health::{Readiness, bind_and_serve, health_router, metrics_router};
+use super::leader::{Leadership, LeaseTimings, elect};
+use super::metrics::{Metrics, labels};
+
+#[derive(Debug, Error)]
+pub enum RunError {
+    #[error("cannot build a Kubernetes client: {0}")]
+    Kube(String),
+    #[error("cannot build the Exoscale client: {0}")]
+    Exoscale(String),
+    #[error("cannot load instance types from Exoscale: {0}")]
+    InstanceTypes(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Leader(#[from] super::leader::LeaderError),
+    #[error("lost the leader Lease; exiting so a fresh replica can take over")]
+    LostLeadership,
+}
+
+/// A controller started beside the built-in ones, on the leader, with the same [`Context`]
+/// (provisioning and disruption plug in here).
+pub type ExtraController = Box<dyn FnOnce(Arc<Context>, Shutdown) -> BoxFuture<'static, ()> + Send>;
+
+/// Everything [`serve`] needs.
+pub struct Runtime {
+    pub config: Config,
+    pub client: kube::Client,
+    pub cloud: Arc<dyn CloudProvider>,
+    pub nodeclass_resolution: Option<Arc<dyn Resolution>>,
+    pub clock: Arc<dyn Clock>,
+    /// Address the metrics and health servers bind to.
+    pub bind_ip: IpAddr,
+    pub extra_controllers: Vec<ExtraController>,
+    /// Lease timings (tests shorten them).
+    pub lease: LeaseTimings,
+}
+
+/// Builds the Exoscale cloud provider from the configuration and runs until `shutdown` turns
+/// true (SIGTERM in `main`).
+pub async fn run(
+    config: Config,
+    extra_controllers: Vec<ExtraController>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), RunError> {
+    let mut kube_config = kube::Config::infer()
+        .await
+        .map_err(|e| RunError::Kube(e.to_string()))?;
+    // Reconcilers requeue on their own; client-side retries of 429 would hide a PDB refusing
+    // an eviction for minutes.
+    kube_config.default_retry = false;
+    let cluster_url = kube_config.cluster_url.to_string();
+    let client = kube::Client::try_from(kube_config).map_err(|e| RunError::Kube(e.to_string()))?;
+    let settings = &config.exoscale;
+    let endpoint = exoscale::Endpoint::resolve(
+        &settings.zone,
+        settings.api_endpoint.as_deref(),
+        settings.api_environment.as_deref(),
+    )
+    .map_err(|e| RunError::Exoscale(e.to_string()))?;
+    let credentials =
+        exoscale::Credentials::new(settings.api_key.expose(), settings.api_secret.expose());
+    let exo = exoscale::Client::new(exoscale::ClientConfig::new(endpoint, credentials))
+        .map_err(|e| RunError::Exoscale(e.to_string()))?;
+    exo.check_zone(&settings.zone)
+        .await
+        .map_err(|e| RunError::Exoscale(e.to_string()))?;
+
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let cloud = build_cloud(
+        ProviderSettings {
+            zone: settings.zone.clone(),
+            cluster_id: settings.sks_cluster_id.to_string(),
+            instance_prefix: settings.instance_prefix.clone(),
+            cluster_endpoint: settings.cluster_endpoint.clone().unwrap_or(cluster_url),
+            cluster_domain: settings.cluster_domain.clone(),
+        },
+        exo,
+        client.clone(),
+        clock.clone(),
+    )
+    .await?;
+    let result = serve(
+        Runtime {
+            config,
+            client,
+            cloud: cloud.provider.clone(),
+            nodeclass_resolution: Some(cloud.resolution.clone()),
+            clock,
+            bind_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            extra_controllers,
+            lease: LeaseTimings::default(),
+        },
+        shutdown,
+    )
+    .await;
+    drop(cloud);
+    result
+}
+
+/// The Exoscale cloud provider with its background tasks (NodeClass store, instance-type
+/// refresh); dropping it stops them.
+pub struct ExoscaleCloud {
+    pub provider: Arc<ExoscaleCloudProvider>,
+    pub resolution: Arc<dyn Resolution>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for ExoscaleCloud {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Builds the Exoscale cloud provider: NodeClasses from a reflector store, tokens and CA from
+/// the cluster, instance types loaded once and refreshed hourly.
+pub async fn build_cloud(
+    settings: ProviderSettings,
+    exo: exoscale::Client,
+    client: kube::Client,
+    clock: Arc<dyn Clock>,
+) -> Result<ExoscaleCloud, RunError> {
+    let (reader, writer) = reflector::store::<ExoscaleNodeClass>();
+    let nodeclass_feed = tokio::spawn({
+        let api = kube::Api::<ExoscaleNodeClass>::all(client.clone());
+        async move {
+            use futures::StreamExt;
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .reflect(writer)
+                .for_each(|_| std::future::ready(()))
+                .await
+        }
+    });
+    let provider = Arc::new(ExoscaleCloudProvider::new(
+        settings,
+        Dependencies {
+            client: exo,
+            nodeclasses: Arc::new(reader),
+            bootstrap: Arc::new(KubeNodeBootstrap::new(client.clone())),
+            versions: Arc::new(crate::providers::template::ApiServerVersion(client)),
+            clock,
+            prices: crate::providers::pricing::PriceBook::new(crate::catalogue::Currency::Eur),
+        },
+    ));
+    if let Err(e) = provider.refresh_instance_types().await {
+        nodeclass_feed.abort();
+        return Err(RunError::InstanceTypes(e.to_string()));
+    }
+    let refresh = provider
+        .instance_type_provider()
+        .catalog()
+        .clone()
+        .spawn_refresh(Duration::from_secs(3600));
+    let resolution: Arc<dyn Resolution> = Arc::new(ExoscaleResolution {
+        groups: provider.nodeclass_resolver().clone(),
+        templates: provider.templates().clone(),
+    });
+    Ok(ExoscaleCloud {
+        provider,
+        resolution,
+        tasks: vec![nodeclass_feed, refresh],
+    })
+}
+
+/// Runs servers, cluster state, leader election and (while leading) every controller until
+/// `shutdown` turns true. Losing the Lease ends with [`RunError::LostLeadership`].
+pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
+    let Runtime {
+        config,
+        client,
+        cloud,
+        nodeclass_resolution,
+        clock,
+        bind_ip,
+        extra_controllers,
+        lease,
+    } = runtime;
+    let stop = shutdown_signal(shutdown.clone());
+    let metrics = Arc::new(Metrics::new());
+    let cluster = Cluster::new();
+    let feeds = state::feed(client.clone(), cluster.clone());
+
+    let readiness = Readiness::default().with_check("cluster-state", {
+        let cluster = cluster.clone();
+        move || {
+            if cluster.synced() {
+                Ok(())
+            } else {
+                Err("cluster state not synced".into())
+            }
+        }
+    });
+    let metrics_addr = SocketAddr::new(bind_ip, config.metrics_port);
+    let health_addr = SocketAddr::new(bind_ip, config.health_probe_port);
+    let metrics_server =
+        bind_and_serve(metrics_addr, metrics_router(metrics.clone()), stop.clone())
+            .await
+            .map_err(|source| RunError::Listen {
+                addr: metrics_addr,
+                source,
+            })?;
+    let health_server = bind_and_serve(health_addr, health_router(readiness), stop.clone())
+        .await
+        .map_err(|source| RunError::Listen {
+            addr: health_addr,
+            source,
+        })?;
+
+    let (election, mut leadership) = if config.disable_leader_election {
+        (None, Leadership::always())
+    } else {
+        let namespace = if config.leader_election_namespace.is_empty() {
+            client.default_namespace().to_string()
+        } else {
+            config.leader_election_namespace.clone()
+        };
+        let election = elect(
+            client.clone(),
+            &namespace,
+            &config.leader_election_name,
+            &config.identity,
+            lease,
+        )
+        .await?;
+        let leadership = election.leadership.clone();
+        (Some(election), leadership)
+    };
+
+    let result = {
+        let mut waiting = leadership.clone();
+        let mut stop_wait = stop.clone();
+        tokio::select! {
+            _ = waiting.acquired() => {
+                tracing::info!(identity = %config.identity, "acquired leadership; starting controllers");
+                metrics.leader.get_or_create(&labels([("identity", &config.identity)])).set(1.0);
+                let ctx = Arc::new(Context {
+                    client: client.clone(),
+                    cluster: cluster.clone(),
+                    cloud,
+                    events: Arc::new(KubeEvents::new(client.clone(), Some(config.identity.clone()))),
+                    metrics: metrics.clone(),
+                    clock,
+                    timings: config.timings.clone(),
+                    feature_gates: config.feature_gates.clone(),
+                    leadership: leadership.clone(),
+                    registration_health: Default::default(),
+                    nodeclass_resolution,
+                    nodeclass_checks: Default::default(),
+                });
+                let mut tasks: Vec<BoxFuture<'static, ()>> = vec![Box::pin(controllers::run(ctx.clone(), stop.clone()))];
+                for extra in extra_controllers {
+                    tasks.push(extra(ctx.clone(), stop.clone()));
+                }
+                let all = futures::future::join_all(tasks);
+                tokio::select! {
+                    _ = all => Ok(()),
+                    _ = leadership.lost() => {
+                        tracing::error!("lost leadership");
+                        Err(RunError::LostLeadership)
+                    }
+                }
+            }
+            _ = &mut stop_wait => Ok(()),
+        }
+    };
+    drop(leadership);
+    if let Some(election) = election {
+        election.release().await;
+    }
+    for feed in feeds {
+        feed.abort();
+    }
+    metrics_server.abort();
+    health_server.abort();
+    tracing::info!("stopped");
+    result
+}
+
+/// `karpenter-exoscale run`: validates configuration (every problem at once, exit 2), then
+/// runs until SIGTERM/SIGINT; exits 1 on failure or lost leadership.
+pub fn main(args: &super::config::RunArgs) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let config = match Config::from_process(args) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::from(2);
+        }
+    };
+    // ring is the only TLS backend (kube and reqwest both use rustls).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    super::logging::init(config.log_level, config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(error) => {
+            eprintln!("cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let (tx, rx) = watch::channel(false);
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("shutdown requested");
+            let _ = tx.send(true);
+        });
+        tracing::info!(version = env!("CARGO_PKG_VERSION"), identity = %config.identity, "starting operator");
+        let controllers = core_controllers(&config);
+        match run(config, controllers, rx).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                tracing::error!(%error, "operator failed");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// The core controllers that plug in beside the built-in ones: provisioning (and disruption,
+/// sharing its node nominations).
+pub fn core_controllers(config: &Config) -> Vec<ExtraController> {
+    let nominations = Arc::new(crate::provisioning::controller::Nominations::default());
+    vec![crate::provisioning::plugin(
+        crate::provisioning::settings(config),
+        nominations,
+    )]
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

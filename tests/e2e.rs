@@ -1,0 +1,495 @@
+//! Controller scenarios on a real control plane (etcd, kube-apiserver, kube-scheduler,
+//! kube-controller-manager from `hack/control-plane.sh`) with the simulated Exoscale cloud:
+//! teardown and drain, PDB-guarded drains until the deadline, the registration TTL, instance
+//! garbage collection, NodeClass readiness, leader election, and a restart mid-launch.
+//! TTLs are shortened through the same settings operators use.
+
+#[path = "e2e/harness.rs"]
+mod harness;
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::{PREFIX, World, eventually, eventually_within};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use karpenter_exoscale::apis::labels::{
+    INSTANCE_CLUSTER_ID_LABEL, INSTANCE_NODECLAIM_LABEL, NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION,
+};
+use karpenter_exoscale::apis::{ConditionStatus, ConditionsExt, ExoscaleNodeClass, NodeClaim};
+use karpenter_exoscale::cloudprovider::CloudProvider;
+use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
+use karpenter_exoscale::exoscale::{Clock, SystemClock};
+use karpenter_exoscale::kubelet_sim::{Join, KubeletBehaviour};
+use karpenter_exoscale::operator::run::build_cloud;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+
+fn joins() -> harness::KubeletPolicy {
+    Arc::new(|_: &str| KubeletBehaviour::default())
+}
+
+fn suffix(world: &World) -> String {
+    world.namespace[world.namespace.len() - 6..].to_string()
+}
+
+/// A pod bound straight to `node` (no kubelet runs it; the harness finishes its deletion).
+async fn bound_pod(world: &World, name: &str, node: &str, labels: serde_json::Value) -> Pod {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]
+        }
+    }))
+    .unwrap();
+    world
+        .pods()
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod")
+}
+
+async fn gone<K>(api: &Api<K>, name: &str, what: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually(&format!("{what} {name} deleted"), || {
+        let api = api.clone();
+        async move { matches!(api.get_opt(name).await, Ok(None)).then_some(()) }
+    })
+    .await
+}
+
+async fn ready_nodeclass(world: &World) {
+    let classes: Api<ExoscaleNodeClass> = Api::all(world.client.clone());
+    let name = world.nodeclass.clone();
+    eventually("NodeClass Ready", || {
+        let classes = classes.clone();
+        let name = name.clone();
+        async move {
+            let nc = classes.get_opt(&name).await.ok()??;
+            nc.status?.conditions.is_true("Ready").then_some(())
+        }
+    })
+    .await;
+}
+
+fn instances_of(world: &World, claim: &str) -> usize {
+    world
+        .live_instances()
+        .iter()
+        .filter(|i| i.labels.get(INSTANCE_NODECLAIM_LABEL).map(String::as_str) == Some(claim))
+        .count()
+}
+
+#[tokio::test]
+async fn deleting_a_nodeclaim_drains_and_deletes_the_vm_and_the_node() {
+    let Some(world) = World::start("e2e-drain", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("a").await;
+    ready_nodeclass(&world).await;
+    let claim = format!("drain-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    let node = world.initialized_node(&claim).await;
+    let node_name = node.name_any();
+    assert!(node_name.starts_with(PREFIX), "{node_name}");
+    assert_eq!(
+        node.labels()
+            .get("karpenter.sh/registered")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert!(
+        node.finalizers()
+            .iter()
+            .any(|f| f == "karpenter.sh/termination")
+    );
+    assert!(
+        !node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|t| t.key == "karpenter.sh/unregistered"),
+        "the unregistered taint is removed at registration"
+    );
+    assert_eq!(instances_of(&world, &claim), 1);
+    bound_pod(&world, "app", &node_name, json!({"app": "web"})).await;
+
+    world
+        .nodeclaims()
+        .delete(&claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&world.pods(), "app", "pod").await;
+    gone(&world.nodes(), &node_name, "Node").await;
+    gone(&world.nodeclaims(), &claim, "NodeClaim").await;
+    eventually("instance deleted", || async {
+        (instances_of(&world, &claim) == 0).then_some(())
+    })
+    .await;
+    world.finish().await;
+}
+
+#[tokio::test]
+async fn a_pdb_blocks_the_drain_until_the_termination_deadline() {
+    let Some(world) = World::start("e2e-pdb", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("a").await;
+    ready_nodeclass(&world).await;
+    let claim = format!("pdb-{}", suffix(&world));
+    world
+        .create_nodeclaim(&claim, json!({"terminationGracePeriod": "30s"}))
+        .await;
+    let node_name = world.initialized_node(&claim).await.name_any();
+    bound_pod(&world, "guarded", &node_name, json!({"app": "guarded"})).await;
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "guarded"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}
+    }))
+    .unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(world.client.clone(), &world.namespace);
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    // The disruption controller must have computed the budget before evictions are refused.
+    eventually("PDB observed", || {
+        let pdbs = pdbs.clone();
+        async move {
+            let status = pdbs.get("guarded").await.ok()?.status?;
+            (status.observed_generation.is_some() && status.expected_pods == 1).then_some(())
+        }
+    })
+    .await;
+
+    world
+        .nodeclaims()
+        .delete(&claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    let events: Api<Event> = Api::namespaced(world.client.clone(), "default");
+    let blocked = eventually("FailedDraining event naming the PDB", || {
+        let events = events.clone();
+        let node_name = node_name.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("FailedDraining")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                        == Some(node_name.as_str())
+                    && e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains("PodDisruptionBudget"))
+            })
+        }
+    })
+    .await;
+    assert!(blocked.note.unwrap().contains("guarded"));
+    // Still blocked: the pod is there while the deadline lies ahead.
+    let deadline: k8s_openapi::jiff::Timestamp = world
+        .nodeclaims()
+        .get(&claim)
+        .await
+        .unwrap()
+        .annotations()
+        .get(NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION)
+        .expect("termination deadline annotation")
+        .parse()
+        .unwrap();
+    let pod_seen_at = k8s_openapi::jiff::Timestamp::now();
+    assert!(world.pods().get_opt("guarded").await.unwrap().is_some());
+    assert!(
+        pod_seen_at < deadline,
+        "the PDB held the pod until at least {pod_seen_at}"
+    );
+
+    gone(&world.pods(), "guarded", "pod").await;
+    let removed_at = k8s_openapi::jiff::Timestamp::now();
+    assert!(
+        removed_at >= deadline,
+        "pod removed at {removed_at}, before the deadline {deadline}"
+    );
+    gone(&world.nodes(), &node_name, "Node").await;
+    gone(&world.nodeclaims(), &claim, "NodeClaim").await;
+    world.finish().await;
+}
+
+#[tokio::test]
+async fn an_instance_that_never_joins_is_removed_after_the_registration_ttl() {
+    let policy: harness::KubeletPolicy = Arc::new(|name: &str| KubeletBehaviour {
+        join: if name.contains("lost") {
+            Join::Never
+        } else {
+            Join::After(Duration::ZERO)
+        },
+        ..KubeletBehaviour::default()
+    });
+    let Some(world) = World::start("e2e-ttl", policy).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("a").await;
+    ready_nodeclass(&world).await;
+    let claim = format!("lost-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    let claims = world.nodeclaims();
+    let launched = eventually("NodeClaim launched", || {
+        let claims = claims.clone();
+        let claim = claim.clone();
+        async move {
+            let c = claims.get_opt(&claim).await.ok()??;
+            c.status
+                .as_ref()?
+                .conditions
+                .is_true("Launched")
+                .then_some(c)
+        }
+    })
+    .await;
+    let registered = launched
+        .status
+        .unwrap()
+        .conditions
+        .get_condition("Registered")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (registered.status, registered.reason.as_str()),
+        (ConditionStatus::Unknown, "NodeNotFound")
+    );
+    assert_eq!(instances_of(&world, &claim), 1);
+    gone(&claims, &claim, "NodeClaim").await;
+    eventually("instance deleted", || async {
+        (instances_of(&world, &claim) == 0).then_some(())
+    })
+    .await;
+    world.finish().await;
+}
+
+#[tokio::test]
+async fn garbage_collection_removes_our_orphans_and_spares_other_clusters() {
+    let Some(world) = World::start("e2e-gc", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("a").await;
+    ready_nodeclass(&world).await;
+    // Launch two instances outside any controller: one for a NodeClaim this cluster never had,
+    // one labelled with another cluster's id.
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let launcher = |cluster_id: String| {
+        build_cloud(
+            ExoscaleSettings {
+                zone: world.sim.zone().into(),
+                cluster_id,
+                instance_prefix: PREFIX.into(),
+                cluster_endpoint: "https://127.0.0.1:6443".into(),
+                cluster_domain: "cluster.local".into(),
+            },
+            world.exo.clone(),
+            world.client.clone(),
+            clock.clone(),
+        )
+    };
+    let ours = launcher(world.sim.cluster_id().into()).await.unwrap();
+    let theirs = launcher(uuid::Uuid::new_v4().to_string()).await.unwrap();
+    let orphan: NodeClaim = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+        "metadata": {"name": format!("ghost-{}", suffix(&world)), "uid": uuid::Uuid::new_v4().to_string()},
+        "spec": {
+            "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
+            "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass}
+        }
+    }))
+    .unwrap();
+    let mut foreign = orphan.clone();
+    foreign.metadata.name = Some(format!("foreign-{}", suffix(&world)));
+    // The providers read the NodeClass from their own store: wait until it is there.
+    let ours_claim = eventually("our launch", || {
+        let (p, c) = (ours.provider.clone(), orphan.clone());
+        async move { p.create(&c).await.ok() }
+    })
+    .await;
+    let foreign_claim = eventually("foreign launch", || {
+        let (p, c) = (theirs.provider.clone(), foreign.clone());
+        async move { p.create(&c).await.ok() }
+    })
+    .await;
+    let ours_id = ours_claim.status.unwrap().provider_id.unwrap();
+    let foreign_id = foreign_claim.status.unwrap().provider_id.unwrap();
+    let id_of = |pid: &str| pid.trim_start_matches("exoscale://").to_string();
+    let (ours_id, foreign_id) = (id_of(&ours_id), id_of(&foreign_id));
+    let other_cluster = world
+        .live_instances()
+        .into_iter()
+        .find(|i| i.id == foreign_id)
+        .unwrap();
+    assert_ne!(
+        other_cluster
+            .labels
+            .get(INSTANCE_CLUSTER_ID_LABEL)
+            .map(String::as_str),
+        Some(world.sim.cluster_id())
+    );
+
+    eventually("our orphan deleted", || async {
+        (!world.live_instances().iter().any(|i| i.id == ours_id)).then_some(())
+    })
+    .await;
+    // Several more collection passes later, the other cluster's instance is still there.
+    let lists = world.sim.call_count("list-instances");
+    eventually_within("three more GC passes", Duration::from_secs(60), || async {
+        (world.sim.call_count("list-instances") >= lists + 3).then_some(())
+    })
+    .await;
+    assert!(
+        world.live_instances().iter().any(|i| i.id == foreign_id),
+        "another cluster's instance was deleted"
+    );
+    drop((ours, theirs));
+    world.finish().await;
+}
+
+#[tokio::test]
+async fn a_nodeclass_with_an_unknown_security_group_reports_not_ready_naming_it() {
+    let Some(world) = World::start("e2e-nc", joins()).await else {
+        return;
+    };
+    world
+        .create_nodeclass(json!({"securityGroupSelectorTerms": [{"name": "no-such-group"}]}))
+        .await;
+    world.start_replica("a").await;
+    let classes: Api<ExoscaleNodeClass> = Api::all(world.client.clone());
+    let name = world.nodeclass.clone();
+    let ready = eventually("NodeClass Ready=False", || {
+        let classes = classes.clone();
+        let name = name.clone();
+        async move {
+            let nc = classes.get_opt(&name).await.ok()??;
+            let c = nc.status?.conditions.get_condition("Ready").cloned()?;
+            (c.status == ConditionStatus::False).then_some(c)
+        }
+    })
+    .await;
+    assert!(ready.message.contains("no-such-group"), "{}", ready.message);
+    assert!(
+        ready.message.contains("SecurityGroupsResolved"),
+        "{}",
+        ready.message
+    );
+    let nc = classes.get(&name).await.unwrap();
+    assert!(
+        nc.status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .is_true("TemplateResolved")
+    );
+    assert!(
+        nc.finalizers()
+            .iter()
+            .any(|f| f == "exoscale.com/nodeclass-finalizer")
+    );
+    world.finish().await;
+}
+
+#[tokio::test]
+async fn only_the_leader_acts_and_a_standby_takes_over_when_it_stops() {
+    let Some(world) = World::start("e2e-leader", joins()).await else {
+        return;
+    };
+    world.start_replica("replica-a").await;
+    world.start_replica("replica-b").await;
+    let first = eventually("a leader", || world.lease_holder()).await;
+    world.create_nodeclass(json!({})).await;
+    ready_nodeclass(&world).await;
+    // Every event about the NodeClass comes from the leader.
+    let events: Api<Event> = Api::namespaced(world.client.clone(), "default");
+    let reporters: Vec<String> = eventually("Ready event", || {
+        let events = events.clone();
+        let nodeclass = world.nodeclass.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let reporters: Vec<String> = list
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(nodeclass.as_str())
+                })
+                .filter_map(|e| e.reporting_instance)
+                .collect();
+            (!reporters.is_empty()).then_some(reporters)
+        }
+    })
+    .await;
+    assert!(
+        reporters.iter().all(|r| *r == first),
+        "{reporters:?} vs leader {first}"
+    );
+
+    world.stop_replica(&first).await;
+    let second = eventually("the standby leads", || async {
+        world.lease_holder().await.filter(|h| *h != first)
+    })
+    .await;
+    assert_ne!(second, first);
+    let claim = format!("leader-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    world.initialized_node(&claim).await;
+    assert_eq!(instances_of(&world, &claim), 1);
+    world.finish().await;
+}
+
+#[tokio::test]
+async fn a_controller_restarted_mid_launch_neither_leaks_nor_duplicates_a_vm() {
+    let Some(world) = World::start("e2e-restart", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("first").await;
+    ready_nodeclass(&world).await;
+    // Slow operations keep the launch in flight long enough to crash in the middle of it.
+    world.sim.set_operation_delay(Duration::from_secs(3));
+    let claim = format!("restart-{}", suffix(&world));
+    let creates = world.sim.call_count("create-instance");
+    world.create_nodeclaim(&claim, json!({})).await;
+    eventually("create-instance sent", || async {
+        (world.sim.call_count("create-instance") > creates).then_some(())
+    })
+    .await;
+    world.kill_replica("first");
+    world.start_replica("second").await;
+    world.initialized_node(&claim).await;
+    world.sim.set_operation_delay(Duration::ZERO);
+    assert_eq!(
+        instances_of(&world, &claim),
+        1,
+        "exactly one VM for the NodeClaim"
+    );
+    let provider_id = world
+        .nodeclaims()
+        .get(&claim)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .provider_id
+        .unwrap();
+    let ids: Vec<String> = world
+        .live_instances()
+        .iter()
+        .map(|i| format!("exoscale://{}", i.id))
+        .collect();
+    assert!(ids.contains(&provider_id), "{provider_id} not in {ids:?}");
+    world.finish().await;
+}

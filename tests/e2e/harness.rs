@@ -1,0 +1,467 @@
+//! One controller world for a cluster test: the shared real control plane, a simulated
+//! Exoscale cloud on loopback, simulated kubelets that register a Node for each running
+//! instance (a "kubelet" also finishes pod deletions), and controller replicas running
+//! in-process through `operator::serve`.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use karpenter_exoscale::apis::labels::{NODECLASS_LABEL, NODEPOOL_LABEL, TERMINATION_FINALIZER};
+use karpenter_exoscale::apis::{ExoscaleNodeClass, NodeClaim};
+use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
+use karpenter_exoscale::exoscale::models::SksTemplateVariant;
+use karpenter_exoscale::exoscale::{self, Clock, SystemClock};
+use karpenter_exoscale::kubelet_sim::{self, InstanceShape, KubeletBehaviour, RunningInstance};
+use karpenter_exoscale::operator::config::{Config, RunArgs};
+use karpenter_exoscale::operator::leader::LeaseTimings;
+use karpenter_exoscale::operator::run::{ExoscaleCloud, Runtime, build_cloud, serve};
+use karpenter_exoscale::sim::{ExoscaleSim, InstanceEvent};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::support;
+
+pub const WAIT: Duration = Duration::from_secs(120);
+pub const PREFIX: &str = "e2e-";
+
+/// Cluster tests share one control plane and cluster-scoped objects: run them one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Polls `check` until it yields a value, panicking with `what` after `limit`.
+pub async fn eventually_within<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(started.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_within(what, WAIT, check).await
+}
+
+/// Decides how the kubelet of each instance behaves (by instance name).
+pub type KubeletPolicy = Arc<dyn Fn(&str) -> KubeletBehaviour + Send + Sync>;
+
+pub struct World {
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+    pub client: Client,
+    pub sim: Arc<ExoscaleSim>,
+    pub exo: exoscale::Client,
+    pub namespace: String,
+    pub nodeclass: String,
+    pub lease: String,
+    pub env: BTreeMap<String, String>,
+    background: Vec<JoinHandle<()>>,
+    replicas: Mutex<Vec<Replica>>,
+}
+
+/// One running controller replica.
+pub struct Replica {
+    pub identity: String,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), karpenter_exoscale::operator::RunError>>,
+    _cloud: ExoscaleCloud,
+}
+
+fn instance_shape(types: &[exoscale::models::InstanceType], id: &str) -> InstanceShape {
+    let t = types
+        .iter()
+        .find(|t| t.id == id)
+        .expect("instance type known to the sim");
+    InstanceShape {
+        name: t.name(),
+        cpus: t.cpus,
+        memory_bytes: t.memory,
+        gpus: t.gpus,
+        disk_gib: 50,
+    }
+}
+
+/// What kubeadm or kube-controller-manager's root-CA publisher would provide: the cluster CA
+/// in `kube-system/kube-root-ca.crt`, which user data embeds.
+async fn publish_cluster_ca(client: &Client, config: &kube::Config) {
+    use base64::Engine;
+    let der = config
+        .root_cert
+        .as_ref()
+        .and_then(|c| c.first())
+        .expect("the test kubeconfig has a CA");
+    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    let lines: Vec<&str> = body
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    let pem = format!(
+        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+        lines.join("\n")
+    );
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "kube-system");
+    let map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": pem}});
+    maps.patch(
+        "kube-root-ca.crt",
+        &PatchParams::apply("e2e").force(),
+        &Patch::Apply(&map),
+    )
+    .await
+    .expect("publish the cluster CA");
+}
+
+impl World {
+    /// Starts the sim, kubelets and pod "kubelet"; `None` when the control plane is not built
+    /// (outside CI; see tests/support).
+    pub async fn start(test: &str, policy: KubeletPolicy) -> Option<World> {
+        let serial = SERIAL.lock().await;
+        karpenter_exoscale::operator::logging::init(
+            karpenter_exoscale::operator::config::LogLevel::Info,
+            karpenter_exoscale::operator::config::LogFormat::Text,
+        );
+        let plane = support::shared()?;
+        let client = plane.client_without_retries().await;
+        let namespace = plane.namespace(&client, test).await;
+        publish_cluster_ca(&client, &plane.config().await).await;
+        let sim = Arc::new(ExoscaleSim::start().await.expect("simulated cloud starts"));
+        let exo = exoscale::Client::new(sim.client_config()).expect("sim client");
+        let types = exo.list_instance_types().await.expect("instance types");
+
+        let mut background = Vec::new();
+        // Simulated kubelets: a Node for every instance that reaches running.
+        let mut events = sim.subscribe_instance_events();
+        let kube = client.clone();
+        background.push(tokio::spawn(async move {
+            while let Ok(event) = events.recv().await {
+                if let InstanceEvent::Running(instance) = event {
+                    let running = RunningInstance {
+                        id: instance.id.clone(),
+                        name: instance.name.clone(),
+                        zone: "ch-gva-2".into(),
+                        shape: instance_shape(&types, &instance.instance_type.id),
+                        user_data: instance.user_data.clone().unwrap_or_default(),
+                    };
+                    let behaviour = policy(&instance.name);
+                    drop(kubelet_sim::spawn(kube.clone(), running, behaviour));
+                }
+            }
+        }));
+        // The part of the kubelet that confirms pod termination.
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+        background.push(tokio::spawn(async move {
+            loop {
+                if let Ok(list) = pods.list(&ListParams::default()).await {
+                    for pod in list
+                        .items
+                        .iter()
+                        .filter(|p| p.metadata.deletion_timestamp.is_some())
+                    {
+                        let _ = pods
+                            .delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
+                            .await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }));
+
+        let suffix = &namespace[namespace.len() - 6..];
+        let nodeclass = format!("nc-{suffix}");
+        let lease = format!("karpenter-{suffix}");
+        let env: BTreeMap<String, String> = [
+            ("EXOSCALE_API_KEY", "unused-by-serve"),
+            ("EXOSCALE_API_SECRET", "unused-by-serve"),
+            ("EXOSCALE_ZONE", sim.zone()),
+            ("EXOSCALE_SKS_CLUSTER_ID", sim.cluster_id()),
+            ("LEADER_ELECTION_NAME", &lease),
+            ("LEADER_ELECTION_NAMESPACE", &namespace),
+            ("NODECLAIM_REGISTRATION_TTL", "20s"),
+            ("NODECLAIM_LAUNCH_TIMEOUT", "20s"),
+            ("INSTANCE_GC_GRACE_PERIOD", "5s"),
+            ("INSTANCE_GC_INTERVAL", "2s"),
+            ("NODECLASS_RECHECK_INTERVAL", "10s"),
+            ("LOG_FORMAT", "text"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        Some(World {
+            _serial: serial,
+            client,
+            sim,
+            exo,
+            namespace,
+            nodeclass,
+            lease,
+            env,
+            background,
+            replicas: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Starts one controller replica named `identity`.
+    pub async fn start_replica(&self, identity: &str) {
+        let mut env = self.env.clone();
+        env.insert("POD_NAME".into(), identity.into());
+        let mut config =
+            Config::resolve(&RunArgs::default(), &env).expect("test configuration is valid");
+        config.metrics_port = 0;
+        config.health_probe_port = 0;
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        // Provisioning (and the other core controllers) run as in production.
+        let extra_controllers = karpenter_exoscale::operator::run::core_controllers(&config);
+        let cloud = build_cloud(
+            ExoscaleSettings {
+                zone: self.sim.zone().into(),
+                cluster_id: self.sim.cluster_id().into(),
+                instance_prefix: PREFIX.into(),
+                cluster_endpoint: "https://127.0.0.1:6443".into(),
+                cluster_domain: "cluster.local".into(),
+            },
+            self.exo.clone(),
+            self.client.clone(),
+            clock.clone(),
+        )
+        .await
+        .expect("cloud provider against the sim");
+        let (stop, rx) = watch::channel(false);
+        let runtime = Runtime {
+            config,
+            client: self.client.clone(),
+            cloud: cloud.provider.clone(),
+            nodeclass_resolution: Some(cloud.resolution.clone()),
+            clock,
+            bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            extra_controllers,
+            lease: LeaseTimings {
+                duration: Duration::from_secs(4),
+                grace: Duration::from_secs(1),
+            },
+        };
+        let task = tokio::spawn(serve(runtime, rx));
+        self.replicas.lock().unwrap().push(Replica {
+            identity: identity.into(),
+            stop,
+            task,
+            _cloud: cloud,
+        });
+    }
+
+    /// Stops a replica gracefully (it releases the Lease) and waits for it.
+    pub async fn stop_replica(&self, identity: &str) {
+        let replica = {
+            let mut replicas = self.replicas.lock().unwrap();
+            let i = replicas
+                .iter()
+                .position(|r| r.identity == identity)
+                .expect("replica exists");
+            replicas.remove(i)
+        };
+        let _ = replica.stop.send(true);
+        let result = tokio::time::timeout(Duration::from_secs(30), replica.task)
+            .await
+            .expect("replica stops within 30 s");
+        result.expect("replica task").expect("replica ends cleanly");
+    }
+
+    /// Aborts a replica without any cleanup (a crash).
+    pub fn kill_replica(&self, identity: &str) {
+        let mut replicas = self.replicas.lock().unwrap();
+        let i = replicas
+            .iter()
+            .position(|r| r.identity == identity)
+            .expect("replica exists");
+        replicas.remove(i).task.abort();
+    }
+
+    /// The current holder of the test's Lease.
+    pub async fn lease_holder(&self) -> Option<String> {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        leases
+            .get_opt(&self.lease)
+            .await
+            .ok()??
+            .spec?
+            .holder_identity
+    }
+
+    /// Creates the test's ExoscaleNodeClass (template of the sim's Kubernetes version).
+    pub async fn create_nodeclass(&self, extra_spec: serde_json::Value) -> ExoscaleNodeClass {
+        let template = self
+            .sim
+            .sks_template_id(self.sim.kubernetes_version(), SksTemplateVariant::Standard)
+            .expect("the sim has a template for its version");
+        let mut spec = json!({"templateID": template});
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+            spec.extend(extra.clone());
+        }
+        let nc: ExoscaleNodeClass = serde_json::from_value(json!({
+            "apiVersion": "karpenter.exoscale.com/v1", "kind": "ExoscaleNodeClass",
+            "metadata": {"name": self.nodeclass},
+            "spec": spec,
+        }))
+        .expect("NodeClass");
+        Api::<ExoscaleNodeClass>::all(self.client.clone())
+            .create(&PostParams::default(), &nc)
+            .await
+            .expect("create NodeClass")
+    }
+
+    /// Creates a NodeClaim as provisioning would (labels, smallest instance type).
+    pub async fn create_nodeclaim(&self, name: &str, extra_spec: serde_json::Value) -> NodeClaim {
+        let mut spec = json!({
+            "requirements": [
+                {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]},
+                {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}
+            ],
+            "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": self.nodeclass},
+        });
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+            spec.extend(extra.clone());
+        }
+        let claim: NodeClaim = serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": name, "labels": {NODEPOOL_LABEL: "e2e", NODECLASS_LABEL: self.nodeclass}},
+            "spec": spec,
+        }))
+        .expect("NodeClaim");
+        Api::<NodeClaim>::all(self.client.clone())
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("create NodeClaim")
+    }
+
+    pub fn nodeclaims(&self) -> Api<NodeClaim> {
+        Api::all(self.client.clone())
+    }
+
+    pub fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Live (not deleted) instances in the sim.
+    pub fn live_instances(&self) -> Vec<exoscale::models::Instance> {
+        self.sim
+            .instances()
+            .into_iter()
+            .map(|i| i.instance)
+            .collect()
+    }
+
+    /// Waits for a NodeClaim to be Initialized and returns its Node.
+    pub async fn initialized_node(&self, claim: &str) -> Node {
+        let claims = self.nodeclaims();
+        let node_name = eventually(&format!("NodeClaim {claim} initialized"), || {
+            let claims = claims.clone();
+            async move {
+                let c = claims.get_opt(claim).await.ok()??;
+                let status = c.status?;
+                use karpenter_exoscale::apis::ConditionsExt;
+                status
+                    .conditions
+                    .is_true("Initialized")
+                    .then_some(status.node_name?)
+            }
+        })
+        .await;
+        self.nodes()
+            .get(&node_name)
+            .await
+            .expect("node of an initialized NodeClaim")
+    }
+
+    /// Stops replicas and background tasks, then removes what the test left in the cluster.
+    pub async fn finish(self) {
+        let identities: Vec<String> = self
+            .replicas
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.identity.clone())
+            .collect();
+        for identity in identities {
+            self.kill_replica(&identity);
+        }
+        for task in &self.background {
+            task.abort();
+        }
+        let release = json!({"metadata": {"finalizers": null}});
+        for claim in self
+            .nodeclaims()
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            let _ = self
+                .nodeclaims()
+                .patch(
+                    &claim.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&release),
+                )
+                .await;
+            let _ = self
+                .nodeclaims()
+                .delete(&claim.name_any(), &DeleteParams::default())
+                .await;
+        }
+        for node in self
+            .nodes()
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            if node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER)
+                || node.name_any().starts_with(PREFIX)
+            {
+                let _ = self
+                    .nodes()
+                    .patch(
+                        &node.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&release),
+                    )
+                    .await;
+                let _ = self
+                    .nodes()
+                    .delete(&node.name_any(), &DeleteParams::default())
+                    .await;
+            }
+        }
+        let classes: Api<ExoscaleNodeClass> = Api::all(self.client.clone());
+        let _ = classes
+            .patch(
+                &self.nodeclass,
+                &PatchParams::default(),
+                &Patch::Merge(&release),
+            )
+            .await;
+        let _ = classes
+            .delete(&self.nodeclass, &DeleteParams::default())
+            .await;
+    }
+}
