@@ -10,7 +10,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use karpenter_exoscale::scheduling::fixtures::{PodGenerator, benchmark_input, instance_types};
-use karpenter_exoscale::scheduling::{Pod, PreferencePolicy, Scheduler, SchedulerOptions};
+use std::sync::Arc;
+
+use karpenter_exoscale::apis::ExoscaleNodeClass;
+use karpenter_exoscale::catalogue::{Catalogue, Currency};
+use karpenter_exoscale::providers::instance_types::build;
+use karpenter_exoscale::providers::pricing::PriceBook;
+use karpenter_exoscale::scheduling::{
+    InstanceType, Pod, PreferencePolicy, Scheduler, SchedulerOptions,
+};
+use karpenter_exoscale::simulate::catalogue_types;
 
 struct CountingAllocator;
 
@@ -43,21 +52,37 @@ struct Measurement {
     name: String,
     pods: usize,
     nodes: usize,
+    min_nodes: usize,
+    /// The first solve on a fresh scheduler (nothing cached yet).
+    cold: Duration,
     per_solve: Duration,
     iterations: u32,
     peak_bytes: usize,
 }
 
 fn measure(name: &str, pods: &[Pod], policy: PreferencePolicy, min_time: Duration) -> Measurement {
+    measure_on(name, instance_types(400), pods, policy, min_time)
+}
+
+fn measure_on(
+    name: &str,
+    types: Vec<Arc<InstanceType>>,
+    pods: &[Pod],
+    policy: PreferencePolicy,
+    min_time: Duration,
+) -> Measurement {
     let options = SchedulerOptions {
         preference_policy: policy,
         ..Default::default()
     };
-    let scheduler = Scheduler::new(benchmark_input(instance_types(400), options));
+    let min_nodes = node_lower_bound(&types, pods);
+    let scheduler = Scheduler::new(benchmark_input(types, options));
     // One solve to check the outcome and measure memory.
     let base = CURRENT.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
+    let cold_start = Instant::now();
     let results = scheduler.solve(pods);
+    let cold = cold_start.elapsed();
     let peak_bytes = PEAK.load(Ordering::Relaxed).saturating_sub(base);
     assert!(
         results.unschedulable.is_empty(),
@@ -78,10 +103,61 @@ fn measure(name: &str, pods: &[Pod], policy: PreferencePolicy, min_time: Duratio
         name: name.to_string(),
         pods: pods.len(),
         nodes,
+        min_nodes,
+        cold,
         per_solve: start.elapsed() / iterations,
         iterations,
         peak_bytes,
     }
+}
+
+/// No solution can use fewer nodes: the summed requests over the largest type's allocatable
+/// (per resource), and one node per hostname anti-affine pod.
+fn node_lower_bound(types: &[Arc<InstanceType>], pods: &[Pod]) -> usize {
+    let largest = types
+        .iter()
+        .map(|it| it.allocatable())
+        .max_by_key(|a| a.cpu())
+        .expect("types");
+    let mut total = karpenter_exoscale::scheduling::Resources::new();
+    for p in pods {
+        total += &p.requests;
+    }
+    let by_resource = total
+        .iter()
+        .map(|(k, v)| {
+            let cap = largest.get(k).milli().max(1);
+            ((v.milli() + cap - 1) / cap) as usize
+        })
+        .max()
+        .unwrap_or(0);
+    let anti = pods
+        .iter()
+        .filter(|p| {
+            p.pod_anti_affinity
+                .iter()
+                .any(|t| t.topology_key == "kubernetes.io/hostname")
+        })
+        .count();
+    by_resource.max(anti)
+}
+
+/// Every type of the embedded catalogue in ch-gva-2, built as the instance-type provider does.
+fn exoscale_types() -> Vec<Arc<InstanceType>> {
+    let catalogue = Catalogue::embedded();
+    let prices = PriceBook::from_catalogue(catalogue, Currency::Eur);
+    let nodeclass: ExoscaleNodeClass = serde_json::from_value(serde_json::json!({
+        "apiVersion": "karpenter.exoscale.com/v1", "kind": "ExoscaleNodeClass",
+        "metadata": {"name": "bench"}, "spec": {"imageTemplateSelector": {}}
+    }))
+    .expect("nodeclass");
+    catalogue_types(catalogue, "ch-gva-2")
+        .iter()
+        .map(|t| {
+            let price = prices.price(&t.name(), t.shape()).per_hour;
+            Arc::new(build(t, &nodeclass, "ch-gva-2", price, true).expect("instance type"))
+        })
+        .collect()
 }
 
 fn main() {
@@ -123,18 +199,38 @@ fn main() {
         PreferencePolicy::Ignore,
         min_time,
     ));
-    // Place for the real-Exoscale-catalogue mixed-workload case once `catalogue` lands.
+    // The real Exoscale catalogue (ch-gva-2, list prices, default NodeClass) with the same mix.
+    for &n in &sizes {
+        let pods = PodGenerator::new(7).diverse(n);
+        rows.push(measure_on(
+            &format!("exoscale-diverse/{n}"),
+            exoscale_types(),
+            &pods,
+            PreferencePolicy::Respect,
+            min_time,
+        ));
+    }
 
     println!(
-        "{:<28} {:>7} {:>7} {:>14} {:>14} {:>6} {:>12}",
-        "case", "pods", "nodes", "per solve", "pods/sec", "iters", "peak heap"
+        "{:<28} {:>7} {:>7} {:>9} {:>12} {:>12} {:>12} {:>6} {:>12}",
+        "case",
+        "pods",
+        "nodes",
+        "min nodes",
+        "first solve",
+        "per solve",
+        "pods/sec",
+        "iters",
+        "peak heap"
     );
     for m in rows {
         println!(
-            "{:<28} {:>7} {:>7} {:>14} {:>14.0} {:>6} {:>9.1} MiB",
+            "{:<28} {:>7} {:>7} {:>9} {:>12} {:>12} {:>12.0} {:>6} {:>9.1} MiB",
             m.name,
             m.pods,
             m.nodes,
+            m.min_nodes,
+            format!("{:.3?}", m.cold),
             format!("{:.3?}", m.per_solve),
             m.pods as f64 / m.per_solve.as_secs_f64(),
             m.iterations,

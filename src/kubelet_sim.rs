@@ -21,8 +21,12 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde::Deserialize;
+use tokio::sync::broadcast;
+
+use crate::exoscale::models::{Instance, InstanceType};
+use crate::sim::InstanceEvent;
 
 /// Kubernetes version the simulated kubelet reports.
 pub const KUBELET_VERSION: &str = "v1.35.4";
@@ -66,6 +70,8 @@ pub enum KubeletSimError {
         reserved: u64,
         capacity: u64,
     },
+    #[error("instance {0} has no user data: its node agent cannot configure a kubelet")]
+    MissingUserData(String),
     #[error("Kubernetes API call failed: {0}")]
     Kube(#[from] kube::Error),
 }
@@ -79,6 +85,19 @@ pub struct InstanceShape {
     pub memory_bytes: u64,
     pub gpus: u32,
     pub disk_gib: u64,
+}
+
+impl InstanceShape {
+    /// The shape of an Exoscale instance type with a root disk of `disk_gib`.
+    pub fn from_instance_type(instance_type: &InstanceType, disk_gib: u64) -> Self {
+        Self {
+            name: instance_type.name(),
+            cpus: instance_type.cpus,
+            memory_bytes: instance_type.memory,
+            gpus: instance_type.gpus,
+            disk_gib,
+        }
+    }
 }
 
 /// A simulated instance that reached the running state.
@@ -95,6 +114,25 @@ pub struct RunningInstance {
 }
 
 impl RunningInstance {
+    /// The running instance as the Exoscale API (or the simulated cloud) describes it.
+    pub fn from_exoscale(
+        instance: &Instance,
+        shape: InstanceShape,
+        zone: &str,
+    ) -> Result<Self, KubeletSimError> {
+        let user_data = instance
+            .user_data
+            .clone()
+            .ok_or_else(|| KubeletSimError::MissingUserData(instance.id.clone()))?;
+        Ok(Self {
+            id: instance.id.clone(),
+            name: instance.name.clone(),
+            zone: zone.to_string(),
+            shape,
+            user_data,
+        })
+    }
+
     pub fn provider_id(&self) -> String {
         format!("{PROVIDER_ID_PREFIX}{}", self.id)
     }
@@ -591,6 +629,81 @@ async fn run(
     Ok(())
 }
 
+/// Deletes the Node of a deleted instance, as the Exoscale CCM's node-lifecycle loop does.
+/// A Node that is already gone is fine; a finalizer on it leaves it terminating.
+pub async fn deregister_node(
+    client: &kube::Client,
+    node_name: &str,
+) -> Result<(), KubeletSimError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    match nodes.delete(node_name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Looks up the shape of a running instance; `None` skips the instance.
+pub type ShapeLookup = Box<dyn Fn(&Instance) -> Option<InstanceShape> + Send>;
+/// Picks the script of a new instance's kubelet.
+pub type BehaviourChoice = Box<dyn Fn(&RunningInstance) -> KubeletBehaviour + Send>;
+
+/// What a [`follow`]er needs to know about the cloud's instances.
+pub struct Follower {
+    pub client: kube::Client,
+    pub zone: String,
+    /// The shape of a running instance (looked up from its instance type); `None` skips it.
+    pub shape_of: ShapeLookup,
+    /// The script for each new instance (e.g. by name prefix, for fault tests).
+    pub behaviour_of: BehaviourChoice,
+}
+
+/// Runs a simulated kubelet for every instance the simulated cloud reports running, and
+/// deregisters the Node of every deleted instance, until the event channel closes.
+/// Returns the errors met (an instance without user data, a failed API call), in order.
+pub fn follow(
+    follower: Follower,
+    mut events: broadcast::Receiver<InstanceEvent>,
+) -> tokio::task::JoinHandle<Vec<KubeletSimError>> {
+    tokio::spawn(async move {
+        let mut errors = Vec::new();
+        let mut kubelets = Vec::new();
+        loop {
+            let event = match events.recv().await {
+                Ok(event) => event,
+                // A lagging receiver skipped events; later ones are still worth following.
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => break,
+            };
+            match event {
+                InstanceEvent::Running(instance) => {
+                    let Some(shape) = (follower.shape_of)(&instance) else {
+                        continue;
+                    };
+                    match RunningInstance::from_exoscale(&instance, shape, &follower.zone) {
+                        Ok(running) => {
+                            let behaviour = (follower.behaviour_of)(&running);
+                            kubelets.push(spawn(follower.client.clone(), running, behaviour));
+                        }
+                        Err(e) => errors.push(e),
+                    }
+                }
+                InstanceEvent::Deleted { name, .. } => {
+                    if let Err(e) = deregister_node(&follower.client, &name).await {
+                        errors.push(e);
+                    }
+                }
+            }
+        }
+        for kubelet in kubelets {
+            if let Ok(Err(e)) = kubelet.await {
+                errors.push(e);
+            }
+        }
+        errors
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -780,6 +893,37 @@ memory = "0.5Gi"
         for bad in ["", "abc", "1Xi", ".", "1..2"] {
             assert!(parse_quantity_milli("f", bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn an_exoscale_instance_becomes_a_running_instance() {
+        let instance_type: InstanceType = serde_json::from_value(serde_json::json!({
+            "id": "b6e9d1e8-89fc-4db3-aaa4-9b4c5b1d0844", "family": "gpu3", "size": "small",
+            "cpus": 12, "gpus": 1, "memory": 60 * GIB,
+        }))
+        .unwrap();
+        let instance: Instance = serde_json::from_value(serde_json::json!({
+            "id": "3f1b2a9c-0d4e-4b7a-9c1e-5a6b7c8d9e0f", "name": "karpenter-gpu-x1",
+            "state": "running", "instance-type": { "id": instance_type.id },
+            "template": { "id": "t" }, "disk-size": 100, "user-data": "dXNlcg==",
+        }))
+        .unwrap();
+        let shape = InstanceShape::from_instance_type(&instance_type, 100);
+        assert_eq!(shape.name, "gpu3.small");
+        assert_eq!(shape.gpus, 1);
+        let running = RunningInstance::from_exoscale(&instance, shape, "de-fra-1").unwrap();
+        assert_eq!(
+            running.provider_id(),
+            "exoscale://3f1b2a9c-0d4e-4b7a-9c1e-5a6b7c8d9e0f"
+        );
+        assert_eq!(running.user_data, "dXNlcg==");
+
+        let mut without_user_data = instance.clone();
+        without_user_data.user_data = None;
+        let shape = InstanceShape::from_instance_type(&instance_type, 100);
+        let err =
+            RunningInstance::from_exoscale(&without_user_data, shape, "de-fra-1").unwrap_err();
+        assert!(matches!(err, KubeletSimError::MissingUserData(_)), "{err}");
     }
 
     #[test]

@@ -4,6 +4,7 @@ pub mod apis;
 pub mod catalogue;
 pub mod cloudprovider;
 pub mod controllers;
+pub mod disruption;
 pub mod doctor;
 pub mod exoscale;
 pub mod kubelet_sim;

@@ -617,6 +617,73 @@ async fn the_simulated_kubelet_follows_its_script() {
     assert_eq!(condition_status(&node, "Ready").as_deref(), Some("True"));
 }
 
+#[tokio::test]
+async fn the_simulated_kubelet_follows_the_clouds_instance_events() {
+    let Some(plane) = support::shared() else {
+        return;
+    };
+    let client = plane.client().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let (events, receiver) = tokio::sync::broadcast::channel(16);
+    let follower = kubelet_sim::Follower {
+        client: client.clone(),
+        zone: "at-vie-1".into(),
+        shape_of: Box::new(|_| {
+            Some(InstanceShape {
+                name: "standard.small".into(),
+                cpus: 2,
+                memory_bytes: 2 * 1024 * 1024 * 1024,
+                gpus: 0,
+                disk_gib: 20,
+            })
+        }),
+        behaviour_of: Box::new(|_| KubeletBehaviour::default()),
+    };
+    let following = kubelet_sim::follow(follower, receiver);
+
+    let id = uuid::Uuid::new_v4().to_string();
+    let name = format!("followed-{}", &id[..8]);
+    let instance: karpenter_exoscale::exoscale::models::Instance = serde_json::from_value(json!({
+        "id": id, "name": name, "state": "running",
+        "instance-type": { "id": "standard-small" }, "template": { "id": "sks" },
+        "user-data": gzip_base64(USER_DATA),
+    }))
+    .expect("an instance");
+    events
+        .send(karpenter_exoscale::sim::InstanceEvent::Running(Box::new(
+            instance,
+        )))
+        .expect("the follower listens");
+    let node = node_with_condition(&nodes, &name, "Ready", "True").await;
+    assert_eq!(
+        node.metadata.labels.expect("labels")["topology.kubernetes.io/zone"],
+        "at-vie-1"
+    );
+
+    events
+        .send(karpenter_exoscale::sim::InstanceEvent::Deleted {
+            id: id.clone(),
+            name: name.clone(),
+        })
+        .expect("the follower listens");
+    eventually("the node of the deleted instance to go", || {
+        let nodes = nodes.clone();
+        let name = name.clone();
+        async move {
+            nodes
+                .get_opt(&name)
+                .await
+                .expect("get")
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
+    drop(events);
+    let errors = following.await.expect("follower task");
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Eviction against a PodDisruptionBudget, with pods placed by the real scheduler.
 
@@ -753,4 +820,50 @@ async fn eviction_is_refused_while_a_pdb_allows_no_disruption() {
         evicted.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
         "evicted pod is being deleted"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// The harness itself.
+
+#[tokio::test]
+async fn dropping_a_control_plane_kills_its_processes_and_removes_its_directory() {
+    let bin_dir = match support::control_plane::find_bin_dir() {
+        Ok(dir) => dir,
+        // `shared()` decides between failing (CI) and skipping.
+        Err(_) => {
+            let _ = support::shared();
+            return;
+        }
+    };
+    let options = support::control_plane::Options {
+        scheduler: true,
+        controllers: Some(vec!["garbage-collector-controller".into()]),
+        crd_dir: None,
+    };
+    let plane = support::control_plane::ControlPlane::start(&bin_dir, &options)
+        .await
+        .expect("a private control plane starts");
+    let client = plane.client().await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+    assert!(namespaces.get_opt("default").await.expect("get").is_some());
+    let dir = plane.dir_path();
+    let pids = plane.pids();
+    assert_eq!(
+        pids.len(),
+        4,
+        "etcd, apiserver, controller-manager, scheduler"
+    );
+    assert!(dir.join("kube-apiserver.log").is_file());
+
+    drop(plane);
+    assert!(!dir.exists(), "{} removed", dir.display());
+    for pid in pids {
+        // Killed and reaped: the id is gone (unless already reused by an unrelated process).
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let command = String::from_utf8_lossy(&cmdline);
+        assert!(
+            !command.contains(&bin_dir.display().to_string()),
+            "process {pid} still runs: {command}"
+        );
+    }
 }

@@ -5,6 +5,7 @@
 pub mod error;
 pub mod exoscale;
 pub mod fake;
+pub mod overlay;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -224,6 +224,17 @@ impl Metrics {
         metrics
     }
 
+    /// Registers a metric owned by another module (provisioning, disruption) in the same registry.
+    pub fn register(
+        &self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        registry.register(name, help, metric);
+    }
+
     /// The text exposition format served on `/metrics`.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -78,7 +78,10 @@ fn in_flight_node(claim: &NodeClaim) -> Option<ExistingNode> {
         taints: claim.spec.taints.iter().map(taint).collect(),
         allocatable,
         pods: Vec::new(),
-        node_pool: claim.labels().get(crate::apis::labels::NODEPOOL_LABEL).cloned(),
+        node_pool: claim
+            .labels()
+            .get(crate::apis::labels::NODEPOOL_LABEL)
+            .cloned(),
         initialized: false,
     })
 }
@@ -90,7 +93,10 @@ pub fn prepare(
     pools: Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)>,
     options: SchedulerOptions,
 ) -> Prepared {
-    let mut input = SchedulerInput { options, ..SchedulerInput::default() };
+    let mut input = SchedulerInput {
+        options,
+        ..SchedulerInput::default()
+    };
     let mut skipped_pools = Vec::new();
     for (pool, types) in pools {
         let name = pool.name_any();
@@ -125,7 +131,9 @@ pub fn prepare(
     for node in index.nodes() {
         let name = node.name_any();
         let provider_id = node.spec.as_ref().and_then(|s| s.provider_id.clone());
-        let claim = provider_id.as_ref().and_then(|p| claims_by_provider_id.get(p));
+        let claim = provider_id
+            .as_ref()
+            .and_then(|p| claims_by_provider_id.get(p));
         if let Some(claim) = claim {
             registered_claims.insert(claim.name_any());
         }
@@ -137,12 +145,12 @@ pub fn prepare(
             .collect();
         if being_disrupted(&node) {
             // Their pods need a new home: upstream simulates them as pending.
-            disrupted_pods.extend(
-                index.pods_on_node(&name).into_iter().filter(|p| reschedulable(p)),
-            );
+            disrupted_pods.extend(index.pods_on_node(&name).into_iter().filter(reschedulable));
             continue;
         }
-        let startup: Vec<_> = claim.map(|c| c.spec.startup_taints.iter().map(taint).collect()).unwrap_or_default();
+        let startup: Vec<_> = claim
+            .map(|c| c.spec.startup_taints.iter().map(taint).collect())
+            .unwrap_or_default();
         match convert::existing_node_from_k8s(&node, &pods, &startup) {
             Ok(existing) => input.existing_nodes.push(existing),
             Err(e) => tracing::debug!(node = %name, error = %e, "node left out of the simulation"),
@@ -175,7 +183,12 @@ pub fn prepare(
             Err(e) => invalid.push((object, e.to_string())),
         }
     }
-    Prepared { input, pods, invalid, skipped_pools }
+    Prepared {
+        input,
+        pods,
+        invalid,
+        skipped_pools,
+    }
 }
 
 fn is_terminal(pod: &K8sPod) -> bool {
@@ -190,7 +203,9 @@ fn is_terminal(pod: &K8sPod) -> bool {
 fn reschedulable(pod: &Arc<K8sPod>) -> bool {
     let owners = pod.metadata.owner_references.as_deref().unwrap_or_default();
     let daemon = owners.iter().any(|o| o.kind == "DaemonSet");
-    let mirror = pod.annotations().contains_key("kubernetes.io/config.mirror");
+    let mirror = pod
+        .annotations()
+        .contains_key("kubernetes.io/config.mirror");
     !daemon && !mirror && !is_terminal(pod) && pod.metadata.deletion_timestamp.is_none()
 }
 
@@ -227,7 +242,11 @@ mod tests {
         index.apply_pod(pending("a", "1"));
         index.apply_pod(testing::pod("default", "bound", Some("n1")));
         let types = fixtures::instance_types(10);
-        let prepared = prepare(&index, vec![(pool("p"), types)], SchedulerOptions::default());
+        let prepared = prepare(
+            &index,
+            vec![(pool("p"), types)],
+            SchedulerOptions::default(),
+        );
         let names: Vec<_> = prepared.pods.iter().map(|p| p.pod.name.clone()).collect();
         assert_eq!(names, ["a"]);
         assert_eq!(prepared.input.node_pools.len(), 1);
@@ -236,10 +255,17 @@ mod tests {
     #[test]
     fn pods_on_disrupted_nodes_need_new_capacity() {
         let mut index = ClusterIndex::default();
-        index.apply_node(testing::node("n1", Some("exoscale://1"), &[(DISRUPTED_TAINT_KEY, "NoSchedule")]));
+        index.apply_node(testing::node(
+            "n1",
+            Some("exoscale://1"),
+            &[(DISRUPTED_TAINT_KEY, "NoSchedule")],
+        ));
         index.apply_pod(testing::pod("default", "web", Some("n1")));
         let prepared = prepare(&index, vec![], SchedulerOptions::default());
-        assert!(prepared.input.existing_nodes.is_empty(), "a disrupted node offers no capacity");
+        assert!(
+            prepared.input.existing_nodes.is_empty(),
+            "a disrupted node offers no capacity"
+        );
         assert_eq!(prepared.pods.len(), 1);
     }
 
@@ -248,8 +274,10 @@ mod tests {
         let mut index = ClusterIndex::default();
         let claim = testing::nodeclaim("p-abc", "p", Some("exoscale://x"));
         let mut claim = claim;
-        claim.status.get_or_insert_with(Default::default).allocatable =
-            testing::resources(&[("cpu", "4"), ("memory", "8Gi"), ("pods", "110")]);
+        claim
+            .status
+            .get_or_insert_with(Default::default)
+            .allocatable = testing::resources(&[("cpu", "4"), ("memory", "8Gi"), ("pods", "110")]);
         index.apply_nodeclaim(claim);
         let prepared = prepare(&index, vec![], SchedulerOptions::default());
         assert_eq!(prepared.input.existing_nodes.len(), 1);
@@ -260,15 +288,22 @@ mod tests {
     fn unready_nodepools_are_skipped_with_the_reason() {
         let mut p = (*pool("p")).clone();
         let now = k8s_openapi::jiff::Timestamp::from_second(1).unwrap();
-        p.status.get_or_insert_with(Default::default).conditions.set_condition(
-            conditions::READY,
-            crate::apis::ConditionStatus::False,
-            "NodeClassNotReady",
-            "ExoscaleNodeClass default is not ready",
-            None,
-            now,
+        p.status
+            .get_or_insert_with(Default::default)
+            .conditions
+            .set_condition(
+                conditions::READY,
+                crate::apis::ConditionStatus::False,
+                "NodeClassNotReady",
+                "ExoscaleNodeClass default is not ready",
+                None,
+                now,
+            );
+        let prepared = prepare(
+            &ClusterIndex::default(),
+            vec![(Arc::new(p), vec![])],
+            SchedulerOptions::default(),
         );
-        let prepared = prepare(&ClusterIndex::default(), vec![(Arc::new(p), vec![])], SchedulerOptions::default());
         assert!(prepared.input.node_pools.is_empty());
         assert!(prepared.skipped_pools[0].1.contains("not ready"));
     }

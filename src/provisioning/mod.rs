@@ -2,6 +2,7 @@
 //! capacity and NodePool templates, and creates NodeClaims.
 
 pub mod batcher;
+pub mod controller;
 pub mod eligibility;
 pub mod input;
 pub mod template;

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 use thiserror::Error;
 
+use crate::apis::labels::WELL_KNOWN_LABELS;
 use crate::apis::labels::{
     NODECLAIM_MIN_VALUES_RELAXED_ANNOTATION, NODECLASS_LABEL, NODEPOOL_HASH_ANNOTATION,
     NODEPOOL_HASH_VERSION, NODEPOOL_HASH_VERSION_ANNOTATION, NODEPOOL_LABEL, TERMINATION_FINALIZER,
@@ -18,11 +19,11 @@ use crate::apis::{
     Operator as CrdOperator, Taint as CrdTaint, TaintEffect as CrdEffect,
 };
 use crate::cloudprovider::requirements_from_api;
-use crate::scheduling::NewNodeClaim;
 use crate::scheduling::model::NodePoolTemplate;
 use crate::scheduling::quantity::{Quantity, Resources};
 use crate::scheduling::requirements::{Operator, RequirementError, Requirements};
 use crate::scheduling::taints::{Taint, TaintEffect};
+use crate::scheduling::{NewNodeClaim, WellKnownLabels};
 
 #[derive(Debug, Error)]
 pub enum TemplateError {
@@ -158,13 +159,11 @@ pub fn build_nodeclaim(pool: &NodePool, claim: &NewNodeClaim) -> NodeClaim {
         NODECLASS_LABEL.to_string(),
         template.spec.node_class_ref.name.clone(),
     );
-    // Single-valued requirements become labels so the node is recognisable before it registers.
-    for r in claim.requirements.iter() {
-        if let Some(value) = r.single_value() {
-            labels
-                .entry(r.key().to_string())
-                .or_insert_with(|| value.to_string());
-        }
+    // One concrete value per custom requirement key (upstream); well-known labels come from the
+    // provider once the instance exists.
+    let well_known = WellKnownLabels::with_provider_labels(WELL_KNOWN_LABELS.iter().copied());
+    for (key, value) in claim.labels(&well_known) {
+        labels.entry(key).or_insert(value);
     }
     let mut annotations = template
         .metadata
@@ -209,7 +208,7 @@ pub fn build_nodeclaim(pool: &NodePool, claim: &NewNodeClaim) -> NodeClaim {
         spec: NodeClaimSpec {
             taints: template.spec.taints.clone(),
             startup_taints: template.spec.startup_taints.clone(),
-            requirements: crd_requirements(&claim.requirements),
+            requirements: crd_requirements(&claim.node_claim_requirements()),
             resources: ResourceRequirements {
                 requests: resource_list(&claim.requests),
             },

@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
 use super::labels::{HOSTNAME, NODE_POOL};
 use super::model::{
-    BoundPod, DaemonSetPod, ExistingNode, InclusionPolicy, LabelSelector, NamespaceScope, Pod,
-    PodAffinityTerm, SelectorExpression, SelectorOperator, TopologySpreadConstraint,
+    BoundPod, DaemonSetPod, ExistingNode, HostPort, InclusionPolicy, LabelSelector, NamespaceScope,
+    Pod, PodAffinityTerm, SelectorExpression, SelectorOperator, TopologySpreadConstraint,
     WeightedPodAffinityTerm, WeightedRequirements, WhenUnsatisfiable,
 };
 use super::quantity::{PODS, Quantity, QuantityError, Resources};
@@ -343,6 +343,22 @@ fn spread(
     })
 }
 
+/// `hostPort`s of the regular, init and sidecar containers.
+fn host_ports(spec: &core::PodSpec) -> Vec<HostPort> {
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            p.host_port.filter(|hp| *hp > 0).map(|port| HostPort {
+                ip: p.host_ip.clone().unwrap_or_default(),
+                port,
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+            })
+        })
+        .collect()
+}
+
 fn node_selector(selector: Option<&BTreeMap<String, String>>) -> Requirements {
     Requirements::from_labels(selector.into_iter().flatten())
 }
@@ -436,6 +452,7 @@ pub fn pod_from_k8s(pod: &core::Pod) -> Result<Pod, ConvertError> {
             .flatten()
             .map(|c| spread(&object, c))
             .collect::<Result<Vec<_>, _>>()?,
+        host_ports: host_ports(spec),
         volume_requirements: None,
         created_at: pod
             .metadata
@@ -462,6 +479,7 @@ pub fn bound_pod_from_k8s(pod: &core::Pod) -> Result<BoundPod, ConvertError> {
         labels: converted.labels,
         requests: converted.requests,
         required_anti_affinity: converted.pod_anti_affinity,
+        host_ports: converted.host_ports,
         daemonset,
     })
 }
@@ -542,6 +560,7 @@ pub fn daemonset_from_k8s(ds: &K8sDaemonSet) -> Result<DaemonSetPod, ConvertErro
         tolerations: tolerations(&object, spec.tolerations.as_ref())?,
         node_selector: node_selector(spec.node_selector.as_ref()),
         required_node_affinity,
+        host_ports: host_ports(spec),
     })
 }
 
@@ -556,5 +575,206 @@ impl TryFrom<&K8sDaemonSet> for DaemonSetPod {
     type Error = ConvertError;
     fn try_from(d: &K8sDaemonSet) -> Result<Self, Self::Error> {
         daemonset_from_k8s(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn k8s_pod(v: serde_json::Value) -> core::Pod {
+        serde_json::from_value(v).expect("valid pod")
+    }
+
+    #[test]
+    fn provisionable_pods_follow_upstream_rules() {
+        // Behaviour 1.
+        let pending = json!({
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+        });
+        assert!(is_provisionable(&k8s_pod(pending.clone())));
+        let mut bound = pending.clone();
+        bound["spec"]["nodeName"] = json!("n1");
+        assert!(!is_provisionable(&k8s_pod(bound)));
+        let mut nominated = pending.clone();
+        nominated["status"]["nominatedNodeName"] = json!("n1");
+        assert!(!is_provisionable(&k8s_pod(nominated)));
+        let mut daemon = pending.clone();
+        daemon["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "1"}]);
+        assert!(!is_provisionable(&k8s_pod(daemon)));
+        let mut not_yet = pending;
+        not_yet["status"]["conditions"][0]["reason"] = json!("SchedulerError");
+        assert!(!is_provisionable(&k8s_pod(not_yet)));
+    }
+
+    #[test]
+    fn pod_requests_include_init_containers_sidecars_and_overhead() {
+        let pod = k8s_pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"app": "web"}},
+            "spec": {
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}},
+                    {"name": "b", "resources": {"limits": {"cpu": "250m", "memory": "256Mi"}}}
+                ],
+                "initContainers": [
+                    {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"cpu": "100m"}}},
+                    {"name": "init", "resources": {"requests": {"cpu": "2", "memory": "64Mi"}}}
+                ],
+                "overhead": {"cpu": "50m"}
+            }
+        }));
+        let p = pod_from_k8s(&pod).unwrap();
+        // max(750m + 100m sidecar, 100m + 2 init) + 50m overhead.
+        assert_eq!(p.requests.cpu(), Quantity::parse("2150m").unwrap());
+        assert_eq!(p.requests.memory(), Quantity::parse("1280Mi").unwrap());
+        assert_eq!(p.requests.pods(), Quantity::from_units(1));
+        assert_eq!(p.uid, "u1");
+        assert_eq!(p.labels.get("app").map(String::as_str), Some("web"));
+    }
+
+    #[test]
+    fn pod_scheduling_constraints_convert() {
+        let pod = k8s_pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"app": "web", "rev": "7"}},
+            "spec": {
+                "containers": [{"name": "c"}],
+                "nodeSelector": {"team": "a"},
+                "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "failure-domain.beta.kubernetes.io/zone", "operator": "In", "values": ["z1"]}]},
+                            {"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["4"]}]}
+                        ]},
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {"weight": 5, "preference": {"matchExpressions": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]}]}}
+                        ]
+                    },
+                    "podAntiAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}
+                        ]
+                    }
+                },
+                "topologySpreadConstraints": [{
+                    "maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+                    "labelSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["web"]}]},
+                    "matchLabelKeys": ["rev"], "minDomains": 3, "nodeTaintsPolicy": "Honor"
+                }]
+            }
+        }));
+        let p = pod_from_k8s(&pod).unwrap();
+        assert_eq!(p.node_selector.get("team").unwrap().values(), ["a"]);
+        assert_eq!(p.required_node_affinity.len(), 2);
+        assert!(
+            p.required_node_affinity[0]
+                .get("topology.kubernetes.io/zone")
+                .is_some()
+        );
+        assert!(p.required_node_affinity[1].get("cores").unwrap().has("5"));
+        assert_eq!(p.preferred_node_affinity[0].weight, 5);
+        assert_eq!(p.tolerations[0].operator, TolerationOperator::Exists);
+        assert_eq!(
+            p.pod_anti_affinity[0].topology_key,
+            "kubernetes.io/hostname"
+        );
+        let c = &p.topology_spread[0];
+        assert_eq!((c.max_skew, c.min_domains), (2, Some(3)));
+        assert_eq!(c.when_unsatisfiable, WhenUnsatisfiable::ScheduleAnyway);
+        assert_eq!(c.node_taints_policy, InclusionPolicy::Honor);
+        assert_eq!(c.node_affinity_policy, InclusionPolicy::Honor);
+        assert_eq!(c.match_label_keys, ["rev"]);
+    }
+
+    #[test]
+    fn bad_input_is_reported_with_the_object_name() {
+        let pod = k8s_pod(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "lots"}}}]}
+        }));
+        let err = pod_from_k8s(&pod).unwrap_err().to_string();
+        assert!(err.starts_with("ns/p:"), "{err}");
+        assert!(err.contains("lots"), "{err}");
+        let fields = k8s_pod(json!({
+            "metadata": {"name": "q", "namespace": "ns"},
+            "spec": {"containers": [{"name": "c"}], "affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+                ]}
+            }}}
+        }));
+        assert!(matches!(
+            pod_from_k8s(&fields),
+            Err(ConvertError::MatchFields { .. })
+        ));
+    }
+
+    #[test]
+    fn nodes_convert_with_bound_pods_and_startup_taints_ignored_until_initialized() {
+        let node: core::Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {
+                "karpenter.sh/nodepool": "default",
+                "kubernetes.io/hostname": "host-1",
+                "topology.kubernetes.io/zone": "z1"
+            }},
+            "spec": {"taints": [
+                {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
+                {"key": "cilium", "value": "init", "effect": "NoSchedule"},
+                {"key": "dedicated", "value": "db", "effect": "NoSchedule"}
+            ]},
+            "status": {"allocatable": {"cpu": "3900m", "memory": "7Gi", "pods": "110"}}
+        }))
+        .unwrap();
+        let bound = k8s_pod(json!({
+            "metadata": {"name": "ds-pod", "namespace": "kube-system",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "1"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"requests": {"cpu": "100m"}}}]}
+        }));
+        let startup = [Taint::new("cilium", "init", TaintEffect::NoSchedule)];
+        let n = existing_node_from_k8s(&node, &[bound], &startup).unwrap();
+        assert_eq!(n.hostname, "host-1");
+        assert_eq!(n.node_pool.as_deref(), Some("default"));
+        assert!(!n.initialized);
+        assert_eq!(
+            n.taints,
+            vec![Taint::new("dedicated", "db", TaintEffect::NoSchedule)]
+        );
+        assert_eq!(n.allocatable.cpu(), Quantity::parse("3900m").unwrap());
+        assert_eq!(n.pods[0].daemonset.as_deref(), Some("agent"));
+        assert_eq!(n.requirements().get(HOSTNAME).unwrap().values(), ["host-1"]);
+    }
+
+    #[test]
+    fn daemonsets_convert_from_their_template_with_limits_as_requests() {
+        let ds: K8sDaemonSet = serde_json::from_value(json!({
+            "metadata": {"name": "agent", "namespace": "kube-system"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "agent"}},
+                "template": {"spec": {
+                    "containers": [{"name": "c", "resources": {"limits": {"cpu": "200m", "memory": "128Mi"}}}],
+                    "tolerations": [{"operator": "Exists"}],
+                    "nodeSelector": {"kubernetes.io/os": "linux"}
+                }}
+            }
+        }))
+        .unwrap();
+        let d = DaemonSetPod::try_from(&ds).unwrap();
+        assert_eq!(d.name, "agent");
+        assert_eq!(d.requests.cpu(), Quantity::parse("200m").unwrap());
+        assert_eq!(d.requests.memory(), Quantity::parse("128Mi").unwrap());
+        assert!(d.tolerations[0].tolerates(&Taint::new("x", "y", TaintEffect::NoExecute)));
+        assert_eq!(
+            d.node_selector.get("kubernetes.io/os").unwrap().values(),
+            ["linux"]
+        );
+        let empty = K8sDaemonSet::default();
+        assert!(matches!(
+            daemonset_from_k8s(&empty),
+            Err(ConvertError::MissingTemplate(_))
+        ));
     }
 }

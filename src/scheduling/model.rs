@@ -146,6 +146,42 @@ impl TopologySpreadConstraint {
     }
 }
 
+/// A `hostPort` a pod binds on its node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HostPort {
+    /// Empty means every address (`0.0.0.0`).
+    pub ip: String,
+    pub port: i32,
+    /// `TCP` (default), `UDP` or `SCTP`.
+    pub protocol: String,
+}
+
+impl HostPort {
+    pub fn tcp(port: i32) -> Self {
+        Self {
+            ip: String::new(),
+            port,
+            protocol: "TCP".into(),
+        }
+    }
+
+    fn is_wildcard(&self) -> bool {
+        matches!(self.ip.as_str(), "" | "0.0.0.0" | "::")
+    }
+
+    /// Same protocol and port, and the same address or either one a wildcard.
+    pub fn conflicts(&self, other: &HostPort) -> bool {
+        self.port == other.port
+            && self.protocol == other.protocol
+            && (self.ip == other.ip || self.is_wildcard() || other.is_wildcard())
+    }
+}
+
+/// Whether any of `wanted` conflicts with any of `used`.
+pub fn ports_conflict(wanted: &[HostPort], used: &[HostPort]) -> bool {
+    wanted.iter().any(|w| used.iter().any(|u| w.conflicts(u)))
+}
+
 /// A pod to place.
 #[derive(Debug, Clone, Default)]
 pub struct Pod {
@@ -166,6 +202,7 @@ pub struct Pod {
     pub pod_anti_affinity: Vec<PodAffinityTerm>,
     pub preferred_pod_anti_affinity: Vec<WeightedPodAffinityTerm>,
     pub topology_spread: Vec<TopologySpreadConstraint>,
+    pub host_ports: Vec<HostPort>,
     /// Node constraints from the pod's volumes (a bound PV's zone…); they narrow the node only,
     /// never the pod's own requirements used for spread counting.
     pub volume_requirements: Option<Requirements>,
@@ -194,6 +231,7 @@ pub struct BoundPod {
     pub required_anti_affinity: Vec<PodAffinityTerm>,
     /// Name of the owning DaemonSet, if any.
     pub daemonset: Option<String>,
+    pub host_ports: Vec<HostPort>,
 }
 
 /// A Node, or an in-flight NodeClaim that has a providerID but no Node yet.
@@ -246,6 +284,7 @@ pub struct DaemonSetPod {
     pub tolerations: Vec<Toleration>,
     pub node_selector: Requirements,
     pub required_node_affinity: Vec<Requirements>,
+    pub host_ports: Vec<HostPort>,
 }
 
 /// Where and at what price an instance type can be launched.
@@ -351,6 +390,28 @@ mod tests {
         let a = it.allocatable();
         assert_eq!(a.cpu(), Quantity::parse("3900m").unwrap());
         assert_eq!(a.memory(), Quantity::parse("6Gi").unwrap());
+    }
+
+    #[test]
+    fn host_ports_conflict_on_protocol_port_and_address() {
+        let any = HostPort::tcp(80);
+        let specific = HostPort {
+            ip: "10.0.0.1".into(),
+            ..HostPort::tcp(80)
+        };
+        let other_ip = HostPort {
+            ip: "10.0.0.2".into(),
+            ..HostPort::tcp(80)
+        };
+        let udp = HostPort {
+            protocol: "UDP".into(),
+            ..HostPort::tcp(80)
+        };
+        assert!(any.conflicts(&specific));
+        assert!(!specific.conflicts(&other_ip));
+        assert!(!any.conflicts(&udp));
+        assert!(!any.conflicts(&HostPort::tcp(81)));
+        assert!(ports_conflict(&[HostPort::tcp(81), any], &[specific]));
     }
 
     #[test]

@@ -316,6 +316,9 @@ impl Resources {
         for i in 0..4 {
             self.well_known[i] = self.well_known[i].max(other.well_known[i]);
         }
+        if other.extended.is_empty() {
+            return;
+        }
         for (k, v) in &other.extended {
             let cur = self.get(k).0;
             if *v > cur || !self.contains(k) {
@@ -329,10 +332,8 @@ impl Resources {
         for i in 0..4 {
             self.well_known[i] = self.well_known[i].min(other.well_known[i]);
         }
-        let names: Vec<String> = self.extended.iter().map(|(k, _)| k.clone()).collect();
-        for k in names {
-            let v = self.get(&k).0.min(other.get(&k).0);
-            self.set(&k, Quantity(v));
+        for (k, v) in self.extended.iter_mut() {
+            *v = (*v).min(other.get(k).0);
         }
     }
 }

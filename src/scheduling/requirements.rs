@@ -262,22 +262,15 @@ impl Requirement {
         if !self.complement {
             return self.values.first().cloned();
         }
-        let start = self
-            .gte
-            .unwrap_or(0)
-            .max(if self.lte.is_some() { i64::MIN } else { 0 });
-        let mut n = self.gte.unwrap_or(start);
-        for _ in 0..1000 {
-            if self.lte.is_some_and(|l| n > l) {
-                return None;
-            }
-            let s = n.to_string();
-            if self.has(&s) {
-                return Some(s);
-            }
-            n += 1;
-        }
-        None
+        let first = match (self.gte, self.lte) {
+            (Some(g), _) => g,
+            (None, Some(l)) => l.min(0),
+            (None, None) => 0,
+        };
+        (first..first.saturating_add(1000))
+            .take_while(|n| self.lte.is_none_or(|l| *n <= l))
+            .map(|n| n.to_string())
+            .find(|s| self.has(s))
     }
 
     /// Number of allowed values (`usize::MAX` for complements).

@@ -4,17 +4,18 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, WellKnownLabels};
 use super::model::{
-    DaemonSetPod, ExistingNode, InstanceType, NodePoolTemplate, Pod, WhenUnsatisfiable,
+    DaemonSetPod, ExistingNode, HostPort, InstanceType, NodePoolTemplate, Pod, WhenUnsatisfiable,
+    ports_conflict,
 };
 use super::quantity::{NODES, Quantity, Resources};
 use super::requirements::{Requirement, Requirements};
 use super::taints::{Taint, TaintEffect, Toleration, first_untolerated};
 use super::topology::{
-    GroupId, HostId, NodeFilter, PodTopology, PreparedGroup, Rejected, Topology,
+    DomainIds, GroupId, HostId, NodeFilter, PodTopology, PreparedGroup, Rejected, Topology,
 };
 
 /// Upstream's cap on instance types written into one NodeClaim.
@@ -91,6 +92,25 @@ pub struct NewNodeClaim {
 }
 
 impl NewNodeClaim {
+    /// Labels for the NodeClaim: `karpenter.sh/nodepool`, plus one concrete value for every
+    /// custom (non-well-known, non-restricted) requirement key — template labels included.
+    pub fn labels(&self, well_known: &WellKnownLabels) -> BTreeMap<String, String> {
+        let mut labels: BTreeMap<String, String> = self
+            .requirements
+            .iter()
+            .filter(|r| {
+                let key = r.key();
+                !well_known.contains(key)
+                    && key != HOSTNAME
+                    && !key.starts_with("karpenter.sh/")
+                    && !key.contains(".karpenter.sh/")
+            })
+            .filter_map(|r| Some((r.key().to_string(), r.any_value()?)))
+            .collect();
+        labels.insert(NODE_POOL.to_string(), self.node_pool.clone());
+        labels
+    }
+
     /// The requirements to write into the NodeClaim spec: `requirements` plus
     /// `node.kubernetes.io/instance-type In [options]` (keeping any `minValues` on that key).
     pub fn node_claim_requirements(&self) -> Requirements {
@@ -162,6 +182,13 @@ struct Template {
     types: Vec<TypeEntry>,
     /// Limited resources: limit minus usage (may go negative).
     remaining: BTreeMap<String, i128>,
+    /// Per-resource maximum capacity over all types (quick "nothing exceeds the limits" check).
+    max_capacity: Resources,
+    /// Per-resource maximum and minimum usable capacity over all types.
+    max_usable: Resources,
+    min_usable: Resources,
+    /// Host ports of the DaemonSets that run on this NodePool's nodes.
+    daemon_ports: Vec<HostPort>,
 }
 
 #[derive(Debug, Clone)]
@@ -181,7 +208,7 @@ pub struct SkippedNodePool {
 }
 
 /// The reusable scheduler: templates and nodes are prepared once, `solve` can run many times.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Scheduler {
     templates: Vec<Template>,
     nodes: Vec<NodeBase>,
@@ -189,7 +216,13 @@ pub struct Scheduler {
     options: SchedulerOptions,
     relax_prefer_no_schedule: bool,
     skipped: Vec<SkippedNodePool>,
+    /// Instance types by price for (template, zone, capacity type), shared by every solve.
+    price_orders: Mutex<HashMap<PriceOrderKey, PriceOrder>>,
 }
+
+type PriceOrderKey = (usize, Option<Requirement>, Option<Requirement>);
+/// Type indices cheapest first, and how many capacity types the admitted offerings have.
+type PriceOrder = Arc<(Vec<u32>, usize)>;
 
 impl Scheduler {
     pub fn new(input: SchedulerInput) -> Self {
@@ -218,10 +251,15 @@ impl Scheduler {
                 reqs.add(Requirement::in_values(k, [v.clone()]));
             }
             reqs.add(Requirement::in_values(NODE_POOL, [pool.name.clone()]));
+            // Daemons selecting registered/initialized nodes still land on new nodes.
+            let mut daemon_view = reqs.clone();
+            daemon_view.add(Requirement::in_values("karpenter.sh/registered", ["true"]));
+            daemon_view.add(Requirement::in_values("karpenter.sh/initialized", ["true"]));
             let daemons: Vec<&DaemonSetPod> = daemonsets
                 .iter()
                 .filter(|d| first_untolerated(&pool.taints, &d.tolerations, true).is_none())
                 .collect();
+            let mut daemon_ports: Vec<HostPort> = Vec::new();
             let entries: Vec<TypeEntry> = types
                 .iter()
                 .filter(|it| {
@@ -231,10 +269,15 @@ impl Scheduler {
                     let mut overhead = Resources::new();
                     for d in &daemons {
                         if daemon_alternatives(d).iter().any(|alt| {
-                            reqs.compatible(alt, Some(wk)).is_ok()
+                            daemon_view.compatible(alt, Some(wk)).is_ok()
                                 && it.requirements.intersects(alt).is_ok()
                         }) {
                             overhead += &d.requests;
+                            for p in &d.host_ports {
+                                if !daemon_ports.contains(p) {
+                                    daemon_ports.push(p.clone());
+                                }
+                            }
                         }
                     }
                     TypeEntry {
@@ -256,11 +299,21 @@ impl Scheduler {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.milli() - pool.usage.get(k).milli()))
                 .collect();
+            let mut max_capacity = Resources::new();
+            for e in &entries {
+                max_capacity.max_with(&e.it.capacity);
+            }
+            let all: Vec<u32> = (0..entries.len() as u32).collect();
+            let (max_usable, min_usable) = usable_range(&entries, &all);
             templates.push(Template {
                 pool,
                 reqs,
                 types: entries,
                 remaining,
+                max_capacity,
+                max_usable,
+                min_usable,
+                daemon_ports,
             });
         }
         let relax_prefer_no_schedule = templates.iter().any(|t| {
@@ -313,6 +366,7 @@ impl Scheduler {
             options,
             relax_prefer_no_schedule,
             skipped,
+            price_orders: Mutex::new(HashMap::new()),
         }
     }
 
@@ -373,13 +427,22 @@ struct Attempt {
 struct Claim {
     template: usize,
     reqs: Requirements,
+    /// Single domain per cached topology key, kept in step with `reqs`.
+    domains: DomainIds,
     host: HostId,
     types: Vec<u32>,
     requests: Resources,
     headroom: Resources,
+    /// Smallest usable capacity left over the instance types: a pod that fits here keeps them all.
+    floor: Resources,
     pods: Vec<usize>,
     min_values_relaxed: bool,
+    /// Host ports of the pods placed here.
+    ports: Vec<HostPort>,
 }
+
+/// A template index and the narrowed requirements that decide type compatibility.
+type TypeCacheKey = (usize, Vec<Requirement>);
 
 /// What one attempt checks every candidate against.
 struct Check<'c> {
@@ -392,7 +455,7 @@ struct Check<'c> {
 enum Target {
     Node(usize, Option<Requirements>),
     Claim(usize, ClaimUpdate),
-    New(usize, Claim),
+    New(usize, Box<Claim>),
 }
 
 /// Why merging a pod into a node's requirements failed; only formatted when reported.
@@ -416,12 +479,14 @@ struct Solve<'a> {
     node_available: Vec<Resources>,
     node_hosts: Vec<HostId>,
     node_pods: Vec<Vec<usize>>,
+    /// Host ports in use per existing node (bound pods, then pods placed by this solve).
+    node_ports: Vec<Vec<HostPort>>,
     claims: Vec<Claim>,
     claim_order: BTreeSet<(usize, usize)>,
     remaining: Vec<BTreeMap<String, i128>>,
     /// Instance types (bitset per template) compatible with a set of narrowed requirements;
     /// pods mostly repeat a few requirement shapes, so this saves re-checking every type.
-    type_cache: RefCell<HashMap<(usize, Vec<Requirement>), Rc<Vec<u64>>>>,
+    type_cache: RefCell<HashMap<TypeCacheKey, Rc<Vec<u64>>>>,
 }
 
 impl<'a> Solve<'a> {
@@ -476,6 +541,7 @@ impl<'a> Solve<'a> {
                 })
             })
             .collect();
+        topology.start_claims();
 
         let mut info: Vec<PodInfo> = pods
             .iter()
@@ -502,7 +568,7 @@ impl<'a> Solve<'a> {
                 }
                 let by_weight = |v: &[super::model::WeightedPodAffinityTerm]| {
                     let mut v = v.to_vec();
-                    v.sort_by(|a, b| b.weight.cmp(&a.weight));
+                    v.sort_by_key(|t| std::cmp::Reverse(t.weight));
                     v
                 };
                 let (mut preferred_affinity, mut preferred_anti, mut preferred_node) =
@@ -519,7 +585,7 @@ impl<'a> Solve<'a> {
                         ));
                     }
                     let mut prefs = p.preferred_node_affinity.clone();
-                    prefs.sort_by(|a, b| b.weight.cmp(&a.weight));
+                    prefs.sort_by_key(|t| std::cmp::Reverse(t.weight));
                     preferred_node = prefs.into_iter().map(|w| w.requirements).collect();
                 }
                 PodInfo {
@@ -574,6 +640,16 @@ impl<'a> Solve<'a> {
             node_available: s.nodes.iter().map(|n| n.available.clone()).collect(),
             node_hosts,
             node_pods: vec![Vec::new(); s.nodes.len()],
+            node_ports: s
+                .existing
+                .iter()
+                .map(|n| {
+                    n.pods
+                        .iter()
+                        .flat_map(|p| p.host_ports.iter().cloned())
+                        .collect()
+                })
+                .collect(),
             claims: Vec::new(),
             claim_order: BTreeSet::new(),
             remaining: s.templates.iter().map(|t| t.remaining.clone()).collect(),
@@ -726,6 +802,7 @@ impl<'a> Solve<'a> {
             Target::Node(ni, final_reqs) => {
                 self.node_available[ni] = self.node_available[ni].saturating_minus(&pod.requests);
                 self.node_pods[ni].push(pi);
+                self.node_ports[ni].extend(pod.host_ports.iter().cloned());
                 let base = &self.s.nodes[ni];
                 let req = final_reqs.as_ref().unwrap_or(&base.reqs);
                 self.topology.record(
@@ -741,12 +818,17 @@ impl<'a> Solve<'a> {
                 self.claim_order.remove(&(claim.pods.len(), ci));
                 claim.pods.push(pi);
                 claim.requests += &pod.requests;
+                claim.ports.extend(pod.host_ports.iter().cloned());
                 if let Some(reqs) = update.reqs {
+                    claim.domains = self.topology.domain_ids(&reqs);
                     claim.reqs = reqs;
                 }
-                claim.headroom = if update.types.len() == claim.types.len() {
-                    // Same instance types: only the new pod's requests come off the headroom.
-                    claim.headroom.saturating_minus(&pod.requests)
+                (claim.headroom, claim.floor) = if update.types.len() == claim.types.len() {
+                    // Same instance types: only the new pod's requests come off.
+                    (
+                        claim.headroom.saturating_minus(&pod.requests),
+                        claim.floor.saturating_minus(&pod.requests),
+                    )
                 } else {
                     headroom(
                         &self.s.templates[claim.template],
@@ -771,10 +853,15 @@ impl<'a> Solve<'a> {
                 let host = self.topology.add_hostname(placeholder_name(claim.host));
                 debug_assert_eq!(host, claim.host);
                 let t = &self.s.templates[ti];
-                let mut max_capacity = Resources::new();
-                for &i in &claim.types {
-                    max_capacity.max_with(&t.types[i as usize].it.capacity);
-                }
+                let max_capacity = if claim.types.len() == t.types.len() {
+                    t.max_capacity.clone()
+                } else {
+                    let mut m = Resources::new();
+                    for &i in &claim.types {
+                        m.max_with(&t.types[i as usize].it.capacity);
+                    }
+                    m
+                };
                 for (k, v) in self.remaining[ti].iter_mut() {
                     *v -= if k == NODES {
                         1000
@@ -791,7 +878,7 @@ impl<'a> Solve<'a> {
                 );
                 let ci = self.claims.len();
                 self.claim_order.insert((1, ci));
-                self.claims.push(claim);
+                self.claims.push(*claim);
             }
         }
         Ok(())
@@ -806,11 +893,14 @@ impl<'a> Solve<'a> {
     ) -> Result<Target, (String, Vec<(String, String)>)> {
         let pod = &self.pods[pi];
         let info = &self.info[pi];
+        let mut always: Vec<&Requirements> = vec![&a.reqs];
+        always.extend(a.node_reqs_extra.as_ref());
         let topo = PodTopology {
             matching: &info.matching,
             inverse: &info.inverse,
             owned: &a.owned,
             strict: &a.strict,
+            always: &always,
         };
         let prepared = match self.topology.prepare(&topo) {
             Ok(p) => p,
@@ -836,9 +926,11 @@ impl<'a> Solve<'a> {
                 return Ok(Target::Node(ni, final_reqs));
             }
         }
-        for &(_, ci) in &self.claim_order {
-            if let Some(update) = self.can_add_to_claim(ci, &check) {
-                return Ok(Target::Claim(ci, update));
+        if !self.topology.blocks_every_claim(&topo) {
+            for &(_, ci) in &self.claim_order {
+                if let Some(update) = self.can_add_to_claim(ci, &check) {
+                    return Ok(Target::Claim(ci, update));
+                }
             }
         }
         if self.s.templates.is_empty() {
@@ -852,7 +944,7 @@ impl<'a> Solve<'a> {
         let mut per_pool = Vec::new();
         for ti in 0..self.s.templates.len() {
             match self.new_claim(ti, pi, &check) {
-                Ok(claim) => return Ok(Target::New(ti, claim)),
+                Ok(claim) => return Ok(Target::New(ti, Box::new(claim))),
                 Err(reason) => per_pool.push((self.s.templates[ti].pool.name.clone(), reason)),
             }
         }
@@ -868,7 +960,9 @@ impl<'a> Solve<'a> {
     fn can_add_to_node(&self, ni: usize, c: &Check) -> Option<Option<Requirements>> {
         let (pod, a, topo) = (c.pod, c.a, c.topo);
         let base = &self.s.nodes[ni];
-        if first_untolerated(&base.taints, &pod.tolerations, a.tolerate_pns).is_some() {
+        if first_untolerated(&base.taints, &pod.tolerations, a.tolerate_pns).is_some()
+            || ports_conflict(&pod.host_ports, &self.node_ports[ni])
+        {
             return None;
         }
         if !pod.requests.fits_in(&self.node_available[ni]) {
@@ -898,7 +992,19 @@ impl<'a> Solve<'a> {
     fn can_add_to_claim(&self, ci: usize, c: &Check) -> Option<ClaimUpdate> {
         let (pod, a, topo) = (c.pod, c.a, c.topo);
         let claim = &self.claims[ci];
-        if a.tolerates_template[claim.template].is_err() || !pod.requests.fits_in(&claim.headroom) {
+        if a.tolerates_template[claim.template].is_err()
+            || !pod.requests.fits_in(&claim.headroom)
+            || !Topology::may_admit(c.prepared, &claim.domains)
+        {
+            return None;
+        }
+        if !pod.host_ports.is_empty()
+            && (ports_conflict(&pod.host_ports, &claim.ports)
+                || ports_conflict(
+                    &pod.host_ports,
+                    &self.s.templates[claim.template].daemon_ports,
+                ))
+        {
             return None;
         }
         self.topology.hostname_allows(topo, claim.host).ok()?;
@@ -906,7 +1012,7 @@ impl<'a> Solve<'a> {
         claim.reqs.compatible(&a.reqs, Some(wk)).ok()?;
         let t = &self.s.templates[claim.template];
         if a.reqs.is_empty() && a.node_reqs_extra.is_none() && c.prepared.is_empty() {
-            let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None);
+            let types = self.refit(claim, pod);
             if types.is_empty() {
                 return None;
             }
@@ -918,7 +1024,7 @@ impl<'a> Solve<'a> {
         }
         let (merged, changed) = self.merge(&claim.reqs, c).ok()?;
         let Some(merged) = merged else {
-            let types = filter_types(t, &claim.types, &claim.requests, &pod.requests, None);
+            let types = self.refit(claim, pod);
             return (!types.is_empty()).then_some(ClaimUpdate {
                 reqs: None,
                 types,
@@ -942,6 +1048,15 @@ impl<'a> Solve<'a> {
             types,
             min_values_relaxed: relaxed,
         })
+    }
+
+    /// The claim's instance types that still fit with the pod added (no requirement change).
+    fn refit(&self, claim: &Claim, pod: &Pod) -> Vec<u32> {
+        if pod.requests.fits_in(&claim.floor) {
+            return claim.types.clone();
+        }
+        let t = &self.s.templates[claim.template];
+        filter_types(t, &claim.types, &claim.requests, &pod.requests, None)
     }
 
     /// Node requirements ∩ pod requirements ∩ volume requirements ∩ topology requirements,
@@ -1075,6 +1190,9 @@ impl<'a> Solve<'a> {
             return Err("node limits have been exhausted for nodepool".into());
         }
         a.tolerates_template[ti].clone()?;
+        if ports_conflict(&pod.host_ports, &t.daemon_ports) {
+            return Err("host port conflicts with a DaemonSet on this nodepool".into());
+        }
         let wk = &self.s.options.well_known_labels;
         t.reqs
             .compatible(&a.reqs, Some(wk))
@@ -1091,8 +1209,14 @@ impl<'a> Solve<'a> {
             MergeError::Empty(k) => format!("requirement {k} cannot be satisfied"),
         })?;
         let merged = merged.unwrap_or(base);
+        let all_within = remaining
+            .iter()
+            .all(|(k, v)| k == NODES || t.max_capacity.get(k).milli() <= *v);
         let within_limits: Vec<u32> = (0..t.types.len() as u32)
             .filter(|&i| {
+                if all_within {
+                    return true;
+                }
                 let cap = &t.types[i as usize].it.capacity;
                 remaining
                     .iter()
@@ -1122,26 +1246,30 @@ impl<'a> Solve<'a> {
         }
         let (merged, types, relaxed) = self.check_min_values(t, merged, types)?;
         let requests = pod.requests.clone();
+        let room = headroom(t, &types, &requests);
         Ok(Claim {
             template: ti,
-            headroom: headroom(t, &types, &requests),
+            domains: self.topology.domain_ids(&merged),
+            headroom: room.0,
+            floor: room.1,
             reqs: merged,
             host,
             types,
             requests,
             pods: vec![pi],
             min_values_relaxed: relaxed,
+            ports: pod.host_ports.clone(),
         })
     }
 
     fn finish(self, mut results: Results) -> Results {
         let max = self.s.options.max_instance_types;
         // Price order depends only on the template and the zone/capacity-type requirements.
-        type PriceOrder = Rc<(Vec<u32>, usize)>;
-        let mut price_orders: HashMap<
-            (usize, Option<Requirement>, Option<Requirement>),
-            PriceOrder,
-        > = HashMap::new();
+        let mut price_orders = self
+            .s
+            .price_orders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for claim in self.claims {
             let t = &self.s.templates[claim.template];
             let mut reqs = claim.reqs;
@@ -1151,7 +1279,7 @@ impl<'a> Solve<'a> {
                 reqs.get(super::labels::ZONE).cloned(),
                 reqs.get(CAPACITY_TYPE).cloned(),
             );
-            let order = Rc::clone(price_orders.entry(key).or_insert_with(|| {
+            let order = Arc::clone(price_orders.entry(key).or_insert_with(|| {
                 let offerings = OfferingFilter::new(&reqs);
                 let mut priced: Vec<(f64, u32)> = (0..t.types.len() as u32)
                     .map(|i| {
@@ -1167,7 +1295,7 @@ impl<'a> Solve<'a> {
                     .filter(|o| offerings.admits(o))
                     .map(|o| o.capacity_type.as_str())
                     .collect();
-                Rc::new((
+                Arc::new((
                     priced.into_iter().map(|(_, i)| i).collect(),
                     capacity_types.len(),
                 ))
@@ -1381,12 +1509,33 @@ fn type_matches(e: &TypeEntry, reqs: &Requirements, changed: &[String]) -> bool 
 }
 
 /// Component-wise maximum usable capacity left over the given types.
-fn headroom(t: &Template, types: &[u32], requests: &Resources) -> Resources {
-    let mut max = Resources::new();
-    for &i in types {
-        max.max_with(&t.types[i as usize].usable);
+fn headroom(t: &Template, types: &[u32], requests: &Resources) -> (Resources, Resources) {
+    if types.len() == t.types.len() {
+        return (
+            t.max_usable.saturating_minus(requests),
+            t.min_usable.saturating_minus(requests),
+        );
     }
-    max.saturating_minus(requests)
+    let (max, min) = usable_range(&t.types, types);
+    (
+        max.saturating_minus(requests),
+        min.saturating_minus(requests),
+    )
+}
+
+/// Per-resource maximum and minimum usable capacity over the given types.
+fn usable_range(entries: &[TypeEntry], types: &[u32]) -> (Resources, Resources) {
+    let mut max = Resources::new();
+    let mut min: Option<Resources> = None;
+    for &i in types {
+        let usable = &entries[i as usize].usable;
+        max.max_with(usable);
+        match &mut min {
+            Some(m) => m.min_with(usable),
+            None => min = Some(usable.clone()),
+        }
+    }
+    (max, min.unwrap_or_default())
 }
 
 /// `(key, minValues, distinct values offered)` for every unmet `minValues`.

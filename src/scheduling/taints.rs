@@ -105,8 +105,8 @@ pub fn first_untolerated<'a>(
     ignore_prefer_no_schedule: bool,
 ) -> Option<&'a Taint> {
     taints.iter().find(|t| {
-        !(ignore_prefer_no_schedule && t.effect == TaintEffect::PreferNoSchedule)
-            && !tolerations.iter().any(|tol| tol.tolerates(t))
+        let soft = ignore_prefer_no_schedule && t.effect == TaintEffect::PreferNoSchedule;
+        !soft && !tolerations.iter().any(|tol| tol.tolerates(t))
     })
 }
 

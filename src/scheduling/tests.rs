@@ -648,3 +648,168 @@ fn benchmark_mix_schedules_every_pod() {
         }
     }
 }
+
+#[test]
+fn hostname_spread_and_capacity_type_spread() {
+    let selector = LabelSelector::from_labels([("app", "api")]);
+    let pods: Vec<Pod> = (0..6)
+        .map(|i| {
+            let mut p = pod(&format!("api-{i}"), "100m", "128Mi");
+            p.labels = labels(&[("app", "api")]);
+            p.topology_spread = vec![
+                TopologySpreadConstraint::new(HOSTNAME, 2, selector.clone()),
+                TopologySpreadConstraint::new(CAPACITY_TYPE, 1, selector.clone()),
+            ];
+            p
+        })
+        .collect();
+    let r = solve(input(vec![node_pool("default")], instance_types(10)), &pods);
+    assert!(r.unschedulable.is_empty());
+    // At most 2 per node: at least 3 nodes.
+    assert!(r.new_node_claims.iter().all(|c| c.pods.len() <= 2));
+    assert!(r.new_node_claims.len() >= 3);
+    let mut per_capacity_type: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in &r.new_node_claims {
+        let ct = c
+            .requirements
+            .get(CAPACITY_TYPE)
+            .and_then(Requirement::single_value);
+        *per_capacity_type.entry(ct.expect("pinned")).or_default() += c.pods.len();
+    }
+    let counts: Vec<usize> = per_capacity_type.values().copied().collect();
+    assert_eq!(counts.len(), 2, "{per_capacity_type:?}");
+    assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1);
+}
+
+#[test]
+fn spread_counts_pods_already_running() {
+    // Zone 1 already runs two matching pods: two new pods go to zones 2 and 3.
+    let mut inp = input(vec![node_pool("default")], instance_types(10));
+    let mut node = existing_node("busy", FAKE_ZONES[0], "100m", "default");
+    let web = BoundPod {
+        namespace: "default".into(),
+        labels: labels(&[("app", "web")]),
+        ..Default::default()
+    };
+    node.pods = vec![web.clone(), web];
+    inp.existing_nodes = vec![node];
+    let pods: Vec<Pod> = (0..2)
+        .map(|i| {
+            let mut p = pod(&format!("web-{i}"), "1", "1Gi");
+            p.labels = labels(&[("app", "web")]);
+            p.topology_spread = vec![TopologySpreadConstraint::new(
+                ZONE,
+                1,
+                LabelSelector::from_labels([("app", "web")]),
+            )];
+            p
+        })
+        .collect();
+    let r = solve(inp, &pods);
+    let zones: std::collections::BTreeSet<_> = r.new_node_claims.iter().map(zone_of).collect();
+    assert_eq!(
+        zones,
+        [Some(FAKE_ZONES[1]), Some(FAKE_ZONES[2])]
+            .into_iter()
+            .collect()
+    );
+}
+
+#[test]
+fn solve_is_repeatable_on_one_scheduler() {
+    let pods = PodGenerator::new(9).diverse(200);
+    let s = Scheduler::new(fixtures::benchmark_input(
+        instance_types(100),
+        SchedulerOptions::default(),
+    ));
+    let (a, b) = (s.solve(&pods), s.solve(&pods));
+    assert_eq!(a.new_node_claims.len(), b.new_node_claims.len());
+    let pods_of = |r: &Results| {
+        r.new_node_claims
+            .iter()
+            .map(|c| c.pods.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(pods_of(&a), pods_of(&b));
+}
+
+#[test]
+fn host_port_conflicts_split_pods_across_nodes() {
+    let exporter = DaemonSetPod {
+        name: "exporter".into(),
+        host_ports: vec![model::HostPort::tcp(9100)],
+        ..Default::default()
+    };
+    let web = |name: &str, port: i32| {
+        let mut p = pod(name, "100m", "128Mi");
+        p.host_ports = vec![model::HostPort::tcp(port)];
+        p
+    };
+    let pods = [web("a", 80), web("b", 80), web("c", 9100)];
+    let mut inp = input(vec![node_pool("default")], instance_types(10));
+    inp.existing_nodes = vec![existing_node("n1", FAKE_ZONES[0], "8", "default")];
+    inp.daemonsets = vec![exporter.clone()];
+    let r = solve(inp, &pods);
+    // a and c on the existing node (the exporter is not running there), b on a new NodeClaim.
+    assert_eq!(r.existing_nodes[0].pods, vec![0, 2]);
+    assert_eq!(r.new_node_claims.len(), 1);
+    assert_eq!(r.new_node_claims[0].pods, vec![1]);
+    assert!(r.unschedulable.is_empty());
+
+    // Without the node, c cannot go anywhere: the exporter binds 9100 on every new node.
+    let mut inp = input(vec![node_pool("default")], instance_types(10));
+    inp.daemonsets = vec![exporter];
+    let r = solve(inp, &pods);
+    assert_eq!(r.new_node_claims.len(), 2);
+    assert_eq!(r.unschedulable.len(), 1);
+    assert_eq!(r.unschedulable[0].pod, 2);
+    assert!(
+        r.unschedulable[0].reason.contains("host port"),
+        "{}",
+        r.unschedulable[0].reason
+    );
+}
+
+#[test]
+fn daemons_selecting_initialized_nodes_count_on_new_nodes() {
+    let mut inp = input(vec![node_pool("default")], instance_types(10));
+    inp.daemonsets = vec![DaemonSetPod {
+        name: "after-init".into(),
+        requests: Resources::from_literals(&[("cpu", "300m")]),
+        node_selector: Requirements::from_labels(&labels(&[("karpenter.sh/initialized", "true")])),
+        ..Default::default()
+    }];
+    let r = solve(inp, &[pod("p", "1", "1Gi")]);
+    assert_eq!(
+        r.new_node_claims[0].daemon_overhead.cpu(),
+        Quantity::parse("300m").unwrap()
+    );
+    assert!(
+        r.new_node_claims[0]
+            .requirements
+            .get("karpenter.sh/initialized")
+            .is_none()
+    );
+}
+
+#[test]
+fn node_claim_labels_take_one_value_per_custom_requirement() {
+    let mut pool = node_pool("default");
+    pool.labels = labels(&[("team", "a")]);
+    pool.requirements = Requirements::from_requirements([
+        Requirement::new("tier", Operator::In, ["gold", "silver"]).unwrap(),
+        Requirement::new("generation", Operator::Gt, ["3"]).unwrap(),
+    ]);
+    let r = solve(
+        input(vec![pool], instance_types(10)),
+        &[pod("p", "1", "1Gi")],
+    );
+    let claim = &r.new_node_claims[0];
+    let l = claim.labels(&fixtures::well_known_labels());
+    assert_eq!(l.get("team").map(String::as_str), Some("a"));
+    assert_eq!(l.get("tier").map(String::as_str), Some("gold"));
+    assert_eq!(l.get("generation").map(String::as_str), Some("4"));
+    assert_eq!(l.get(NODE_POOL).map(String::as_str), Some("default"));
+    assert!(!l.contains_key(ZONE));
+    assert!(!l.contains_key(HOSTNAME));
+}

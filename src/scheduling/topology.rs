@@ -72,6 +72,9 @@ pub(crate) struct Group {
     host_owners: Vec<u32>,
     domain_owners: BTreeMap<String, u32>,
     total: u32,
+    /// NodeClaim placeholders with a matching pod / an owner (hostname groups only).
+    busy_claim_hosts: u32,
+    busy_claim_owner_hosts: u32,
 }
 
 /// Why a topology constraint rejected a node.
@@ -120,6 +123,8 @@ pub(crate) struct PreparedGroup<'t> {
     key: &'t str,
     pick: Pick,
     domains: Vec<&'t str>,
+    /// Cached-key index and the allowed domain ids, when every allowed domain has an id.
+    cached: Option<(usize, Vec<u32>)>,
 }
 
 /// A pod's view of the topology for one scheduling attempt.
@@ -132,6 +137,9 @@ pub(crate) struct PodTopology<'a> {
     pub owned: &'a [GroupId],
     /// The pod's strict requirements (for the spread minimum).
     pub strict: &'a Requirements,
+    /// Everything every candidate node is intersected with (pod requirements incl. preferences,
+    /// volume requirements): domains these exclude can never be chosen.
+    pub always: &'a [&'a Requirements],
 }
 
 impl PodTopology<'_> {
@@ -146,14 +154,28 @@ pub(crate) struct Topology {
     index: HashMap<String, GroupId>,
     hostnames: Vec<String>,
     universe: HashMap<String, BTreeSet<String>>,
+    /// Up to `CACHED_KEYS` non-hostname topology keys whose single value nodes cache as an id.
+    cached_keys: Vec<String>,
+    cached_domains: Vec<Vec<String>>,
+    first_claim_host: HostId,
 }
 
-fn bump(v: &mut Vec<u32>, h: HostId) {
+/// How many topology keys a NodeClaim caches its single domain for (zone, capacity type, …).
+pub(crate) const CACHED_KEYS: usize = 4;
+/// "No single cached domain".
+pub(crate) const NO_DOMAIN: u32 = u32::MAX;
+
+/// A node's single domain id per cached key, for cheap rejections.
+pub(crate) type DomainIds = [u32; CACHED_KEYS];
+
+/// Increments the host's count; true when it was zero.
+fn bump(v: &mut Vec<u32>, h: HostId) -> bool {
     let i = h as usize;
     if v.len() <= i {
         v.resize(i + 1, 0);
     }
     v[i] += 1;
+    v[i] == 1
 }
 
 fn at(v: &[u32], h: HostId) -> u32 {
@@ -162,10 +184,77 @@ fn at(v: &[u32], h: HostId) -> u32 {
 
 impl Topology {
     pub fn new(universe: HashMap<String, BTreeSet<String>>) -> Self {
+        let mut cached_keys: Vec<String> = universe.keys().cloned().collect();
+        cached_keys.sort();
+        cached_keys.truncate(CACHED_KEYS);
+        let cached_domains = cached_keys
+            .iter()
+            .map(|k| universe[k].iter().cloned().collect())
+            .collect();
         Self {
             universe,
+            cached_keys,
+            cached_domains,
             ..Default::default()
         }
+    }
+
+    fn cached_key_index(&self, key: &str) -> Option<usize> {
+        self.cached_keys.iter().position(|k| k == key)
+    }
+
+    /// The node's single domain id for each cached key (`NO_DOMAIN` when not a single known value).
+    pub fn domain_ids(&self, reqs: &Requirements) -> DomainIds {
+        let mut ids = [NO_DOMAIN; CACHED_KEYS];
+        for (i, key) in self.cached_keys.iter().enumerate() {
+            if let Some(v) = reqs.get(key).and_then(Requirement::single_value) {
+                ids[i] = self.cached_domains[i]
+                    .binary_search_by(|d| d.as_str().cmp(v))
+                    .map(|x| x as u32)
+                    .unwrap_or(NO_DOMAIN);
+            }
+        }
+        ids
+    }
+
+    /// Cheap pre-check: false when a node's cached single domain is outside what a prepared
+    /// constraint allows (the full check would reject it too).
+    pub fn may_admit(prepared: &[PreparedGroup], ids: &DomainIds) -> bool {
+        prepared.iter().all(|p| match p.cached {
+            Some((ki, ref allowed)) => ids[ki] == NO_DOMAIN || allowed.contains(&ids[ki]),
+            None => true,
+        })
+    }
+
+    fn cached_ids(&self, key: &str, domains: &[&str]) -> Option<(usize, Vec<u32>)> {
+        let ki = self.cached_key_index(key)?;
+        let all = &self.cached_domains[ki];
+        let mut ids = Vec::with_capacity(domains.len());
+        for d in domains {
+            // A domain outside the universe cannot be cached: skip the shortcut.
+            ids.push(all.binary_search_by(|x| x.as_str().cmp(d)).ok()? as u32);
+        }
+        Some((ki, ids))
+    }
+
+    /// Hostnames added from now on are NodeClaim placeholders.
+    pub fn start_claims(&mut self) {
+        self.first_claim_host = self.next_host_id();
+    }
+
+    /// True when a hostname constraint rejects every NodeClaim of this solve, so the scan can be skipped.
+    pub fn blocks_every_claim(&self, pod: &PodTopology) -> bool {
+        let claims = self.next_host_id() - self.first_claim_host;
+        claims > 0
+            && (pod.owned.iter().any(|&g| {
+                let grp = &self.groups[g];
+                grp.is_hostname
+                    && matches!(grp.kind, GroupKind::AntiAffinity { .. })
+                    && grp.busy_claim_hosts == claims
+            }) || pod.inverse.iter().any(|&g| {
+                let grp = &self.groups[g];
+                grp.is_hostname && grp.busy_claim_owner_hosts == claims
+            }))
     }
 
     pub fn add_hostname(&mut self, name: String) -> HostId {
@@ -226,6 +315,8 @@ impl Topology {
             domain_counts,
             host_owners: Vec::new(),
             total: 0,
+            busy_claim_hosts: 0,
+            busy_claim_owner_hosts: 0,
         });
         let g = self.groups.len() - 1;
         self.index.insert(id, g);
@@ -450,6 +541,14 @@ impl Topology {
                         .collect(),
                 ),
             };
+            let domains: Vec<&'t str> = domains
+                .into_iter()
+                .filter(|d| {
+                    pod.always
+                        .iter()
+                        .all(|r| r.get(key).is_none_or(|x| x.has(d)))
+                })
+                .collect();
             if domains.is_empty() {
                 return Err(Rejected(g));
             }
@@ -457,6 +556,7 @@ impl Topology {
                 group: g,
                 key,
                 pick,
+                cached: self.cached_ids(key, &domains),
                 domains,
             });
         }
@@ -478,6 +578,7 @@ impl Topology {
                 group: g,
                 key: grp.key.as_str(),
                 pick: Pick::All,
+                cached: self.cached_ids(&grp.key, &domains),
                 domains,
             });
         }
@@ -531,6 +632,7 @@ impl Topology {
         taints: &[Taint],
         host: HostId,
     ) {
+        let first_claim_host = self.first_claim_host;
         for &g in matching {
             let universe = self.universe.get(&self.groups[g].key);
             let grp = &mut self.groups[g];
@@ -549,7 +651,9 @@ impl Topology {
                 }
                 GroupKind::AntiAffinity { .. } => {
                     if grp.is_hostname {
-                        bump(&mut grp.host_counts, host);
+                        if bump(&mut grp.host_counts, host) && host >= first_claim_host {
+                            grp.busy_claim_hosts += 1;
+                        }
                     } else {
                         for d in possible_domains(node.get(&grp.key), universe) {
                             *grp.domain_counts.entry(d).or_insert(0) += 1;
@@ -566,7 +670,9 @@ impl Topology {
             let universe = self.universe.get(&self.groups[g].key);
             let grp = &mut self.groups[g];
             if grp.is_hostname {
-                bump(&mut grp.host_owners, host);
+                if bump(&mut grp.host_owners, host) && host >= first_claim_host {
+                    grp.busy_claim_owner_hosts += 1;
+                }
             } else {
                 for d in possible_domains(node.get(&grp.key), universe) {
                     *grp.domain_owners.entry(d).or_insert(0) += 1;

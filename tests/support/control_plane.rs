@@ -462,6 +462,21 @@ impl ControlPlane {
         .unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// The plane's throwaway directory (PKI, data, logs).
+    pub fn dir_path(&self) -> PathBuf {
+        self.dir().to_path_buf()
+    }
+
+    /// Process ids of the running components, in start order.
+    pub fn pids(&self) -> Vec<u32> {
+        self.components
+            .lock()
+            .expect("components lock")
+            .iter()
+            .map(Component::pid)
+            .collect()
+    }
+
     /// Last lines of one component's log, for test failure messages.
     pub fn log_tail(&self, component: &str, lines: usize) -> String {
         self.components

@@ -110,6 +110,10 @@ impl Component {
         })
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `Err` with the log's tail when the process has already exited.
     pub fn check_running(&mut self) -> Result<(), String> {
         match self.child.try_wait() {

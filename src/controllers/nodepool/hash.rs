@@ -1,55 +1,18 @@
-//! The NodePool drift hash: a structural hash of `spec.template` minus `requirements`, with
-//! taint lists treated as sets (karpenter-core §1.1). Version `v3` as upstream; the value need not
-//! equal Go's, only be stable across restarts and replicas of this binary.
-
-use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
+//! The NodePool drift hash annotations (karpenter-core §1.1), version `v3` as upstream.
 
 use crate::apis::NodePool;
 use crate::apis::labels::{
     NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION, NODEPOOL_HASH_VERSION_ANNOTATION,
 };
 
-fn taint_set(taints: &[crate::apis::Taint]) -> Value {
-    let mut items: Vec<String> = taints
-        .iter()
-        .map(|t| serde_json::to_string(&json!({"key": t.key, "value": t.value.clone().unwrap_or_default(), "effect": t.effect})).unwrap_or_default())
-        .collect();
-    items.sort();
-    items.dedup();
-    json!(items)
-}
-
-/// The drift hash of a NodePool's template, as a decimal string.
+/// The drift hash of a NodePool's template, as a decimal string: upstream's exact value (one
+/// implementation, shared with disruption's drift check), so a Go and a Rust controller agree.
 pub fn nodepool_hash(pool: &NodePool) -> String {
-    let template = &pool.spec.template;
-    let metadata = template.metadata.clone().unwrap_or_default();
-    let spec = &template.spec;
-    // Zero values are omitted so adding an empty field does not drift nodes (hashstructure's
-    // IgnoreZeroValue); BTreeMaps serialize in key order.
-    let mut doc = serde_json::Map::new();
-    if !metadata.labels.is_empty() {
-        doc.insert("labels".into(), json!(metadata.labels));
-    }
-    if !metadata.annotations.is_empty() {
-        doc.insert("annotations".into(), json!(metadata.annotations));
-    }
-    if !spec.taints.is_empty() {
-        doc.insert("taints".into(), taint_set(&spec.taints));
-    }
-    if !spec.startup_taints.is_empty() {
-        doc.insert("startupTaints".into(), taint_set(&spec.startup_taints));
-    }
-    doc.insert("nodeClassRef".into(), json!(spec.node_class_ref));
-    doc.insert("expireAfter".into(), json!(spec.expire_after));
-    if let Some(tgp) = &spec.termination_grace_period {
-        doc.insert("terminationGracePeriod".into(), json!(tgp));
-    }
-    let bytes = serde_json::to_vec(&Value::Object(doc)).unwrap_or_default();
-    let digest = Sha256::digest(&bytes);
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    u64::from_be_bytes(first).to_string()
+    crate::disruption::hash::nodepool_hash(&pool.spec.template).unwrap_or_else(|error| {
+        // Only an invalid duration fails, which CRD validation already refuses.
+        tracing::warn!(%error, "cannot hash NodePool template");
+        String::new()
+    })
 }
 
 /// Annotations the NodePool (and every NodeClaim created from it) carries.
@@ -75,7 +38,7 @@ mod tests {
     use crate::apis::{Taint, TaintEffect};
 
     fn pool() -> NodePool {
-        serde_json::from_value(json!({
+        serde_json::from_value(serde_json::json!({
             "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
             "metadata": {"name": "default"},
             "spec": {

@@ -1,0 +1,514 @@
+//! The four voluntary disruption methods, tried in upstream's order; the first that yields a
+//! command ends the loop.
+
+use std::collections::BTreeMap;
+
+use crate::apis::duration::parse_nillable_duration;
+use crate::apis::nodepool::{ConsolidationPolicy, DisruptionReason};
+use crate::scheduling::Requirement;
+use crate::scheduling::labels::{CAPACITY_TYPE, CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT};
+
+use super::balanced::{self, PoolTotals};
+use super::budgets::{BudgetCounts, BudgetMapping, PoolBudget};
+use super::candidates::{Candidate, candidates, sort_by_disruption_cost};
+use super::command::{Command, Method, cheaper_than};
+use super::model::ClusterView;
+use super::names;
+use super::simulate::SimulationBase;
+
+/// Multi-node consolidation looks at no more than this many candidates at once.
+pub const MAX_MULTI_NODE_CANDIDATES: usize = 100;
+
+/// Something the controller publishes while deciding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DisruptionEvent {
+    /// A node that cannot be consolidated, and why (`Unconsolidatable`).
+    Unconsolidatable {
+        node: String,
+        nodeclaim: String,
+        message: String,
+    },
+    /// A node whose disruption is blocked (`DisruptionBlocked`).
+    Blocked {
+        node: String,
+        nodeclaim: Option<String>,
+        message: String,
+    },
+    /// A NodePool whose budget allows no disruption for a reason (`DisruptionBlocked`).
+    NodePoolBlocked {
+        node_pool: String,
+        reason: DisruptionReason,
+    },
+}
+
+impl DisruptionEvent {
+    pub fn event_reason(&self) -> &'static str {
+        match self {
+            DisruptionEvent::Unconsolidatable { .. } => names::EVENT_UNCONSOLIDATABLE,
+            _ => names::EVENT_DISRUPTION_BLOCKED,
+        }
+    }
+}
+
+/// Gauges the controller sets for one method.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MethodMetrics {
+    pub eligible_nodes: usize,
+    pub budgets: BTreeMap<String, PoolBudget>,
+    pub timed_out: bool,
+}
+
+/// The outcome of one method (or of a whole loop).
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub command: Option<Command>,
+    pub events: Vec<DisruptionEvent>,
+    pub metrics: BTreeMap<&'static str, MethodMetrics>,
+}
+
+/// Runs the methods in order until one yields a command. `should_stop` is polled between
+/// simulations: consolidation returns the best it found when it says stop (a timeout).
+pub fn decide(view: &ClusterView, should_stop: &dyn Fn() -> bool) -> Outcome {
+    let base = SimulationBase::new(view);
+    let mut outcome = Outcome::default();
+    for method in Method::ORDER {
+        let step = run_method(&base, method, should_stop);
+        outcome.events.extend(step.events);
+        outcome.metrics.extend(step.metrics);
+        if step.command.is_some() {
+            outcome.command = step.command;
+            break;
+        }
+    }
+    outcome
+}
+
+/// Runs one method.
+pub fn run_method(
+    base: &SimulationBase,
+    method: Method,
+    should_stop: &dyn Fn() -> bool,
+) -> Outcome {
+    let view = base.view();
+    let (eligible, mut events) = eligible_candidates(view, method);
+    let any_balanced = view
+        .pools
+        .values()
+        .any(|p| p.nodepool.spec.disruption.consolidation_policy == ConsolidationPolicy::Balanced);
+    let totals = if any_balanced
+        && matches!(
+            method,
+            Method::MultiNodeConsolidation | Method::SingleNodeConsolidation
+        ) {
+        balanced::pool_totals(view, &candidates(view, method.class()).0)
+    } else {
+        BTreeMap::new()
+    };
+    let (mut budgets, pool_events) = budget_mapping(view, method.reason());
+    events.extend(pool_events);
+    let mut metrics = MethodMetrics {
+        eligible_nodes: eligible.len(),
+        budgets: budgets.pools.clone(),
+        timed_out: false,
+    };
+    let command = match method {
+        Method::Emptiness => emptiness(eligible, &mut budgets),
+        Method::Drift => drift(base, eligible, &budgets, &mut events),
+        Method::MultiNodeConsolidation => {
+            let (cmd, timed_out) = multi_node(base, eligible, &mut budgets, &totals, should_stop);
+            metrics.timed_out = timed_out;
+            cmd
+        }
+        Method::SingleNodeConsolidation => {
+            let (cmd, timed_out) =
+                single_node(base, eligible, &budgets, &totals, &mut events, should_stop);
+            metrics.timed_out = timed_out;
+            cmd
+        }
+    };
+    let key = match method {
+        Method::Emptiness => "emptiness",
+        Method::Drift => "drift",
+        Method::MultiNodeConsolidation => "multi",
+        Method::SingleNodeConsolidation => "single",
+    };
+    Outcome {
+        command,
+        events,
+        metrics: [(key, metrics)].into_iter().collect(),
+    }
+}
+
+/// Budgets of every NodePool for `reason`, plus events for pools that allow nothing.
+pub fn budget_mapping(
+    view: &ClusterView,
+    reason: DisruptionReason,
+) -> (BudgetMapping, Vec<DisruptionEvent>) {
+    let mut counts: BTreeMap<&str, BudgetCounts> = BTreeMap::new();
+    for n in &view.nodes {
+        if n.nodeclaim.is_none() || !n.initialized || n.instance_terminating {
+            continue;
+        }
+        let Some(pool) = n.node_pool() else { continue };
+        let c = counts.entry(pool).or_default();
+        c.nodes += 1;
+        if !n.ready || n.marked_for_deletion {
+            c.disrupting += 1;
+        }
+    }
+    let mut mapping = BudgetMapping::default();
+    let mut events = Vec::new();
+    for (name, pool) in &view.pools {
+        let c = counts.get(name.as_str()).copied().unwrap_or_default();
+        // Budget errors fail closed (0 allowed); the NodePool validation reports them.
+        let (budget, _errors) =
+            PoolBudget::compute(&pool.nodepool.spec.disruption.budgets, c, view.now, reason);
+        if budget.blocked {
+            events.push(DisruptionEvent::NodePoolBlocked {
+                node_pool: name.clone(),
+                reason,
+            });
+        }
+        mapping.pools.insert(name.clone(), budget);
+    }
+    (mapping, events)
+}
+
+/// Candidates the method may act on (upstream `ShouldDisrupt`), sorted as the method wants.
+pub fn eligible_candidates(
+    view: &ClusterView,
+    method: Method,
+) -> (Vec<Candidate>, Vec<DisruptionEvent>) {
+    let (all, rejected) = candidates(view, method.class());
+    let mut events: Vec<DisruptionEvent> = rejected
+        .into_iter()
+        .filter(|r| r.nodeclaim.is_some())
+        .map(|r| DisruptionEvent::Blocked {
+            node: r.node,
+            nodeclaim: r.nodeclaim,
+            message: r.reason,
+        })
+        .collect();
+    let mut eligible = Vec::new();
+    for c in all {
+        match should_disrupt(view, method, &c) {
+            Ok(()) => eligible.push(c),
+            Err(Some(message)) => events.push(DisruptionEvent::Unconsolidatable {
+                node: c.name.clone(),
+                nodeclaim: c.nodeclaim.clone(),
+                message,
+            }),
+            Err(None) => {}
+        }
+    }
+    sort_by_disruption_cost(&mut eligible);
+    if method == Method::Drift {
+        // Oldest drift first, empty nodes before the others.
+        eligible.sort_by(|a, b| {
+            let since = |c: &Candidate| view.nodes[c.index].drifted_since;
+            (!a.is_empty(), since(a), &a.name).cmp(&(!b.is_empty(), since(b), &b.name))
+        });
+    }
+    (eligible, events)
+}
+
+/// `Err(Some(msg))`: not eligible, worth an `Unconsolidatable` event; `Err(None)`: silently not.
+fn should_disrupt(view: &ClusterView, method: Method, c: &Candidate) -> Result<(), Option<String>> {
+    let node = &view.nodes[c.index];
+    let pool = &view.pools[&c.node_pool];
+    if pool.is_static() {
+        return Err(None);
+    }
+    let disruption = &pool.nodepool.spec.disruption;
+    let consolidate_after_never = matches!(
+        parse_nillable_duration(&disruption.consolidate_after),
+        Ok(None)
+    );
+    match method {
+        Method::Drift => node.drifted_since.map(|_| ()).ok_or(None),
+        Method::Emptiness => {
+            if consolidate_after_never {
+                return Err(Some(format!(
+                    "NodePool {:?} has consolidation disabled",
+                    c.node_pool
+                )));
+            }
+            if !c.is_empty() || !node.consolidatable {
+                return Err(None);
+            }
+            Ok(())
+        }
+        Method::MultiNodeConsolidation | Method::SingleNodeConsolidation => {
+            if c.is_empty() {
+                // Emptiness owns empty nodes.
+                return Err(None);
+            }
+            if c.instance_type.is_none() {
+                return Err(Some(format!(
+                    "Instance Type {:?} not found",
+                    node.label(crate::apis::labels::INSTANCE_TYPE_LABEL)
+                        .unwrap_or_default()
+                )));
+            }
+            if c.capacity_type.is_empty() {
+                return Err(Some(format!(
+                    "Node does not have label {:?}",
+                    crate::apis::labels::CAPACITY_TYPE_LABEL
+                )));
+            }
+            if c.zone.is_empty() {
+                return Err(Some(format!(
+                    "Node does not have label {:?}",
+                    crate::apis::labels::ZONE_LABEL
+                )));
+            }
+            if consolidate_after_never {
+                return Err(Some(format!(
+                    "NodePool {:?} has consolidation disabled",
+                    c.node_pool
+                )));
+            }
+            if disruption.consolidation_policy == ConsolidationPolicy::WhenEmpty {
+                return Err(Some(format!(
+                    "NodePool {:?} has non-empty consolidation disabled",
+                    c.node_pool
+                )));
+            }
+            if !node.consolidatable {
+                return Err(None);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Emptiness: every eligible empty node its pool's budget allows, in one delete command.
+fn emptiness(eligible: Vec<Candidate>, budgets: &mut BudgetMapping) -> Option<Command> {
+    let picked: Vec<Candidate> = eligible
+        .into_iter()
+        .filter(|c| budgets.take(&c.node_pool))
+        .collect();
+    (!picked.is_empty()).then(|| Command {
+        method: Method::Emptiness,
+        candidates: picked,
+        replacements: Vec::new(),
+    })
+}
+
+/// Drift: the first drifted node whose pool has budget and whose pods all find a home;
+/// replacements are whatever the simulation needs to launch.
+fn drift(
+    base: &SimulationBase,
+    eligible: Vec<Candidate>,
+    budgets: &BudgetMapping,
+    events: &mut Vec<DisruptionEvent>,
+) -> Option<Command> {
+    for c in eligible {
+        if budgets.remaining(&c.node_pool) == 0 {
+            continue;
+        }
+        let sim = base.simulate(&[&c]);
+        if !sim.all_non_pending_pods_scheduled() {
+            events.push(DisruptionEvent::Blocked {
+                node: c.name.clone(),
+                nodeclaim: Some(c.nodeclaim.clone()),
+                message: format!(
+                    "Scheduling simulation failed to schedule all pods ({})",
+                    sim.errors.join("; ")
+                ),
+            });
+            continue;
+        }
+        return Some(Command {
+            method: Method::Drift,
+            candidates: vec![c],
+            replacements: sim.results.new_node_claims,
+        });
+    }
+    None
+}
+
+/// Whether removing `candidates` works out: delete when their pods fit on the rest of the
+/// cluster, replace when exactly one strictly cheaper NodeClaim takes them, else why not.
+pub fn compute_consolidation(
+    base: &SimulationBase,
+    method: Method,
+    candidates: &[&Candidate],
+) -> Result<Command, String> {
+    let sim = base.simulate(candidates);
+    if !sim.all_non_pending_pods_scheduled() {
+        return Err(format!(
+            "not all pods would schedule, {}",
+            sim.errors.join("; ")
+        ));
+    }
+    let owned = || candidates.iter().map(|c| (*c).clone()).collect::<Vec<_>>();
+    let mut claims = sim.results.new_node_claims;
+    match claims.len() {
+        0 => {
+            return Ok(Command {
+                method,
+                candidates: owned(),
+                replacements: Vec::new(),
+            });
+        }
+        1 => {}
+        n => return Err(format!("Can't remove without creating {n} candidates")),
+    }
+    let mut claim = claims.remove(0);
+    let capacity_types = claim.requirements.get(CAPACITY_TYPE).cloned();
+    let allows = |ct: &str| capacity_types.as_ref().is_none_or(|r| r.has(ct));
+    let all_spot = candidates
+        .iter()
+        .all(|c| c.capacity_type == CAPACITY_TYPE_SPOT);
+    if all_spot && allows(CAPACITY_TYPE_SPOT) {
+        // Upstream gates spot-to-spot replacement behind a feature flag that is off by default.
+        return Err(
+            "SpotToSpotConsolidation is disabled, can't replace a spot node with a spot node"
+                .into(),
+        );
+    }
+    let total_price: f64 = candidates.iter().map(|c| c.price).sum();
+    if allows(CAPACITY_TYPE_SPOT) && allows(CAPACITY_TYPE_ON_DEMAND) {
+        // Prices are compared as if spot launches; never fall back to pricier on-demand.
+        claim
+            .requirements
+            .add(Requirement::in_values(CAPACITY_TYPE, [CAPACITY_TYPE_SPOT]));
+    }
+    let cheaper = cheaper_than(&claim.instance_types, &claim.requirements, total_price);
+    if cheaper.is_empty() {
+        return Err("Can't replace with a cheaper node".into());
+    }
+    claim.instance_types = cheaper;
+    Ok(Command {
+        method,
+        candidates: owned(),
+        replacements: vec![claim],
+    })
+}
+
+/// Multi-node replacements must not be a node type being removed unless it is cheaper than
+/// the cheapest removed node of that type: deleting fewer nodes would do the same with less churn.
+fn filter_out_same_type(cmd: &mut Command) -> bool {
+    let Some(claim) = cmd.replacements.first_mut() else {
+        return true;
+    };
+    let mut cheapest_removed: BTreeMap<&str, f64> = BTreeMap::new();
+    for c in &cmd.candidates {
+        if let Some(it) = &c.instance_type
+            && let Some(o) = it
+                .offerings
+                .iter()
+                .find(|o| o.zone == c.zone && o.capacity_type == c.capacity_type)
+        {
+            let e = cheapest_removed.entry(it.name.as_str()).or_insert(f64::MAX);
+            *e = e.min(o.price);
+        }
+    }
+    let max_price = claim
+        .instance_types
+        .iter()
+        .filter_map(|it| cheapest_removed.get(it.name.as_str()).copied())
+        .fold(f64::MAX, f64::min);
+    claim.instance_types = cheaper_than(&claim.instance_types, &claim.requirements, max_price);
+    !claim.instance_types.is_empty()
+}
+
+/// Multi-node consolidation: binary search for the longest prefix of the cheapest-to-disrupt
+/// candidates (at least two) that can go with at most one cheaper replacement.
+fn multi_node(
+    base: &SimulationBase,
+    eligible: Vec<Candidate>,
+    budgets: &mut BudgetMapping,
+    totals: &BTreeMap<String, PoolTotals>,
+    should_stop: &dyn Fn() -> bool,
+) -> (Option<Command>, bool) {
+    let within_budget: Vec<Candidate> = eligible
+        .into_iter()
+        .filter(|c| budgets.take(&c.node_pool))
+        .take(MAX_MULTI_NODE_CANDIDATES)
+        .collect();
+    if within_budget.len() < 2 {
+        return (None, false);
+    }
+    let (mut min, mut max) = (1usize, within_budget.len() - 1);
+    let mut best = None;
+    while min <= max {
+        if should_stop() {
+            return (best, true);
+        }
+        let mid = (min + max) / 2;
+        let prefix: Vec<&Candidate> = within_budget[..=mid].iter().collect();
+        let ok = match compute_consolidation(base, Method::MultiNodeConsolidation, &prefix) {
+            Ok(mut cmd) => {
+                (filter_out_same_type(&mut cmd) && balanced::approve(&cmd, totals)).then_some(cmd)
+            }
+            Err(_) => None,
+        };
+        match ok {
+            Some(cmd) => {
+                best = Some(cmd);
+                min = mid + 1;
+            }
+            None => max = mid - 1,
+        }
+    }
+    (best, false)
+}
+
+/// Single-node consolidation: candidates cheapest to disrupt first, NodePools interleaved; the
+/// first node that can be deleted or replaced by something strictly cheaper wins.
+fn single_node(
+    base: &SimulationBase,
+    eligible: Vec<Candidate>,
+    budgets: &BudgetMapping,
+    totals: &BTreeMap<String, PoolTotals>,
+    events: &mut Vec<DisruptionEvent>,
+    should_stop: &dyn Fn() -> bool,
+) -> (Option<Command>, bool) {
+    for c in interleave_by_pool(eligible) {
+        if budgets.remaining(&c.node_pool) == 0 || !balanced::can_pass_threshold(&c, totals) {
+            continue;
+        }
+        if should_stop() {
+            return (None, true);
+        }
+        match compute_consolidation(base, Method::SingleNodeConsolidation, &[&c]) {
+            Ok(cmd) if balanced::approve(&cmd, totals) => return (Some(cmd), false),
+            // Balanced rejections are counted, not published (as upstream).
+            Ok(_) => {}
+            Err(message) => events.push(DisruptionEvent::Unconsolidatable {
+                node: c.name.clone(),
+                nodeclaim: c.nodeclaim.clone(),
+                message,
+            }),
+        }
+    }
+    (None, false)
+}
+
+/// Round-robin across NodePools, keeping each pool's order, so one big pool cannot starve
+/// the others when time runs out.
+pub fn interleave_by_pool(sorted: Vec<Candidate>) -> Vec<Candidate> {
+    let mut queues: BTreeMap<String, std::collections::VecDeque<Candidate>> = BTreeMap::new();
+    let mut pool_order: Vec<String> = Vec::new();
+    for c in sorted {
+        if !queues.contains_key(&c.node_pool) {
+            pool_order.push(c.node_pool.clone());
+        }
+        queues.entry(c.node_pool.clone()).or_default().push_back(c);
+    }
+    let mut out = Vec::new();
+    loop {
+        let mut progressed = false;
+        for pool in &pool_order {
+            if let Some(c) = queues.get_mut(pool).and_then(|q| q.pop_front()) {
+                out.push(c);
+                progressed = true;
+            }
+        }
+        if !progressed {
+            return out;
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The cluster as the disruption logic sees it: plain data the controller builds from cluster
+//! state once per loop. Nothing here talks to the API server.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::apis::duration::parse_duration;
+use crate::apis::nodepool::NodePool;
+use crate::scheduling::{
+    DaemonSetPod, ExistingNode, InstanceType, LabelSelector, NodePoolTemplate, Pod,
+    SchedulerOptions,
+};
+
+/// Provisioning nominates a node for pending pods for `2 × BATCH_MAX_DURATION`; a nominated
+/// node is not disrupted meanwhile.
+pub const NOMINATION_WINDOW: Duration = Duration::from_secs(20);
+
+/// Who owns a pod, as far as disruption cares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PodOwner {
+    #[default]
+    Workload,
+    DaemonSet,
+    /// A static (mirror) pod owned by the Node.
+    Node,
+}
+
+/// A pod bound to a node.
+#[derive(Clone, Debug, Default)]
+pub struct NodePod {
+    /// The pod as the scheduler needs it to place it elsewhere.
+    pub pod: Pod,
+    pub owner: PodOwner,
+    /// Phase Succeeded or Failed.
+    pub terminal: bool,
+    /// Has a deletion timestamp.
+    pub terminating: bool,
+    pub ready: bool,
+    /// Value of `karpenter.sh/do-not-disrupt`: `"true"` or a duration counted from the start.
+    pub do_not_disrupt: Option<String>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub priority: Option<i32>,
+    /// `controller.kubernetes.io/pod-deletion-cost`, when parseable.
+    pub deletion_cost: Option<f64>,
+    /// Tolerates `karpenter.sh/disrupted:NoSchedule`: it stays and is never evicted.
+    pub tolerates_disrupted_taint: bool,
+}
+
+impl NodePod {
+    pub fn is_active(&self) -> bool {
+        !self.terminal && !self.terminating
+    }
+
+    /// Needs a new home if the node goes: active, and neither a DaemonSet nor a mirror pod.
+    pub fn is_reschedulable(&self) -> bool {
+        self.is_active() && self.owner == PodOwner::Workload && !self.tolerates_disrupted_taint
+    }
+
+    /// The do-not-disrupt annotation blocks disruption now: `"true"`, or a duration that has
+    /// not yet elapsed since the pod started (a pod not started yet is protected).
+    pub fn do_not_disrupt_active(&self, now: DateTime<Utc>) -> bool {
+        let Some(value) = self.do_not_disrupt.as_deref() else {
+            return false;
+        };
+        if !self.is_active() {
+            return false;
+        }
+        if value == "true" {
+            return true;
+        }
+        match (parse_duration(value), self.started_at) {
+            (Ok(d), Some(start)) => {
+                start + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX) > now
+            }
+            (Ok(_), None) => true,
+            (Err(_), _) => false,
+        }
+    }
+
+    /// Subject to eviction (so to PDBs) when the node drains.
+    pub fn is_evictable(&self, now: DateTime<Utc>) -> bool {
+        self.is_active()
+            && self.owner != PodOwner::Node
+            && !self.tolerates_disrupted_taint
+            && !self.do_not_disrupt_active(now)
+    }
+
+    /// Upstream `EvictionCost`: 1, plus deletion cost / 2^27, plus priority / 2^25, within ±10.
+    pub fn eviction_cost(&self) -> f64 {
+        let mut cost = 1.0;
+        if let Some(c) = self.deletion_cost {
+            cost += c / 2f64.powi(27);
+        }
+        if let Some(p) = self.priority {
+            cost += f64::from(p) / 2f64.powi(25);
+        }
+        cost.clamp(-10.0, 10.0)
+    }
+}
+
+/// A PodDisruptionBudget reduced to what blocks an eviction.
+#[derive(Clone, Debug, Default)]
+pub struct Pdb {
+    pub namespace: String,
+    pub name: String,
+    pub selector: LabelSelector,
+    /// `status.disruptionsAllowed`.
+    pub disruptions_allowed: i32,
+    /// `unhealthyPodEvictionPolicy: AlwaysAllow`: NotReady pods ignore this PDB.
+    pub always_allow_unhealthy: bool,
+    /// `maxUnavailable: 0`/`"0%"` or `minAvailable: "100%"`: no pod can ever be evicted.
+    pub fully_blocking: bool,
+}
+
+impl Pdb {
+    pub fn matches(&self, pod: &NodePod) -> bool {
+        self.namespace == pod.pod.namespace && self.selector.matches(&pod.pod.labels)
+    }
+
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A Node and/or its NodeClaim.
+#[derive(Clone, Debug, Default)]
+pub struct StateNode {
+    /// Node name (NodeClaim name when no Node registered yet).
+    pub name: String,
+    pub provider_id: String,
+    /// The NodeClaim's name; `None` for nodes Karpenter does not manage.
+    pub nodeclaim: Option<String>,
+    /// A Node object exists.
+    pub has_node: bool,
+    /// Labels (Node's when registered, else the NodeClaim's).
+    pub labels: BTreeMap<String, String>,
+    /// Node annotations (checked for do-not-disrupt).
+    pub annotations: BTreeMap<String, String>,
+    pub initialized: bool,
+    pub ready: bool,
+    /// Deleting, or marked for deletion by an in-flight command.
+    pub marked_for_deletion: bool,
+    /// NodeClaim condition `InstanceTerminating=True`.
+    pub instance_terminating: bool,
+    /// Provisioning nominated the node for pending pods until this instant.
+    pub nominated_until: Option<DateTime<Utc>>,
+    /// NodeClaim creation time.
+    pub created_at: DateTime<Utc>,
+    /// NodeClaim condition `Consolidatable=True`.
+    pub consolidatable: bool,
+    /// NodeClaim condition `Drifted=True` since this instant.
+    pub drifted_since: Option<DateTime<Utc>>,
+    pub termination_grace_period: Option<Duration>,
+    /// `None` = `Never`.
+    pub expire_after: Option<Duration>,
+    pub pods: Vec<NodePod>,
+    /// The node as the scheduler sees it (allocatable, taints, bound pods).
+    pub scheduling: ExistingNode,
+}
+
+impl StateNode {
+    pub fn node_pool(&self) -> Option<&str> {
+        self.labels
+            .get(crate::apis::labels::NODEPOOL_LABEL)
+            .map(String::as_str)
+    }
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.get(key).map(String::as_str)
+    }
+    pub fn is_nominated(&self, now: DateTime<Utc>) -> bool {
+        self.nominated_until.is_some_and(|until| until > now)
+    }
+}
+
+/// A NodePool with what disruption and the scheduler need.
+#[derive(Clone, Debug)]
+pub struct PoolState {
+    pub nodepool: NodePool,
+    pub template: NodePoolTemplate,
+    /// Instance types the NodePool may launch; a pool without any is not disrupted.
+    pub instance_types: Vec<Arc<InstanceType>>,
+}
+
+impl PoolState {
+    pub fn name(&self) -> &str {
+        &self.template.name
+    }
+    pub fn is_static(&self) -> bool {
+        self.nodepool.spec.replicas.is_some()
+    }
+}
+
+/// Everything one disruption loop looks at.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterView {
+    pub now: DateTime<Utc>,
+    pub pools: BTreeMap<String, PoolState>,
+    pub nodes: Vec<StateNode>,
+    /// Pods waiting for capacity: simulations must still place them.
+    pub pending_pods: Vec<Pod>,
+    pub daemonsets: Vec<DaemonSetPod>,
+    pub pdbs: Vec<Pdb>,
+    /// Provider IDs of nodes already in the orchestration queue.
+    pub queued: HashSet<String>,
+    pub scheduler_options: SchedulerOptions,
+}
+
+impl ClusterView {
+    pub fn node(&self, name: &str) -> Option<&StateNode> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+}

@@ -1,0 +1,404 @@
+//! "Can these pods go elsewhere, and on what?": one call of the shared scheduler with the
+//! candidates removed from the cluster.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::scheduling::{
+    BoundPod, ExistingNode, NewNodeClaim, Pod, Resources, Results, Scheduler, SchedulerInput,
+};
+
+use super::candidates::{Candidate, currently_reschedulable};
+use super::model::ClusterView;
+
+/// Scheduler inputs shared by every simulation of one disruption loop.
+pub struct SimulationBase<'a> {
+    view: &'a ClusterView,
+    /// Nodes pods may land on (not deleting), by index into `view.nodes`.
+    active: Vec<usize>,
+    /// Upper bound of each active node's free resources (daemon overhead not subtracted).
+    free: Vec<Resources>,
+    /// Each active node with its workload pods folded into one pod carrying their summed
+    /// requests: all the scheduler looks at when no topology is in play.
+    compact: Vec<ExistingNode>,
+    /// Positions in `active`, in the order the scheduler tries existing nodes.
+    scheduler_order: Vec<usize>,
+    /// Some bound pod has required anti-affinity: every node matters to topology.
+    bound_anti_affinity: bool,
+    /// A PreferNoSchedule taint on a node or NodePool: pods may be retried tolerating it.
+    prefer_no_schedule: bool,
+    uninitialized: HashSet<&'a str>,
+    /// Reschedulable pods of deleting nodes: they need a home too.
+    deleting_pods: Vec<Pod>,
+    instance_types: HashMap<String, Vec<std::sync::Arc<crate::scheduling::InstanceType>>>,
+}
+
+impl<'a> SimulationBase<'a> {
+    pub fn new(view: &'a ClusterView) -> Self {
+        let mut active = Vec::new();
+        let mut deleting_pods = Vec::new();
+        for (i, n) in view.nodes.iter().enumerate() {
+            if n.marked_for_deletion || n.instance_terminating {
+                deleting_pods.extend(
+                    n.pods
+                        .iter()
+                        .filter(|p| p.is_reschedulable() && !p.do_not_disrupt_active(view.now))
+                        .map(|p| p.pod.clone()),
+                );
+            } else {
+                active.push(i);
+            }
+        }
+        let free = active
+            .iter()
+            .map(|&i| {
+                let n = &view.nodes[i].scheduling;
+                let mut used = Resources::new();
+                for p in &n.pods {
+                    used += &p.requests;
+                }
+                n.allocatable.saturating_minus(&used)
+            })
+            .collect();
+        let compact = active
+            .iter()
+            .map(|&i| compact_node(&view.nodes[i].scheduling))
+            .collect();
+        // Mirrors the scheduler's ordering of existing nodes (see `solve_topology_free`).
+        let mut scheduler_order: Vec<usize> = (0..active.len()).collect();
+        scheduler_order.sort_by(|&a, &b| {
+            let (na, nb) = (
+                &view.nodes[active[a]].scheduling,
+                &view.nodes[active[b]].scheduling,
+            );
+            nb.initialized
+                .cmp(&na.initialized)
+                .then(na.name.cmp(&nb.name))
+        });
+        let pns = |t: &crate::scheduling::Taint| {
+            t.effect == crate::scheduling::TaintEffect::PreferNoSchedule
+        };
+        let prefer_no_schedule = view
+            .nodes
+            .iter()
+            .any(|n| n.scheduling.taints.iter().any(pns))
+            || view
+                .pools
+                .values()
+                .any(|p| p.template.taints.iter().any(pns));
+        let bound_anti_affinity = view.nodes.iter().any(|n| {
+            n.scheduling
+                .pods
+                .iter()
+                .any(|p| !p.required_anti_affinity.is_empty())
+        });
+        let instance_types = view
+            .pools
+            .values()
+            .map(|p| (p.name().to_string(), p.instance_types.clone()))
+            .collect();
+        SimulationBase {
+            view,
+            active,
+            free,
+            compact,
+            scheduler_order,
+            bound_anti_affinity,
+            prefer_no_schedule,
+            uninitialized: view
+                .nodes
+                .iter()
+                .filter(|n| !n.initialized)
+                .map(|n| n.name.as_str())
+                .collect(),
+            deleting_pods,
+            instance_types,
+        }
+    }
+
+    pub fn view(&self) -> &'a ClusterView {
+        self.view
+    }
+
+    fn solve(&self, existing_nodes: Vec<ExistingNode>, pods: &[Pod]) -> Results {
+        let input = SchedulerInput {
+            node_pools: self
+                .view
+                .pools
+                .values()
+                .map(|p| p.template.clone())
+                .collect(),
+            instance_types: self.instance_types.clone(),
+            existing_nodes,
+            daemonsets: self.view.daemonsets.clone(),
+            options: self.view.scheduler_options.clone(),
+        };
+        Scheduler::new(input).solve(pods)
+    }
+
+    /// Without topology constraints the scheduler only looks at a node's free resources,
+    /// labels, taints and DaemonSet presence, so:
+    /// - nodes no pod fits on cannot change the outcome and are left out;
+    /// - bound workload pods are folded into one pod with their summed requests;
+    /// - the scheduler places each pod on the first existing node that takes it, in its own
+    ///   order (initialized first, then by name). Solving on a prefix of that order gives the
+    ///   same result whenever no pod that missed the prefix's nodes fits on a node after it,
+    ///   which is checked; otherwise the full list is solved. Pods that may be retried with
+    ///   relaxed preferences make earlier attempts matter, so they always get the full list.
+    fn solve_topology_free(&self, pods: &[Pod], removed: &HashSet<&str>) -> Results {
+        let view = self.view;
+        let fitting: Vec<usize> = self
+            .scheduler_order
+            .iter()
+            .copied()
+            .filter(|&k| !removed.contains(view.nodes[self.active[k]].name.as_str()))
+            .filter(|&k| pods.iter().any(|p| p.requests.fits_in(&self.free[k])))
+            .collect();
+        let nodes = |ks: &[usize]| ks.iter().map(|&k| self.compact[k].clone()).collect();
+        let prefix = (pods.len() * 2).max(MIN_PREFIX_NODES);
+        let relaxable = self.prefer_no_schedule || pods.iter().any(may_be_relaxed);
+        if fitting.len() > prefix && !relaxable {
+            let (head, tail) = fitting.split_at(prefix);
+            let results = self.solve(nodes(head), pods);
+            let mut settled = vec![false; pods.len()];
+            for i in results
+                .existing_nodes
+                .iter()
+                .flat_map(|a| a.pods.iter())
+                .chain(results.ignored.iter())
+            {
+                settled[*i] = true;
+            }
+            let exact = pods
+                .iter()
+                .zip(&settled)
+                .filter(|(_, settled)| !**settled)
+                .all(|(p, _)| tail.iter().all(|&k| !p.requests.fits_in(&self.free[k])));
+            if exact {
+                return results;
+            }
+        }
+        self.solve(nodes(&fitting), pods)
+    }
+
+    /// Schedules pending pods, the candidates' pods and deleting nodes' pods on the cluster
+    /// without the candidates.
+    pub fn simulate(&self, candidates: &[&Candidate]) -> Simulation {
+        self.simulate_with(candidates, Strategy::Fast)
+    }
+
+    fn simulate_with(&self, candidates: &[&Candidate], strategy: Strategy) -> Simulation {
+        let view = self.view;
+        let removed: HashSet<&str> = candidates.iter().map(|c| c.name.as_str()).collect();
+        let mut pods: Vec<Pod> = view.pending_pods.clone();
+        let pending = pods.len();
+        for c in candidates {
+            pods.extend(currently_reschedulable(view, c).map(|p| p.pod.clone()));
+        }
+        let from_candidates = pods.len();
+        pods.extend(self.deleting_pods.iter().cloned());
+        let topology_free = !self.bound_anti_affinity && !pods.iter().any(has_topology);
+        let results = if topology_free && strategy == Strategy::Fast {
+            self.solve_topology_free(&pods, &removed)
+        } else {
+            let nodes = self
+                .active
+                .iter()
+                .map(|&i| &view.nodes[i])
+                .filter(|n| !removed.contains(n.name.as_str()))
+                .map(|n| n.scheduling.clone())
+                .collect();
+            self.solve(nodes, &pods)
+        };
+        let mut errors = Vec::new();
+        for u in &results.unschedulable {
+            if u.pod >= pending {
+                let p = &pods[u.pod];
+                errors.push(format!("pod {}/{}: {}", p.namespace, p.name, u.reason));
+            }
+        }
+        // Moving pods onto a node that is not initialized yet is a gamble upstream refuses,
+        // except for pods already evicted from deleting nodes.
+        for assignment in &results.existing_nodes {
+            if self.uninitialized.contains(assignment.node_name.as_str()) {
+                for &i in assignment
+                    .pods
+                    .iter()
+                    .filter(|&&i| i >= pending && i < from_candidates)
+                {
+                    let p = &pods[i];
+                    errors.push(format!(
+                        "pod {}/{}: would schedule against uninitialized node/{}",
+                        p.namespace, p.name, assignment.node_name
+                    ));
+                }
+            }
+        }
+        Simulation {
+            results,
+            pending,
+            errors,
+        }
+    }
+}
+
+/// Smallest prefix of nodes tried before falling back to every node.
+const MIN_PREFIX_NODES: usize = 32;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Strategy {
+    Fast,
+    /// Every node, as is: the reference the fast path must agree with.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Exhaustive,
+}
+
+/// Pods the scheduler may retry with relaxed node preferences.
+fn may_be_relaxed(p: &Pod) -> bool {
+    !p.preferred_node_affinity.is_empty() || p.required_node_affinity.len() > 1
+}
+
+fn compact_node(node: &ExistingNode) -> ExistingNode {
+    let mut workload = BoundPod::default();
+    let mut pods = Vec::new();
+    for p in &node.pods {
+        if p.daemonset.is_some() {
+            // Kept apart: the scheduler adds the overhead of DaemonSets missing from a node.
+            pods.push(BoundPod {
+                requests: p.requests.clone(),
+                daemonset: p.daemonset.clone(),
+                host_ports: p.host_ports.clone(),
+                ..Default::default()
+            });
+        } else {
+            workload.requests += &p.requests;
+            workload.host_ports.extend(p.host_ports.iter().cloned());
+        }
+    }
+    pods.push(workload);
+    ExistingNode {
+        name: node.name.clone(),
+        hostname: node.hostname.clone(),
+        labels: node.labels.clone(),
+        taints: node.taints.clone(),
+        allocatable: node.allocatable.clone(),
+        pods,
+        node_pool: node.node_pool.clone(),
+        initialized: node.initialized,
+    }
+}
+
+fn has_topology(p: &Pod) -> bool {
+    !p.topology_spread.is_empty()
+        || !p.pod_affinity.is_empty()
+        || !p.pod_anti_affinity.is_empty()
+        || !p.preferred_pod_affinity.is_empty()
+        || !p.preferred_pod_anti_affinity.is_empty()
+}
+
+/// The outcome of one simulation.
+pub struct Simulation {
+    pub results: Results,
+    /// The first `pending` pods given to the scheduler were already pending.
+    pub pending: usize,
+    /// Why pods that are running now would not get a home (empty when all would).
+    pub errors: Vec<String>,
+}
+
+impl Simulation {
+    pub fn all_non_pending_pods_scheduled(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    pub fn new_node_claims(&self) -> &[NewNodeClaim] {
+        &self.results.new_node_claims
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disruption::candidates::{DisruptionClass, candidates};
+    use crate::disruption::fixtures::{
+        instance_type, instance_types, node, nodepool, pod, pool, view,
+    };
+    use chrono::{TimeZone, Utc};
+
+    fn summary(sim: &Simulation) -> (Vec<Vec<String>>, usize, usize, Vec<String>) {
+        let claims = sim
+            .new_node_claims()
+            .iter()
+            .map(|c| c.instance_types.iter().map(|it| it.name.clone()).collect())
+            .collect();
+        (
+            claims,
+            sim.results.unschedulable.len(),
+            sim.results.scheduled_pod_count(),
+            sim.errors.clone(),
+        )
+    }
+
+    /// The fast path (pruning, folding, prefix solve) decides exactly as the scheduler does
+    /// on the whole cluster, across clusters of varied fullness.
+    #[test]
+    fn fast_path_agrees_with_the_exhaustive_simulation() {
+        let now = Utc.with_ymd_and_hms(2026, 3, 10, 12, 0, 0).unwrap();
+        let cpus = ["50m", "100m", "250m", "400m", "700m", "1200m", "1800m"];
+        let types = [instance_type("medium", 2), instance_type("large", 4)];
+        for seed in 0..6u64 {
+            let mut nodes = Vec::new();
+            let mut x = seed * 7919 + 17;
+            let mut next = |m: u64| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 33) % m
+            };
+            for n in 0..90 {
+                let it = &types[next(2) as usize];
+                let pods = (0..next(6))
+                    .map(|p| {
+                        pod(
+                            &format!("n{n}-{p}"),
+                            cpus[next(cpus.len() as u64) as usize],
+                            "128Mi",
+                        )
+                    })
+                    .collect();
+                let mut sn = node(&format!("node-{n:03}"), "default", it, pods, now);
+                if next(10) == 0 {
+                    sn.initialized = false;
+                    sn.scheduling.initialized = false;
+                }
+                nodes.push(sn);
+            }
+            let mut v = view(
+                now,
+                vec![pool(
+                    nodepool("default", "{consolidateAfter: 0s}"),
+                    instance_types(),
+                )],
+                nodes,
+            );
+            v.pending_pods = (0..next(4))
+                .map(|p| pod(&format!("pending-{p}"), cpus[next(7) as usize], "64Mi").pod)
+                .collect();
+            let base = SimulationBase::new(&v);
+            let (cands, _) = candidates(&v, DisruptionClass::Graceful);
+            for c in cands.iter().take(40) {
+                let fast = base.simulate_with(&[c], Strategy::Fast);
+                let full = base.simulate_with(&[c], Strategy::Exhaustive);
+                assert_eq!(
+                    summary(&fast),
+                    summary(&full),
+                    "seed {seed}, candidate {}",
+                    c.name
+                );
+            }
+            let pair: Vec<&Candidate> = cands.iter().take(3).collect();
+            assert_eq!(
+                summary(&base.simulate_with(&pair, Strategy::Fast)),
+                summary(&base.simulate_with(&pair, Strategy::Exhaustive))
+            );
+        }
+    }
+}

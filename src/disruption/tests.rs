@@ -1,0 +1,1000 @@
+//! Decisions of the disruption methods on small clusters, through the real scheduler.
+
+use chrono::{DateTime, TimeZone, Utc};
+
+use super::candidates::{DisruptionClass, candidates, sort_by_disruption_cost};
+use super::command::{Decision, Method};
+use super::fixtures::{instance_type, instance_types, node, nodepool, pod, pool, view};
+use super::methods::{DisruptionEvent, Outcome, decide};
+use super::model::{ClusterView, Pdb, StateNode};
+use crate::apis::labels::DO_NOT_DISRUPT_ANNOTATION;
+use crate::scheduling::LabelSelector;
+
+const UNDERUTILIZED: &str = "{consolidateAfter: 0s, consolidationPolicy: WhenEmptyOrUnderutilized, budgets: [{nodes: \"100%\"}]}";
+
+fn now() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 3, 10, 12, 0, 0).unwrap()
+}
+
+fn hour_ago() -> DateTime<Utc> {
+    now() - chrono::Duration::hours(1)
+}
+
+fn never_stop() -> bool {
+    false
+}
+
+fn run(v: &ClusterView) -> Outcome {
+    decide(v, &never_stop)
+}
+
+fn large() -> std::sync::Arc<crate::scheduling::InstanceType> {
+    instance_type("large", 4)
+}
+
+fn cluster(disruption: &str, nodes: Vec<StateNode>) -> ClusterView {
+    view(
+        now(),
+        vec![pool(nodepool("default", disruption), instance_types())],
+        nodes,
+    )
+}
+
+fn names(o: &Outcome) -> Vec<String> {
+    o.command
+        .as_ref()
+        .map(|c| c.candidates.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn empty_node_is_removed_by_emptiness() {
+    let v = cluster(
+        UNDERUTILIZED,
+        vec![
+            node(
+                "busy",
+                "default",
+                &large(),
+                vec![pod("a", "3", "1Gi")],
+                hour_ago(),
+            ),
+            node("idle", "default", &large(), vec![], hour_ago()),
+        ],
+    );
+    let o = run(&v);
+    let cmd = o.command.as_ref().expect("a command");
+    assert_eq!(cmd.method, Method::Emptiness);
+    assert_eq!(cmd.decision(), Decision::Delete);
+    assert_eq!(names(&o), ["idle"]);
+}
+
+#[test]
+fn daemonset_and_mirror_pods_do_not_make_a_node_busy() {
+    let mut ds = pod("ds", "100m", "64Mi");
+    ds.owner = super::model::PodOwner::DaemonSet;
+    let mut mirror = pod("static", "100m", "64Mi");
+    mirror.owner = super::model::PodOwner::Node;
+    let v = cluster(
+        UNDERUTILIZED,
+        vec![node("n", "default", &large(), vec![ds, mirror], hour_ago())],
+    );
+    assert_eq!(run(&v).command.map(|c| c.method), Some(Method::Emptiness));
+}
+
+#[test]
+fn two_underused_nodes_become_one_cheaper_node() {
+    let v = cluster(
+        UNDERUTILIZED,
+        vec![
+            node(
+                "a",
+                "default",
+                &large(),
+                vec![pod("a1", "500m", "256Mi")],
+                hour_ago(),
+            ),
+            node(
+                "b",
+                "default",
+                &large(),
+                vec![pod("b1", "500m", "256Mi")],
+                hour_ago(),
+            ),
+        ],
+    );
+    let o = run(&v);
+    let cmd = o.command.expect("a command");
+    assert_eq!(cmd.method, Method::MultiNodeConsolidation);
+    assert_eq!(cmd.decision(), Decision::Replace);
+    assert_eq!(cmd.candidates.len(), 2);
+    assert_eq!(cmd.replacements.len(), 1);
+    let options: Vec<&str> = cmd.replacements[0]
+        .instance_types
+        .iter()
+        .map(|it| it.name.as_str())
+        .collect();
+    assert_eq!(
+        options,
+        ["medium"],
+        "only types strictly cheaper than the cheapest removed one"
+    );
+    assert!(cmd.estimated_savings() > 0.0);
+}
+
+#[test]
+fn node_whose_pods_fit_elsewhere_is_deleted() {
+    let v = cluster(
+        UNDERUTILIZED,
+        vec![
+            node(
+                "full",
+                "default",
+                &large(),
+                vec![pod("f1", "1500m", "1Gi"), pod("f2", "1", "1Gi")],
+                hour_ago(),
+            ),
+            node(
+                "light",
+                "default",
+                &large(),
+                vec![pod("l1", "500m", "256Mi")],
+                hour_ago(),
+            ),
+        ],
+    );
+    let o = run(&v);
+    let cmd = o.command.expect("a command");
+    assert_eq!(cmd.method, Method::SingleNodeConsolidation);
+    assert_eq!(cmd.decision(), Decision::Delete);
+    assert_eq!(cmd.candidates[0].name, "light");
+}
+
+#[test]
+fn single_node_is_replaced_only_by_a_strictly_cheaper_type() {
+    // 1.5 CPU of pods on a large node: a medium (1.9 CPU allocatable) is cheaper.
+    let v = cluster(
+        UNDERUTILIZED,
+        vec![node(
+            "n",
+            "default",
+            &large(),
+            vec![pod("p", "1500m", "1Gi")],
+            hour_ago(),
+        )],
+    );
+    let cmd = run(&v).command.expect("a command");
+    assert_eq!(cmd.method, Method::SingleNodeConsolidation);
+    assert_eq!(cmd.decision(), Decision::Replace);
+    let options: Vec<&str> = cmd.replacements[0]
+        .instance_types
+        .iter()
+        .map(|it| it.name.as_str())
+        .collect();
+    assert_eq!(options, ["medium"]);
+
+    // The same pod on a medium node: nothing cheaper fits, so nothing happens.
+    let medium = instance_type("medium", 2);
+    let v = cluster(
+        UNDERUTILIZED,
+        vec![node(
+            "n",
+            "default",
+            &medium,
+            vec![pod("p", "1500m", "1Gi")],
+            hour_ago(),
+        )],
+    );
+    let o = run(&v);
+    assert!(o.command.is_none());
+    assert!(o.events.iter().any(|e| matches!(e,
+        DisruptionEvent::Unconsolidatable { node, message, .. } if node == "n" && message == "Can't replace with a cheaper node")));
+}
+
+#[test]
+fn freshly_launched_replacement_is_not_consolidated_back() {
+    // The replacement from the multi-node test: medium, not yet consolidatable.
+    let medium = instance_type("medium", 2);
+    let mut fresh = node(
+        "new",
+        "default",
+        &medium,
+        vec![pod("a1", "500m", "256Mi"), pod("b1", "500m", "256Mi")],
+        now(),
+    );
+    fresh.consolidatable = false;
+    let v = cluster(UNDERUTILIZED, vec![fresh.clone()]);
+    assert!(run(&v).command.is_none());
+    // Even once consolidatable, a medium holding 1 CPU cannot be replaced by anything cheaper.
+    fresh.consolidatable = true;
+    let v = cluster(UNDERUTILIZED, vec![fresh]);
+    assert!(run(&v).command.is_none());
+}
+
+#[test]
+fn when_empty_ignores_non_empty_nodes() {
+    let policy =
+        "{consolidateAfter: 0s, consolidationPolicy: WhenEmpty, budgets: [{nodes: \"100%\"}]}";
+    let busy = || {
+        vec![
+            node(
+                "a",
+                "default",
+                &large(),
+                vec![pod("a1", "500m", "256Mi")],
+                hour_ago(),
+            ),
+            node(
+                "b",
+                "default",
+                &large(),
+                vec![pod("b1", "500m", "256Mi")],
+                hour_ago(),
+            ),
+        ]
+    };
+    let o = run(&cluster(policy, busy()));
+    assert!(o.command.is_none());
+    assert!(o.events.iter().any(|e| matches!(e,
+        DisruptionEvent::Unconsolidatable { message, .. } if message.contains("non-empty consolidation disabled"))));
+    let mut nodes = busy();
+    nodes.push(node("idle", "default", &large(), vec![], hour_ago()));
+    let o = run(&cluster(policy, nodes));
+    assert_eq!(names(&o), ["idle"]);
+}
+
+#[test]
+fn consolidate_after_never_disables_consolidation_and_emptiness() {
+    let v = cluster(
+        "{consolidateAfter: Never, budgets: [{nodes: \"100%\"}]}",
+        vec![
+            node("idle", "default", &large(), vec![], hour_ago()),
+            node(
+                "a",
+                "default",
+                &large(),
+                vec![pod("a1", "500m", "256Mi")],
+                hour_ago(),
+            ),
+        ],
+    );
+    assert!(run(&v).command.is_none());
+}
+
+#[test]
+fn not_yet_consolidatable_nodes_wait() {
+    let mut idle = node("idle", "default", &large(), vec![], hour_ago());
+    idle.consolidatable = false;
+    assert!(run(&cluster(UNDERUTILIZED, vec![idle])).command.is_none());
+}
+
+#[test]
+fn node_do_not_disrupt_keeps_an_empty_node() {
+    let mut idle = node("idle", "default", &large(), vec![], hour_ago());
+    idle.annotations
+        .insert(DO_NOT_DISRUPT_ANNOTATION.into(), "true".into());
+    let o = run(&cluster(UNDERUTILIZED, vec![idle]));
+    assert!(o.command.is_none());
+    assert!(o.events.iter().any(|e| matches!(e,
+        DisruptionEvent::Blocked { message, .. } if message.contains("karpenter.sh/do-not-disrupt"))));
+}
+
+#[test]
+fn pod_do_not_disrupt_keeps_a_node_true_or_until_its_duration_elapses() {
+    let with_annotation = |value: &str, started_min_ago: i64| {
+        let mut p = pod("p", "500m", "256Mi");
+        p.do_not_disrupt = Some(value.into());
+        p.started_at = Some(now() - chrono::Duration::minutes(started_min_ago));
+        cluster(
+            UNDERUTILIZED,
+            vec![node("n", "default", &large(), vec![p], hour_ago())],
+        )
+    };
+    assert!(run(&with_annotation("true", 600)).command.is_none());
+    assert!(run(&with_annotation("10m", 5)).command.is_none());
+    assert!(run(&with_annotation("10m", 20)).command.is_some());
+}
+
+fn pdb(allowed: i32) -> Pdb {
+    Pdb {
+        namespace: "default".into(),
+        name: "web".into(),
+        selector: LabelSelector::from_labels([("app", "web")]),
+        disruptions_allowed: allowed,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn blocking_pdb_keeps_a_node() {
+    let mut p = pod("p", "500m", "256Mi");
+    p.pod.labels.insert("app".into(), "web".into());
+    let mut v = cluster(
+        UNDERUTILIZED,
+        vec![node("n", "default", &large(), vec![p], hour_ago())],
+    );
+    v.pdbs = vec![pdb(0)];
+    let o = run(&v);
+    assert!(o.command.is_none());
+    assert!(o.events.iter().any(|e| matches!(e,
+        DisruptionEvent::Blocked { message, .. } if message.contains("pdb prevents pod evictions"))));
+    v.pdbs = vec![pdb(1)];
+    assert!(run(&v).command.is_some());
+    v.pdbs = vec![
+        pdb(1),
+        Pdb {
+            name: "other".into(),
+            ..pdb(1)
+        },
+    ];
+    assert!(
+        run(&v).command.is_none(),
+        "a pod under two PDBs cannot be evicted"
+    );
+}
+
+#[test]
+fn scheduled_zero_budget_blocks_only_inside_the_window() {
+    let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"100%\"}, {nodes: \"0\", schedule: \"0 9 * * *\", duration: 8h}]}";
+    let at = |h: u32| {
+        let mut v = cluster(
+            policy,
+            vec![node("idle", "default", &large(), vec![], hour_ago())],
+        );
+        v.now = Utc.with_ymd_and_hms(2026, 3, 10, h, 0, 0).unwrap();
+        v
+    };
+    let inside = run(&at(10));
+    assert!(inside.command.is_none());
+    assert!(inside.events.iter().any(|e| matches!(e, DisruptionEvent::NodePoolBlocked { node_pool, .. } if node_pool == "default")));
+    assert!(run(&at(18)).command.is_some());
+    assert!(run(&at(8)).command.is_some());
+}
+
+#[test]
+fn budget_percentage_limits_emptiness_and_counts_disrupting_nodes() {
+    let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"20%\"}]}";
+    let mut nodes: Vec<StateNode> = (0..10)
+        .map(|i| node(&format!("n{i}"), "default", &large(), vec![], hour_ago()))
+        .collect();
+    let o = run(&cluster(policy, nodes.clone()));
+    assert_eq!(o.command.expect("a command").candidates.len(), 2);
+    nodes[9].ready = false;
+    let o = run(&cluster(policy, nodes.clone()));
+    assert_eq!(
+        o.command.expect("a command").candidates.len(),
+        1,
+        "a NotReady node consumes budget"
+    );
+    nodes[8].marked_for_deletion = true;
+    assert!(
+        run(&cluster(policy, nodes)).command.is_none(),
+        "a deleting node consumes budget too"
+    );
+}
+
+#[test]
+fn budget_reasons_only_limit_their_methods() {
+    let policy =
+        "{consolidateAfter: 0s, budgets: [{nodes: \"100%\"}, {nodes: \"0\", reasons: [Drifted]}]}";
+    let o = run(&cluster(
+        policy,
+        vec![node("idle", "default", &large(), vec![], hour_ago())],
+    ));
+    assert_eq!(o.command.map(|c| c.method), Some(Method::Emptiness));
+}
+
+#[test]
+fn drift_replaces_one_node_per_budget_unit() {
+    let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"1\"}]}";
+    let drifted = |name: &str, minutes: i64| {
+        let mut n = node(
+            name,
+            "default",
+            &large(),
+            vec![pod(&format!("{name}-p"), "3", "1Gi")],
+            hour_ago(),
+        );
+        n.drifted_since = Some(now() - chrono::Duration::minutes(minutes));
+        n.consolidatable = false;
+        n
+    };
+    let mut nodes = vec![drifted("d1", 5), drifted("d2", 30), drifted("d3", 10)];
+    let o = run(&cluster(policy, nodes.clone()));
+    let cmd = o.command.expect("a drift command");
+    assert_eq!(cmd.method, Method::Drift);
+    assert_eq!(cmd.candidate_names(), ["d2"], "oldest drift first");
+    assert_eq!(
+        cmd.decision(),
+        Decision::Replace,
+        "3 CPU of pods need a new node"
+    );
+    assert_eq!(cmd.replacements.len(), 1);
+    // While d2 is being replaced the budget is spent.
+    nodes[1].marked_for_deletion = true;
+    assert!(run(&cluster(policy, nodes)).command.is_none());
+}
+
+#[test]
+fn drift_prefers_empty_nodes_and_may_take_pdb_blocked_nodes_with_a_grace_period() {
+    let mut busy = node(
+        "busy",
+        "default",
+        &large(),
+        vec![pod("p", "3", "1Gi")],
+        hour_ago(),
+    );
+    busy.drifted_since = Some(now() - chrono::Duration::hours(2));
+    busy.consolidatable = false;
+    let mut idle = node("idle", "default", &large(), vec![], hour_ago());
+    idle.drifted_since = Some(now() - chrono::Duration::minutes(1));
+    idle.consolidatable = false;
+    let v = cluster(
+        "{consolidateAfter: 0s, budgets: [{nodes: \"1\"}]}",
+        vec![busy.clone(), idle],
+    );
+    assert_eq!(names(&run(&v)), ["idle"]);
+
+    busy.pods[0].pod.labels.insert("app".into(), "web".into());
+    let mut v = cluster("{consolidateAfter: 0s}", vec![busy.clone()]);
+    v.pdbs = vec![pdb(0)];
+    assert!(run(&v).command.is_none());
+    busy.termination_grace_period = Some(std::time::Duration::from_secs(3600));
+    let mut v = cluster("{consolidateAfter: 0s}", vec![busy]);
+    v.pdbs = vec![pdb(0)];
+    assert_eq!(run(&v).command.map(|c| c.method), Some(Method::Drift));
+}
+
+#[test]
+fn candidate_filters_name_their_reason() {
+    let base = || node("n", "default", &large(), vec![], hour_ago());
+    let reason = |n: StateNode| {
+        let v = cluster(UNDERUTILIZED, vec![n]);
+        let (c, rejected) = candidates(&v, DisruptionClass::Graceful);
+        assert!(c.is_empty());
+        rejected[0].reason.clone()
+    };
+    let mut n = base();
+    n.initialized = false;
+    assert_eq!(reason(n), "node isn't initialized");
+    let mut n = base();
+    n.marked_for_deletion = true;
+    assert_eq!(reason(n), "node is deleting or marked for deletion");
+    let mut n = base();
+    n.nominated_until = Some(now() + chrono::Duration::seconds(5));
+    assert_eq!(reason(n), "node is nominated for a pending pod");
+    let mut n = base();
+    n.labels
+        .insert(crate::apis::labels::NODEPOOL_LABEL.into(), "gone".into());
+    assert_eq!(reason(n), "NodePool not found (NodePool=gone)");
+    let mut n = base();
+    n.has_node = false;
+    assert_eq!(reason(n), "nodeclaim does not have an associated node");
+
+    // Expired nomination, unmanaged and queued nodes.
+    let mut n = base();
+    n.nominated_until = Some(now() - chrono::Duration::seconds(1));
+    let v = cluster(UNDERUTILIZED, vec![n]);
+    assert_eq!(candidates(&v, DisruptionClass::Graceful).0.len(), 1);
+    let mut n = base();
+    n.nodeclaim = None;
+    let v = cluster(UNDERUTILIZED, vec![n]);
+    let (c, r) = candidates(&v, DisruptionClass::Graceful);
+    assert!(
+        c.is_empty() && r.is_empty(),
+        "unmanaged nodes are silently skipped"
+    );
+    let mut v = cluster(UNDERUTILIZED, vec![base()]);
+    v.queued.insert("exoscale://n".into());
+    assert!(candidates(&v, DisruptionClass::Graceful).0.is_empty());
+}
+
+#[test]
+fn candidates_are_ordered_by_disruption_cost() {
+    let mut important = pod("important", "100m", "64Mi");
+    important.priority = Some(1_000_000_000);
+    let mut cheap = pod("cheap", "100m", "64Mi");
+    cheap.deletion_cost = Some(-2_147_483_647.0);
+    let mut old = node(
+        "old",
+        "default",
+        &large(),
+        vec![pod("o", "100m", "64Mi")],
+        now() - chrono::Duration::hours(700),
+    );
+    old.expire_after = Some(std::time::Duration::from_secs(720 * 3600));
+    let v = cluster(
+        UNDERUTILIZED,
+        vec![
+            node(
+                "important",
+                "default",
+                &large(),
+                vec![important],
+                hour_ago(),
+            ),
+            node(
+                "plain",
+                "default",
+                &large(),
+                vec![pod("p", "100m", "64Mi")],
+                hour_ago(),
+            ),
+            node("cheap", "default", &large(), vec![cheap], hour_ago()),
+            old,
+        ],
+    );
+    let (mut c, _) = candidates(&v, DisruptionClass::Graceful);
+    sort_by_disruption_cost(&mut c);
+    let order: Vec<&str> = c.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(order, ["cheap", "old", "plain", "important"]);
+    let expected = 10.0 * 719.0 / 720.0;
+    assert!(
+        (c[3].disruption_cost - expected).abs() < 1e-9,
+        "eviction cost clamped to 10, times the lifetime remaining"
+    );
+}
+
+mod validation_and_orchestration {
+    use super::*;
+    use crate::disruption::orchestration::{Action, Orchestration, Phase, ReplacementStatus};
+    use crate::disruption::validation::{ValidationError, validate};
+
+    fn later(v: &ClusterView) -> ClusterView {
+        let mut v = v.clone();
+        v.now += chrono::Duration::seconds(15);
+        v
+    }
+
+    fn two_underused() -> ClusterView {
+        cluster(
+            UNDERUTILIZED,
+            vec![
+                node(
+                    "a",
+                    "default",
+                    &large(),
+                    vec![pod("a1", "500m", "256Mi")],
+                    hour_ago(),
+                ),
+                node(
+                    "b",
+                    "default",
+                    &large(),
+                    vec![pod("b1", "500m", "256Mi")],
+                    hour_ago(),
+                ),
+            ],
+        )
+    }
+
+    #[test]
+    fn unchanged_cluster_passes_validation() {
+        let v = two_underused();
+        let cmd = run(&v).command.unwrap();
+        let validated = validate(&cmd, &later(&v)).expect("still valid");
+        assert_eq!(validated.candidate_names(), cmd.candidate_names());
+    }
+
+    #[test]
+    fn nominated_candidate_is_rejected_as_churn() {
+        let v = two_underused();
+        let cmd = run(&v).command.unwrap();
+        let mut fresh = later(&v);
+        fresh.nodes[0].nominated_until = Some(fresh.now + chrono::Duration::seconds(10));
+        assert!(matches!(validate(&cmd, &fresh), Err(ValidationError::Churn(n)) if n == "a"));
+    }
+
+    #[test]
+    fn replacement_that_no_longer_fits_is_rejected() {
+        let v = two_underused();
+        let cmd = run(&v).command.unwrap();
+        assert_eq!(cmd.replacements[0].instance_types[0].name, "medium");
+        // A bigger pod landed on `a`: the replacement now needs more than a medium.
+        let mut fresh = later(&v);
+        let p = pod("a2", "2", "1Gi");
+        fresh.nodes[0]
+            .scheduling
+            .pods
+            .push(crate::scheduling::BoundPod {
+                namespace: "default".into(),
+                requests: p.pod.requests.clone(),
+                ..Default::default()
+            });
+        fresh.nodes[0].pods.push(p);
+        let err = validate(&cmd, &fresh).unwrap_err();
+        assert!(matches!(err, ValidationError::Scheduling(_)), "{err}");
+        let (mut o, _) = Orchestration::new(cmd, v.now, 0);
+        let actions = o.validate(&fresh);
+        assert!(matches!(o.phase, Phase::Failed { .. }));
+        assert!(actions.iter().any(|a| matches!(
+            a,
+            Action::Event {
+                reason: "ConsolidationRejected",
+                ..
+            }
+        )));
+        assert!(actions.iter().any(|a| matches!(a, Action::Count { metric, .. } if *metric == crate::disruption::names::FAILED_VALIDATIONS_TOTAL)));
+        assert!(
+            !actions
+                .iter()
+                .any(|a| matches!(a, Action::DeleteNodeClaims { .. } | Action::Taint { .. }))
+        );
+    }
+
+    #[test]
+    fn delete_that_now_needs_a_new_node_is_rejected() {
+        let v = cluster(
+            UNDERUTILIZED,
+            vec![
+                node(
+                    "full",
+                    "default",
+                    &large(),
+                    vec![pod("f1", "1500m", "1Gi"), pod("f2", "1", "1Gi")],
+                    hour_ago(),
+                ),
+                node(
+                    "light",
+                    "default",
+                    &large(),
+                    vec![pod("l1", "500m", "256Mi")],
+                    hour_ago(),
+                ),
+            ],
+        );
+        let cmd = run(&v).command.unwrap();
+        assert_eq!(cmd.decision(), Decision::Delete);
+        let mut fresh = later(&v);
+        // `full` filled up meanwhile: `light`'s pod has nowhere to go without a new node.
+        fresh.nodes[0].scheduling.allocatable = crate::scheduling::Resources::from_literals(&[
+            ("cpu", "2600m"),
+            ("memory", "7Gi"),
+            ("pods", "110"),
+        ]);
+        assert!(matches!(
+            validate(&cmd, &fresh),
+            Err(ValidationError::Scheduling(_))
+        ));
+    }
+
+    #[test]
+    fn emptiness_validation_keeps_the_nodes_still_empty() {
+        let v = cluster(
+            UNDERUTILIZED,
+            vec![
+                node("e1", "default", &large(), vec![], hour_ago()),
+                node("e2", "default", &large(), vec![], hour_ago()),
+            ],
+        );
+        let cmd = run(&v).command.unwrap();
+        assert_eq!(cmd.candidates.len(), 2);
+        let mut fresh = later(&v);
+        fresh.nodes[0].pods.push(pod("arrived", "100m", "64Mi"));
+        let kept = validate(&cmd, &fresh).unwrap();
+        assert_eq!(kept.candidate_names(), ["e2"]);
+        fresh.nodes[1].pods.push(pod("arrived2", "100m", "64Mi"));
+        assert_eq!(validate(&cmd, &fresh).unwrap_err(), ValidationError::Empty);
+    }
+
+    #[test]
+    fn replacement_is_launched_and_initialized_before_candidates_are_deleted() {
+        let v = two_underused();
+        let cmd = run(&v).command.unwrap();
+        let (mut o, actions) = Orchestration::new(cmd, v.now, 0);
+        assert!(
+            matches!(actions.as_slice(), [Action::RequeueAt(at)] if *at == v.now + chrono::Duration::seconds(15))
+        );
+        // Too early: wait on.
+        let mut early = v.clone();
+        early.now += chrono::Duration::seconds(5);
+        assert!(matches!(
+            o.validate(&early).as_slice(),
+            [Action::RequeueAt(_)]
+        ));
+        let fresh = later(&v);
+        let actions = o.validate(&fresh);
+        let kinds: Vec<&str> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Taint { .. } => Some("taint"),
+                Action::SetDisruptionReason { .. } => Some("reason"),
+                Action::LaunchReplacements { .. } => Some("launch"),
+                Action::MarkForDeletion { .. } => Some("mark"),
+                Action::DeleteNodeClaims { .. } => Some("delete"),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kinds, ["taint", "reason", "launch", "mark"]);
+        let t = fresh.now;
+        let waiting = o.observe(
+            &[ReplacementStatus::Pending],
+            t + chrono::Duration::seconds(30),
+        );
+        assert!(waiting.iter().any(|a| matches!(a, Action::RequeueAt(_))));
+        assert!(
+            !waiting
+                .iter()
+                .any(|a| matches!(a, Action::DeleteNodeClaims { .. }))
+        );
+        let done = o.observe(
+            &[ReplacementStatus::Initialized],
+            t + chrono::Duration::seconds(90),
+        );
+        assert!(
+            matches!(&done[0], Action::DeleteNodeClaims { nodeclaims } if nodeclaims == &["nc-a", "nc-b"])
+        );
+        assert!(
+            done.iter()
+                .any(|a| matches!(a, Action::Count { metric, labels }
+            if *metric == crate::disruption::names::NODECLAIMS_DISRUPTED_TOTAL
+                && labels.contains(&("reason", "underutilized".to_string()))))
+        );
+        assert_eq!(o.phase, Phase::Done);
+    }
+
+    #[test]
+    fn failed_or_slow_replacement_restores_the_candidates() {
+        let v = two_underused();
+        let start = |v: &ClusterView| {
+            let (mut o, _) = Orchestration::new(run(v).command.unwrap(), v.now, 0);
+            o.validate(&later(v));
+            o
+        };
+        let mut o = start(&v);
+        let actions = o.observe(
+            &[ReplacementStatus::Gone],
+            v.now + chrono::Duration::seconds(60),
+        );
+        assert!(matches!(&actions[0], Action::Restore { nodes, .. } if nodes == &["a", "b"]));
+        assert!(
+            !actions
+                .iter()
+                .any(|a| matches!(a, Action::DeleteNodeClaims { .. }))
+        );
+        assert!(matches!(o.phase, Phase::Failed { .. }));
+
+        let mut o = start(&v);
+        let actions = o.observe(
+            &[ReplacementStatus::Pending],
+            v.now + chrono::Duration::minutes(11),
+        );
+        assert!(
+            matches!(&actions[0], Action::Restore { .. }),
+            "10 min timeout"
+        );
+
+        let mut o = start(&v);
+        let actions = o.launch_failed("insufficient capacity");
+        assert!(matches!(&actions[0], Action::Restore { .. }));
+    }
+
+    #[test]
+    fn drift_starts_without_validation_and_deletes_only_empty_nodes_at_once() {
+        let mut idle = node("idle", "default", &large(), vec![], hour_ago());
+        idle.drifted_since = Some(hour_ago());
+        idle.consolidatable = false;
+        let v = cluster("{consolidateAfter: 0s}", vec![idle]);
+        let cmd = run(&v).command.unwrap();
+        assert_eq!(cmd.method, Method::Drift);
+        let (o, actions) = Orchestration::new(cmd, v.now, 0);
+        assert_eq!(o.phase, Phase::Done);
+        assert!(
+            actions
+                .iter()
+                .any(|a| matches!(a, Action::DeleteNodeClaims { .. }))
+        );
+    }
+}
+
+#[test]
+fn pods_are_not_moved_onto_uninitialized_nodes() {
+    // `light`'s pod would fit on `booting`, which is not initialized yet: nothing is deleted,
+    // and no replacement is cheaper than a medium either.
+    let medium = instance_type("medium", 2);
+    let mut booting = node("booting", "default", &large(), vec![], now());
+    booting.initialized = false;
+    booting.scheduling.initialized = false;
+    booting.consolidatable = false;
+    let v = cluster(
+        UNDERUTILIZED,
+        vec![
+            booting,
+            node(
+                "light",
+                "default",
+                &medium,
+                vec![pod("l1", "1500m", "256Mi")],
+                hour_ago(),
+            ),
+        ],
+    );
+    let o = run(&v);
+    assert!(
+        o.command.is_none(),
+        "{:?}",
+        o.command.map(|c| c.candidate_names().join(","))
+    );
+    assert!(o.events.iter().any(|e| matches!(e,
+        DisruptionEvent::Unconsolidatable { node, message, .. } if node == "light" && message.contains("uninitialized"))));
+}
+
+#[test]
+fn pods_of_deleting_nodes_need_room_too() {
+    // `light`'s 1 CPU pod fits on `big`, unless the 3 CPU pod of the deleting node goes there first.
+    let mut leaving = node(
+        "leaving",
+        "default",
+        &large(),
+        vec![pod("x", "3", "1Gi")],
+        hour_ago(),
+    );
+    leaving.marked_for_deletion = true;
+    let medium = instance_type("medium", 2);
+    let nodes = |with_leaving: bool| {
+        let mut n = vec![
+            node("big", "default", &large(), vec![], now()),
+            node(
+                "light",
+                "default",
+                &medium,
+                vec![pod("l1", "1", "256Mi")],
+                hour_ago(),
+            ),
+        ];
+        n[0].consolidatable = false;
+        if with_leaving {
+            n.push(leaving.clone());
+        }
+        n
+    };
+    let o = run(&cluster(UNDERUTILIZED, nodes(false)));
+    assert_eq!(names(&o), ["light"]);
+    let o = run(&cluster(UNDERUTILIZED, nodes(true)));
+    assert!(o.command.is_none());
+}
+
+#[test]
+fn topology_spread_pods_are_simulated_against_every_node() {
+    // A zonal spread constraint forces the full (unpruned) simulation; the result is the same
+    // delete as without it since the cluster has a single zone.
+    let mut spread = pod("s", "500m", "256Mi");
+    spread.pod.labels.insert("app".into(), "s".into());
+    spread.pod.topology_spread = vec![crate::scheduling::TopologySpreadConstraint::new(
+        crate::scheduling::labels::ZONE,
+        1,
+        LabelSelector::from_labels([("app", "s")]),
+    )];
+    let v = cluster(
+        UNDERUTILIZED,
+        vec![
+            node(
+                "full",
+                "default",
+                &large(),
+                vec![pod("f1", "1500m", "1Gi"), pod("f2", "1", "1Gi")],
+                hour_ago(),
+            ),
+            node("light", "default", &large(), vec![spread], hour_ago()),
+        ],
+    );
+    let cmd = run(&v).command.expect("a command");
+    assert_eq!(
+        (cmd.method, cmd.decision()),
+        (Method::SingleNodeConsolidation, Decision::Delete)
+    );
+    assert_eq!(cmd.candidate_names(), ["light"]);
+}
+
+#[test]
+fn multi_node_takes_the_longest_prefix_that_consolidates() {
+    let nodes = (0..3)
+        .map(|i| {
+            node(
+                &format!("n{i}"),
+                "default",
+                &large(),
+                vec![pod(&format!("p{i}"), "500m", "256Mi")],
+                hour_ago(),
+            )
+        })
+        .collect();
+    let cmd = run(&cluster(UNDERUTILIZED, nodes))
+        .command
+        .expect("a command");
+    assert_eq!(cmd.method, Method::MultiNodeConsolidation);
+    assert_eq!(cmd.candidates.len(), 3);
+    assert_eq!(cmd.replacements[0].instance_types[0].name, "medium");
+}
+
+#[test]
+fn multi_node_respects_the_budget() {
+    let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"2\"}]}";
+    let nodes = (0..4)
+        .map(|i| {
+            node(
+                &format!("n{i}"),
+                "default",
+                &large(),
+                vec![pod(&format!("p{i}"), "300m", "256Mi")],
+                hour_ago(),
+            )
+        })
+        .collect();
+    let cmd = run(&cluster(policy, nodes)).command.expect("a command");
+    assert_eq!(cmd.method, Method::MultiNodeConsolidation);
+    assert_eq!(cmd.candidates.len(), 2, "two budget units, two nodes");
+}
+
+#[test]
+fn single_node_candidates_alternate_between_node_pools() {
+    use super::methods::interleave_by_pool;
+    let mut v = cluster(UNDERUTILIZED, vec![]);
+    v.pools.insert(
+        "other".into(),
+        pool(nodepool("other", UNDERUTILIZED), instance_types()),
+    );
+    v.nodes = vec![
+        node(
+            "a1",
+            "default",
+            &large(),
+            vec![pod("a1p", "100m", "64Mi")],
+            hour_ago(),
+        ),
+        node(
+            "a2",
+            "default",
+            &large(),
+            vec![pod("a2p", "100m", "64Mi")],
+            hour_ago(),
+        ),
+        node(
+            "b1",
+            "other",
+            &large(),
+            vec![pod("b1p", "100m", "64Mi")],
+            hour_ago(),
+        ),
+    ];
+    let (mut c, _) = candidates(&v, DisruptionClass::Graceful);
+    sort_by_disruption_cost(&mut c);
+    let order: Vec<String> = interleave_by_pool(c).into_iter().map(|c| c.name).collect();
+    assert_eq!(order, ["a1", "b1", "a2"]);
+}
+
+#[test]
+fn balanced_rejects_moves_that_disrupt_much_more_than_they_save() {
+    let cluster_with = |policy: &str| {
+        let busy_pods = (0..30)
+            .map(|i| pod(&format!("b{i}"), "50m", "32Mi"))
+            .collect();
+        let mut nodes = vec![node("busy", "default", &large(), busy_pods, hour_ago())];
+        for name in ["o1", "o2"] {
+            let mut n = node(
+                name,
+                "default",
+                &large(),
+                vec![pod(&format!("{name}-p"), "1500m", "1Gi")],
+                hour_ago(),
+            );
+            n.consolidatable = false;
+            nodes.push(n);
+        }
+        cluster(
+            &format!(
+                "{{consolidateAfter: 0s, consolidationPolicy: {policy}, budgets: [{{nodes: \"100%\"}}]}}"
+            ),
+            nodes,
+        )
+    };
+    // Deleting `busy` saves a third of the pool's cost but causes ~89 % of its disruption.
+    assert!(run(&cluster_with("Balanced")).command.is_none());
+    let cmd = run(&cluster_with("WhenEmptyOrUnderutilized"))
+        .command
+        .expect("a command");
+    assert_eq!(
+        (cmd.decision(), cmd.candidate_names()),
+        (Decision::Delete, vec!["busy"])
+    );
+}

@@ -1,0 +1,104 @@
+//! Re-checking a decision after `COMMAND_VALIDATION_DELAY`: the cluster may have changed while
+//! the decision waited (pods landed, a node got nominated, the budget got spent).
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+use super::candidates::Candidate;
+use super::command::{Command, Decision, Method, instance_types_subset};
+use super::methods::{budget_mapping, eligible_candidates};
+use super::model::ClusterView;
+use super::simulate::SimulationBase;
+
+/// How long emptiness and consolidation decisions wait before they are re-checked.
+pub const COMMAND_VALIDATION_DELAY: Duration = Duration::from_secs(15);
+
+/// Why a decision was abandoned; the message goes into `ConsolidationRejected` events.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum ValidationError {
+    #[error("candidates are no longer eligible for disruption ({0})")]
+    Churn(String),
+    #[error("a disruption budget no longer allows disrupting {0}")]
+    Budget(String),
+    #[error("scheduling simulation changed: {0}")]
+    Scheduling(String),
+    #[error("no candidate is still eligible")]
+    Empty,
+}
+
+/// Recomputes the decision against a fresh view. Emptiness keeps the candidates that are still
+/// empty and within budget; consolidation must find every candidate still eligible and within
+/// budget, and the same outcome: a delete still needs no new node, a replace still needs
+/// exactly one whose instance types include every option of the original. Drift is not
+/// re-validated.
+pub fn validate(command: &Command, fresh: &ClusterView) -> Result<Command, ValidationError> {
+    if !command.method.needs_validation() {
+        return Ok(command.clone());
+    }
+    let (eligible, _) = eligible_candidates(fresh, command.method);
+    let (mut budgets, _) = budget_mapping(fresh, command.method.reason());
+    let find = |name: &str| eligible.iter().find(|c| c.name == name).cloned();
+    if command.method == Method::Emptiness {
+        let kept: Vec<Candidate> = command
+            .candidates
+            .iter()
+            .filter_map(|c| find(&c.name))
+            .filter(|c| budgets.take(&c.node_pool))
+            .collect();
+        if kept.is_empty() {
+            return Err(ValidationError::Empty);
+        }
+        return Ok(Command {
+            method: command.method,
+            candidates: kept,
+            replacements: Vec::new(),
+        });
+    }
+    let mut current = Vec::with_capacity(command.candidates.len());
+    for c in &command.candidates {
+        let fresh_candidate =
+            find(&c.name).ok_or_else(|| ValidationError::Churn(c.name.clone()))?;
+        if !budgets.take(&fresh_candidate.node_pool) {
+            return Err(ValidationError::Budget(c.name.clone()));
+        }
+        current.push(fresh_candidate);
+    }
+    let base = SimulationBase::new(fresh);
+    let refs: Vec<&Candidate> = current.iter().collect();
+    let sim = base.simulate(&refs);
+    if !sim.all_non_pending_pods_scheduled() {
+        return Err(ValidationError::Scheduling(sim.errors.join("; ")));
+    }
+    let claims = sim.new_node_claims();
+    match command.decision() {
+        Decision::Delete if !claims.is_empty() => {
+            return Err(ValidationError::Scheduling(format!(
+                "deleting now needs {} new node(s)",
+                claims.len()
+            )));
+        }
+        Decision::Replace if claims.len() != 1 => {
+            return Err(ValidationError::Scheduling(format!(
+                "replacing now needs {} new nodes instead of 1",
+                claims.len()
+            )));
+        }
+        Decision::Replace
+            if !instance_types_subset(
+                &command.replacements[0].instance_types,
+                &claims[0].instance_types,
+            ) =>
+        {
+            return Err(ValidationError::Scheduling(
+                "the replacement's instance types no longer fit the pods".into(),
+            ));
+        }
+        _ => {}
+    }
+    Ok(Command {
+        method: command.method,
+        candidates: current,
+        replacements: command.replacements.clone(),
+    })
+}

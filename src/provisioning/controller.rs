@@ -1,0 +1,402 @@
+//! The provisioning controller: watches cluster state for provisionable pods, batches them,
+//! solves each batch with the shared scheduler and creates the NodeClaims it asks for.
+//! Karpenter never binds pods; kube-scheduler does once the nodes are Ready.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+
+use crate::apis::labels::NODEPOOL_LABEL;
+use crate::apis::{NodeClaim, NodeOverlay, NodePool};
+use crate::controllers::{Context, Shutdown};
+use crate::operator::events::Severity;
+use crate::operator::metrics::{Labels, labels};
+use crate::scheduling::{
+    InstanceType, MinValuesPolicy, PreferencePolicy, Scheduler, SchedulerOptions, WellKnownLabels,
+};
+
+use super::batcher::Batcher;
+use super::eligibility;
+use super::input::{Prepared, prepare};
+use super::template::build_nodeclaim;
+
+/// Pods still pending are triggered again after this long (upstream requeues every 10 s).
+const RETRIGGER_AFTER: Duration = Duration::from_secs(10);
+/// A NodeClaim without a providerID this young means a launch is still in progress.
+const LAUNCH_GRACE: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub batch_idle: Duration,
+    pub batch_max: Duration,
+    pub preference_policy: PreferencePolicy,
+    pub min_values_policy: MinValuesPolicy,
+}
+
+/// Nodes that pods were nominated to, and until when (disruption leaves them alone).
+#[derive(Debug, Default)]
+pub struct Nominations(Mutex<HashMap<String, Instant>>);
+
+impl Nominations {
+    pub fn nominate(&self, node: &str, until: Instant) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node.to_string(), until);
+    }
+
+    pub fn is_nominated(&self, node: &str, now: Instant) -> bool {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, until| *until > now);
+        map.contains_key(node)
+    }
+}
+
+struct ProvisioningMetrics {
+    scheduling_duration: Family<Labels, Histogram, fn() -> Histogram>,
+    unschedulable_pods: Family<Labels, Gauge>,
+    ignored_pods: Gauge,
+}
+
+fn scheduling_histogram() -> Histogram {
+    Histogram::new([
+        0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0,
+    ])
+}
+
+/// The provisioner; one per process, active while leading.
+pub struct Provisioner {
+    ctx: Arc<Context>,
+    settings: Settings,
+    pub nominations: Arc<Nominations>,
+    metrics: ProvisioningMetrics,
+}
+
+impl Provisioner {
+    pub fn new(ctx: Arc<Context>, settings: Settings) -> Arc<Self> {
+        let metrics = ProvisioningMetrics {
+            scheduling_duration: Family::new_with_constructor(
+                scheduling_histogram as fn() -> Histogram,
+            ),
+            unschedulable_pods: Family::default(),
+            ignored_pods: Gauge::default(),
+        };
+        ctx.metrics.register(
+            "karpenter_scheduler_scheduling_duration_seconds",
+            "Duration of one scheduling simulation.",
+            metrics.scheduling_duration.clone(),
+        );
+        ctx.metrics.register(
+            "karpenter_scheduler_unschedulable_pods_count",
+            "Pods the last simulation could not place.",
+            metrics.unschedulable_pods.clone(),
+        );
+        ctx.metrics.register(
+            "karpenter_scheduler_ignored_pods_count",
+            "Pods that could not be simulated (invalid requests or selectors).",
+            metrics.ignored_pods.clone(),
+        );
+        Arc::new(Provisioner {
+            ctx,
+            settings,
+            nominations: Arc::new(Nominations::default()),
+            metrics,
+        })
+    }
+
+    /// Runs until shutdown: batches triggers and provisions each closed batch.
+    pub async fn run(self: Arc<Self>, shutdown: Shutdown) {
+        let mut batcher = Batcher::new(self.settings.batch_idle, self.settings.batch_max);
+        let mut last_trigger: HashMap<String, Instant> = HashMap::new();
+        let mut revisions = self.ctx.cluster.subscribe();
+        loop {
+            let now = Instant::now();
+            for uid in self.pending_uids() {
+                let due = last_trigger
+                    .get(&uid)
+                    .is_none_or(|t| now.duration_since(*t) >= RETRIGGER_AFTER);
+                if due {
+                    batcher.trigger(&uid, now);
+                    last_trigger.insert(uid, now);
+                }
+            }
+            if batcher.take_if_ready(now).is_some() {
+                if let Err(error) = self.provision().await {
+                    tracing::warn!(%error, "provisioning round failed");
+                }
+                let pending: std::collections::HashSet<String> =
+                    self.pending_uids().into_iter().collect();
+                last_trigger.retain(|uid, _| pending.contains(uid));
+            }
+            let wait = batcher
+                .deadline()
+                .map(|d| d.saturating_duration_since(Instant::now()))
+                .unwrap_or(RETRIGGER_AFTER);
+            tokio::select! {
+                _ = shutdown.clone() => return,
+                changed = revisions.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    fn pending_uids(&self) -> Vec<String> {
+        let index = self.ctx.cluster.read();
+        index
+            .pods()
+            .iter()
+            .filter(|p| eligibility::check(p).is_ok())
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect()
+    }
+
+    /// One provisioning round. Public for tests.
+    pub async fn provision(&self) -> Result<usize, crate::controllers::Error> {
+        if !self.ctx.cluster.synced() || !self.ctx.leadership.is_leader() {
+            return Ok(0);
+        }
+        if self.launch_in_progress() {
+            tracing::debug!(
+                "a NodeClaim is still launching; provisioning waits for its providerID"
+            );
+            return Ok(0);
+        }
+        let pools = self.nodepools_with_types().await;
+        let options = SchedulerOptions {
+            preference_policy: self.settings.preference_policy,
+            min_values_policy: self.settings.min_values_policy,
+            well_known_labels: WellKnownLabels::with_provider_labels(
+                crate::apis::labels::WELL_KNOWN_LABELS.iter().copied(),
+            ),
+            ..SchedulerOptions::default()
+        };
+        let prepared = {
+            let index = self.ctx.cluster.read();
+            prepare(&index, pools, options)
+        };
+        if prepared.pods.is_empty() {
+            return Ok(0);
+        }
+        for (pool, why) in &prepared.skipped_pools {
+            tracing::info!(nodepool = %pool, reason = %why, "NodePool left out of provisioning");
+        }
+        self.report_invalid(&prepared).await;
+        let Prepared { input, pods, .. } = prepared;
+        let started = Instant::now();
+        let domain_pods: Vec<_> = pods.iter().map(|p| p.pod.clone()).collect();
+        let results =
+            tokio::task::spawn_blocking(move || Scheduler::new(input).solve(&domain_pods))
+                .await
+                .map_err(|e| {
+                    crate::controllers::Error::Invalid(format!("scheduler task failed: {e}"))
+                })?;
+        self.metrics
+            .scheduling_duration
+            .get_or_create(&labels([("controller", "provisioner")]))
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .unschedulable_pods
+            .get_or_create(&labels([("controller", "provisioner")]))
+            .set(results.unschedulable.len() as i64);
+
+        let nominate_until =
+            Instant::now() + (2 * self.settings.batch_max).max(Duration::from_secs(10));
+        for assignment in &results.existing_nodes {
+            self.nominations
+                .nominate(&assignment.node_name, nominate_until);
+            for &i in &assignment.pods {
+                let message = format!("Pod should schedule on: node/{}", assignment.node_name);
+                self.ctx
+                    .event(
+                        pods[i].object.as_ref(),
+                        Severity::Normal,
+                        "Nominated",
+                        message,
+                    )
+                    .await;
+            }
+        }
+        for u in &results.unschedulable {
+            let message = format!("Failed to schedule pod, {}", u.reason);
+            self.ctx
+                .event(
+                    pods[u.pod].object.as_ref(),
+                    Severity::Warning,
+                    "FailedScheduling",
+                    message,
+                )
+                .await;
+        }
+
+        let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
+        let mut created = 0;
+        for claim in &results.new_node_claims {
+            let Some(pool) = self.ctx.cluster.read().nodepool(&claim.node_pool) else {
+                continue;
+            };
+            let object = build_nodeclaim(&pool, claim);
+            match api
+                .create(
+                    &PostParams {
+                        field_manager: Some(crate::controllers::FIELD_MANAGER.into()),
+                        ..Default::default()
+                    },
+                    &object,
+                )
+                .await
+            {
+                Ok(made) => {
+                    created += 1;
+                    let name = made.name_any();
+                    self.ctx
+                        .metrics
+                        .nodeclaims_created
+                        .get_or_create(&labels([
+                            ("reason", "provisioned"),
+                            ("nodepool", &claim.node_pool),
+                            (
+                                "min_values_relaxed",
+                                if claim.min_values_relaxed {
+                                    "true"
+                                } else {
+                                    "false"
+                                },
+                            ),
+                        ]))
+                        .inc();
+                    tracing::info!(nodeclaim = %name, nodepool = %claim.node_pool, pods = claim.pods.len(),
+                        instance_types = claim.instance_types.len(), "created NodeClaim");
+                    self.ctx.cluster.update(|index| index.apply_nodeclaim(made));
+                    for &i in &claim.pods {
+                        let message = format!("Pod should schedule on: nodeclaim/{name}");
+                        self.ctx
+                            .event(
+                                pods[i].object.as_ref(),
+                                Severity::Normal,
+                                "Nominated",
+                                message,
+                            )
+                            .await;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(nodepool = %claim.node_pool, %error, "creating a NodeClaim failed");
+                }
+            }
+        }
+        Ok(created)
+    }
+
+    /// True while a recent NodeClaim has no providerID yet: its capacity is not known, so a new
+    /// round could launch the same capacity twice.
+    fn launch_in_progress(&self) -> bool {
+        let now = self.ctx.now();
+        self.ctx.cluster.read().nodeclaims().iter().any(|c| {
+            let launched = c
+                .status
+                .as_ref()
+                .and_then(|s| s.provider_id.as_ref())
+                .is_some();
+            let young = c.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+                now.duration_since(t.0).as_secs_f64() < LAUNCH_GRACE.as_secs_f64()
+            });
+            !launched && young && c.metadata.deletion_timestamp.is_none()
+        })
+    }
+
+    async fn nodepools_with_types(&self) -> Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)> {
+        let pools = self.ctx.cluster.read().nodepools();
+        let overlays = if self.ctx.feature_gates.node_overlay {
+            let api: Api<NodeOverlay> = Api::all(self.ctx.client.clone());
+            match api.list(&ListParams::default()).await {
+                Ok(list) => list.items,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot list NodeOverlays; provisioning without them");
+                    Vec::new()
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        let mut out = Vec::new();
+        for pool in pools {
+            let name = pool.name_any();
+            let started = Instant::now();
+            let types = self.ctx.cloud.instance_types(&pool).await;
+            self.ctx.metrics.observe_cloud_call(
+                "GetInstanceTypes",
+                started.elapsed(),
+                types.as_ref().err().map(|e| e.kind()),
+            );
+            match types {
+                Ok(types) => {
+                    let types = if overlays.is_empty() {
+                        types
+                    } else {
+                        match crate::cloudprovider::overlay::apply(
+                            &name,
+                            &pool.template_labels(),
+                            &types,
+                            &overlays,
+                        ) {
+                            Ok((adjusted, _)) => adjusted,
+                            Err(error) => {
+                                tracing::warn!(nodepool = %name, %error, "NodeOverlay not applied");
+                                types
+                            }
+                        }
+                    };
+                    out.push((pool, types));
+                }
+                Err(error) => {
+                    tracing::warn!(nodepool = %name, %error, "no instance types for NodePool");
+                    self.ctx
+                        .event(
+                            pool.as_ref(),
+                            Severity::Warning,
+                            "NoCompatibleInstanceTypes",
+                            error.to_string(),
+                        )
+                        .await;
+                }
+            }
+        }
+        out
+    }
+
+    async fn report_invalid(&self, prepared: &Prepared) {
+        self.metrics.ignored_pods.set(prepared.invalid.len() as i64);
+        for (pod, why) in &prepared.invalid {
+            let message = format!("Failed to schedule pod, {why}");
+            self.ctx
+                .event(pod.as_ref(), Severity::Warning, "FailedScheduling", message)
+                .await;
+        }
+    }
+}
+
+/// The NodePool a NodeClaim belongs to (label), for callers that group claims.
+pub fn nodepool_of(claim: &NodeClaim) -> Option<&str> {
+    claim.labels().get(NODEPOOL_LABEL).map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nominations_expire() {
+        let n = Nominations::default();
+        let now = Instant::now();
+        n.nominate("node-a", now + Duration::from_secs(20));
+        assert!(n.is_nominated("node-a", now));
+        assert!(!n.is_nominated("node-a", now + Duration::from_secs(21)));
+        assert!(!n.is_nominated("node-b", now));
+    }
+}
