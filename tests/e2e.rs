@@ -25,7 +25,7 @@ use karpenter_exoscale::exoscale::{Clock, SystemClock};
 use karpenter_exoscale::kubelet_sim::{Join, KubeletBehaviour};
 use karpenter_exoscale::operator::run::build_cloud;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 fn joins() -> harness::KubeletPolicy {
@@ -52,7 +52,18 @@ async fn bound_pod(world: &World, name: &str, node: &str, labels: serde_json::Va
         .pods()
         .create(&PostParams::default(), &pod)
         .await
-        .expect("create pod")
+        .expect("create pod");
+    // What its kubelet would report: Running and Ready (Pending pods ignore PDBs).
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = json!({"status": {"phase": "Running", "conditions": [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+        {"type": "Ready", "status": "True", "lastTransitionTime": now},
+    ]}});
+    world
+        .pods()
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("pod status")
 }
 
 async fn gone<K>(api: &Api<K>, name: &str, what: &str)
@@ -167,7 +178,10 @@ async fn a_pdb_blocks_the_drain_until_the_termination_deadline() {
         let pdbs = pdbs.clone();
         async move {
             let status = pdbs.get("guarded").await.ok()?.status?;
-            (status.observed_generation.is_some() && status.expected_pods == 1).then_some(())
+            (status.observed_generation.is_some()
+                && status.expected_pods == 1
+                && status.current_healthy == 1)
+                .then_some(())
         }
     })
     .await;
