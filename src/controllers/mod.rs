@@ -9,6 +9,7 @@ pub mod node;
 pub mod nodeclaim;
 pub mod nodeclass;
 pub mod nodepool;
+pub mod podevents;
 pub mod repair;
 
 use std::sync::Arc;
