@@ -8,7 +8,8 @@
 //!   each node's one big pod: every simulation includes every node and needs a new node that
 //!   is not cheaper. The worst case of a full scan without topology constraints.
 //! - `single-node scan, frag.+spread`: the same with a zonal topology spread on every pod, so
-//!   each simulation hands every node, as is, to the scheduler.
+//!   each simulation solves on every node, as is: the loop's one whole-cluster scheduler with
+//!   the candidate excluded (`Scheduler::solve_excluding`).
 //! - `full loop (no-op)`: all four methods on the packed cluster (multi-node binary search
 //!   over up to 100 candidates, then the single-node scan).
 //! - `full loop (consolidates)`: an under-used cluster; the loop stops at the first command.

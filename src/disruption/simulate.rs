@@ -2,6 +2,7 @@
 //! candidates removed from the cluster.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::OnceLock;
 
 use crate::scheduling::{
     BoundPod, ExistingNode, NewNodeClaim, Pod, Resources, Results, Scheduler, SchedulerInput,
@@ -30,6 +31,9 @@ pub struct SimulationBase<'a> {
     /// Reschedulable pods of deleting nodes: they need a home too.
     deleting_pods: Vec<Pod>,
     instance_types: HashMap<String, Vec<std::sync::Arc<crate::scheduling::InstanceType>>>,
+    /// Every active node as it is, built on the first simulation with topology in play and
+    /// reused by all of them: each solves with its candidates excluded.
+    whole_cluster: OnceLock<Scheduler>,
 }
 
 impl<'a> SimulationBase<'a> {
@@ -112,6 +116,7 @@ impl<'a> SimulationBase<'a> {
                 .collect(),
             deleting_pods,
             instance_types,
+            whole_cluster: OnceLock::new(),
         }
     }
 
@@ -120,6 +125,10 @@ impl<'a> SimulationBase<'a> {
     }
 
     fn solve(&self, existing_nodes: Vec<ExistingNode>, pods: &[Pod]) -> Results {
+        self.scheduler(existing_nodes).solve(pods)
+    }
+
+    fn scheduler(&self, existing_nodes: Vec<ExistingNode>) -> Scheduler {
         let input = SchedulerInput {
             node_pools: self
                 .view
@@ -132,7 +141,17 @@ impl<'a> SimulationBase<'a> {
             daemonsets: self.view.daemonsets.clone(),
             options: self.view.scheduler_options.clone(),
         };
-        Scheduler::new(input).solve(pods)
+        Scheduler::new(input)
+    }
+
+    /// Active nodes, as they are, without `removed`.
+    fn active_nodes_except(&self, removed: &HashSet<&str>) -> Vec<ExistingNode> {
+        self.active
+            .iter()
+            .map(|&i| &self.view.nodes[i])
+            .filter(|n| !removed.contains(n.name.as_str()))
+            .map(|n| n.scheduling.clone())
+            .collect()
     }
 
     /// Without topology constraints the scheduler only looks at a node's free resources,
@@ -197,17 +216,13 @@ impl<'a> SimulationBase<'a> {
         let from_candidates = pods.len();
         pods.extend(self.deleting_pods.iter().cloned());
         let topology_free = !self.bound_anti_affinity && !pods.iter().any(has_topology);
-        let results = if topology_free && strategy == Strategy::Fast {
-            self.solve_topology_free(&pods, &removed)
-        } else {
-            let nodes = self
-                .active
-                .iter()
-                .map(|&i| &view.nodes[i])
-                .filter(|n| !removed.contains(n.name.as_str()))
-                .map(|n| n.scheduling.clone())
-                .collect();
-            self.solve(nodes, &pods)
+        let results = match strategy {
+            Strategy::Fast if topology_free => self.solve_topology_free(&pods, &removed),
+            Strategy::Fast => self
+                .whole_cluster
+                .get_or_init(|| self.scheduler(self.active_nodes_except(&HashSet::new())))
+                .solve_excluding(&pods, &removed),
+            Strategy::Exhaustive => self.solve(self.active_nodes_except(&removed), &pods),
         };
         let mut errors = Vec::new();
         for u in &results.unschedulable {
@@ -246,8 +261,11 @@ const MIN_PREFIX_NODES: usize = 32;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Strategy {
+    /// Without topology: pruned, folded nodes (see `solve_topology_free`); with topology:
+    /// the loop's whole-cluster scheduler with the candidates excluded.
     Fast,
-    /// Every node, as is: the reference the fast path must agree with.
+    /// A scheduler built for every node but the candidates, as is: the reference the fast
+    /// path must agree with.
     #[cfg_attr(not(test), allow(dead_code))]
     Exhaustive,
 }
@@ -321,6 +339,8 @@ mod tests {
     use crate::disruption::fixtures::{
         instance_type, instance_types, node, nodepool, pod, pool, view,
     };
+    use crate::disruption::model::NodePod;
+    use crate::scheduling::LabelSelector;
     use chrono::{TimeZone, Utc};
 
     fn summary(sim: &Simulation) -> (Vec<Vec<String>>, usize, usize, Vec<String>) {
@@ -337,14 +357,35 @@ mod tests {
         )
     }
 
-    /// The fast path (pruning, folding, prefix solve) decides exactly as the scheduler does
-    /// on the whole cluster, across clusters of varied fullness.
+    /// Gives half the pods a topology constraint (hostname or zonal spread, required
+    /// anti-affinity, pod affinity); bound pods inherit them.
+    fn with_topology(mut p: NodePod, choice: u64) -> NodePod {
+        use crate::scheduling::labels::{HOSTNAME, ZONE};
+        use crate::scheduling::{PodAffinityTerm, TopologySpreadConstraint};
+        let app = ["web", "api"][(choice % 2) as usize];
+        p.pod.labels.insert("app".into(), app.into());
+        let selector = LabelSelector::from_labels([("app", app)]);
+        match choice % 8 {
+            0 => p.pod.topology_spread = vec![TopologySpreadConstraint::new(ZONE, 1, selector)],
+            1 => p.pod.topology_spread = vec![TopologySpreadConstraint::new(HOSTNAME, 2, selector)],
+            2 => p.pod.pod_anti_affinity = vec![PodAffinityTerm::new(selector, HOSTNAME)],
+            3 => p.pod.pod_affinity = vec![PodAffinityTerm::new(selector, ZONE)],
+            _ => {}
+        }
+        p
+    }
+
+    /// The fast paths decide exactly as a scheduler built for the cluster without the
+    /// candidates: pruning, folding and prefix solves without topology, the loop's shared
+    /// scheduler with the candidates excluded with it, across clusters of varied fullness.
     #[test]
     fn fast_path_agrees_with_the_exhaustive_simulation() {
         let now = Utc.with_ymd_and_hms(2026, 3, 10, 12, 0, 0).unwrap();
         let cpus = ["50m", "100m", "250m", "400m", "700m", "1200m", "1800m"];
         let types = [instance_type("medium", 2), instance_type("large", 4)];
-        for seed in 0..6u64 {
+        let mut with_topology_compared = 0;
+        for seed in 0..12u64 {
+            let topology = seed >= 6;
             let mut nodes = Vec::new();
             let mut x = seed * 7919 + 17;
             let mut next = |m: u64| {
@@ -357,17 +398,30 @@ mod tests {
                 let it = &types[next(2) as usize];
                 let pods = (0..next(6))
                     .map(|p| {
-                        pod(
+                        let p = pod(
                             &format!("n{n}-{p}"),
                             cpus[next(cpus.len() as u64) as usize],
                             "128Mi",
-                        )
+                        );
+                        if topology {
+                            with_topology(p, next(16))
+                        } else {
+                            p
+                        }
                     })
                     .collect();
                 let mut sn = node(&format!("node-{n:03}"), "default", it, pods, now);
                 if next(10) == 0 {
                     sn.initialized = false;
                     sn.scheduling.initialized = false;
+                }
+                if topology && next(5) == 0 {
+                    // A zone only existing nodes are in: it leaves the domains with them.
+                    let zone = crate::scheduling::labels::ZONE;
+                    sn.labels.insert(zone.into(), "legacy-zone".into());
+                    sn.scheduling
+                        .labels
+                        .insert(zone.into(), "legacy-zone".into());
                 }
                 nodes.push(sn);
             }
@@ -380,7 +434,15 @@ mod tests {
                 nodes,
             );
             v.pending_pods = (0..next(4))
-                .map(|p| pod(&format!("pending-{p}"), cpus[next(7) as usize], "64Mi").pod)
+                .map(|p| {
+                    let p = pod(&format!("pending-{p}"), cpus[next(7) as usize], "64Mi");
+                    if topology {
+                        with_topology(p, next(16))
+                    } else {
+                        p
+                    }
+                    .pod
+                })
                 .collect();
             let base = SimulationBase::new(&v);
             let (cands, _) = candidates(&v, DisruptionClass::Graceful);
@@ -393,12 +455,20 @@ mod tests {
                     "seed {seed}, candidate {}",
                     c.name
                 );
+                with_topology_compared += usize::from(topology);
             }
             let pair: Vec<&Candidate> = cands.iter().take(3).collect();
             assert_eq!(
                 summary(&base.simulate_with(&pair, Strategy::Fast)),
                 summary(&base.simulate_with(&pair, Strategy::Exhaustive))
             );
+            if topology {
+                assert!(
+                    base.whole_cluster.get().is_some(),
+                    "seed {seed}: topology simulations use the shared scheduler"
+                );
+            }
         }
+        assert!(with_topology_compared > 100);
     }
 }

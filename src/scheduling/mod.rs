@@ -1,5 +1,6 @@
 //! The scheduling engine: pure, no I/O. Provisioning, consolidation and `simulate` all call
-//! [`Scheduler::solve`].
+//! [`Scheduler::solve`]; consolidation builds one scheduler per disruption loop and calls
+//! [`Scheduler::solve_excluding`] per candidate.
 //!
 //! Inputs are plain domain types ([`Pod`], [`ExistingNode`], [`NodePoolTemplate`],
 //! [`InstanceType`], [`DaemonSetPod`]) gathered in a [`SchedulerInput`]; [`convert`] builds them
@@ -50,5 +51,7 @@ pub use scheduler::{
 pub use taints::{Taint, TaintEffect, Toleration, TolerationOperator};
 pub use topology::TopologyError;
 
+#[cfg(test)]
+mod exclusion_tests;
 #[cfg(test)]
 mod tests;

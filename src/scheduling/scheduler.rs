@@ -8,14 +8,15 @@ use std::sync::{Arc, Mutex};
 
 use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, WellKnownLabels};
 use super::model::{
-    DaemonSetPod, ExistingNode, HostPort, InstanceType, NodePoolTemplate, Pod, WhenUnsatisfiable,
-    ports_conflict,
+    DaemonSetPod, ExistingNode, HostPort, InstanceType, NodePoolTemplate, Pod, PodAffinityTerm,
+    WhenUnsatisfiable, ports_conflict,
 };
 use super::quantity::{NODES, Quantity, Resources};
 use super::requirements::{Requirement, Requirements};
 use super::taints::{Taint, TaintEffect, Toleration, first_untolerated};
 use super::topology::{
-    DomainIds, GroupId, HostId, NodeFilter, PodTopology, PreparedGroup, Rejected, Topology,
+    DomainIds, ExistingCounts, GroupId, HostId, NodeFilter, PodTopology, PreparedGroup, Rejected,
+    Topology,
 };
 
 /// Upstream's cap on instance types written into one NodeClaim.
@@ -207,17 +208,52 @@ pub struct SkippedNodePool {
     pub reason: String,
 }
 
-/// The reusable scheduler: templates and nodes are prepared once, `solve` can run many times.
+/// The reusable scheduler: templates and nodes are prepared once, `solve` can run many times,
+/// and [`Scheduler::solve_excluding`] can leave different nodes out of each solve.
 #[derive(Debug)]
 pub struct Scheduler {
     templates: Vec<Template>,
     nodes: Vec<NodeBase>,
     existing: Vec<ExistingNode>,
+    /// Node indices by node name.
+    node_by_name: HashMap<String, Vec<usize>>,
+    /// Host ports of each node's bound pods.
+    bound_ports: Vec<Vec<HostPort>>,
+    /// Required anti-affinity terms of bound pods, one entry per distinct group, ordered by
+    /// first occurrence.
+    owner_groups: Vec<OwnerGroup>,
+    owner_index: HashMap<String, usize>,
     options: SchedulerOptions,
     relax_prefer_no_schedule: bool,
     skipped: Vec<SkippedNodePool>,
     /// Instance types by price for (template, zone, capacity type), shared by every solve.
     price_orders: Mutex<HashMap<PriceOrderKey, PriceOrder>>,
+    /// What the existing nodes contribute to topology, over all nodes; a solve that excludes
+    /// nodes takes the excluded nodes' part back out.
+    topology_cache: Mutex<TopologyCache>,
+}
+
+/// A required anti-affinity term carried by bound pods (all terms of one group).
+#[derive(Debug)]
+struct OwnerGroup {
+    term: PodAffinityTerm,
+    namespace: String,
+    /// (Position among all bound pods' terms, node index) of every pod term in this group.
+    occurrences: Vec<(usize, usize)>,
+}
+
+#[derive(Debug, Default)]
+struct TopologyCache {
+    /// Per topology key: the values NodePools offer, and how many nodes carry each value.
+    domains: HashMap<String, Arc<KeyDomains>>,
+    /// Per group identity: the bound pods' counts on all nodes (host id = node index).
+    groups: HashMap<String, Arc<ExistingCounts>>,
+}
+
+#[derive(Debug)]
+struct KeyDomains {
+    offered: BTreeSet<String>,
+    on_nodes: BTreeMap<String, usize>,
 }
 
 type PriceOrderKey = (usize, Option<Requirement>, Option<Requirement>);
@@ -359,14 +395,53 @@ impl Scheduler {
                 }
             })
             .collect();
+        let mut node_by_name: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, n) in existing.iter().enumerate() {
+            node_by_name.entry(n.name.clone()).or_default().push(i);
+        }
+        let bound_ports = existing
+            .iter()
+            .map(|n| {
+                n.pods
+                    .iter()
+                    .flat_map(|p| p.host_ports.iter().cloned())
+                    .collect()
+            })
+            .collect();
+        let mut owner_groups: Vec<OwnerGroup> = Vec::new();
+        let mut owner_index: HashMap<String, usize> = HashMap::new();
+        let terms = existing.iter().enumerate().flat_map(|(ni, n)| {
+            n.pods.iter().flat_map(move |p| {
+                p.required_anti_affinity
+                    .iter()
+                    .map(move |t| (ni, t, p.namespace.as_str()))
+            })
+        });
+        for (seq, (ni, term, namespace)) in terms.enumerate() {
+            let identity = Topology::required_anti_affinity_identity(term, namespace);
+            let og = *owner_index.entry(identity).or_insert_with(|| {
+                owner_groups.push(OwnerGroup {
+                    term: term.clone(),
+                    namespace: namespace.to_string(),
+                    occurrences: Vec::new(),
+                });
+                owner_groups.len() - 1
+            });
+            owner_groups[og].occurrences.push((seq, ni));
+        }
         Scheduler {
             templates,
             nodes,
             existing,
+            node_by_name,
+            bound_ports,
+            owner_groups,
+            owner_index,
             options,
             relax_prefer_no_schedule,
             skipped,
             price_orders: Mutex::new(HashMap::new()),
+            topology_cache: Mutex::new(TopologyCache::default()),
         }
     }
 
@@ -377,7 +452,154 @@ impl Scheduler {
 
     /// Places the pods; the input is not modified and the scheduler can be reused.
     pub fn solve(&self, pods: &[Pod]) -> Results {
-        Solve::new(self, pods).run()
+        self.solve_excluding::<String>(pods, &HashSet::new())
+    }
+
+    /// Places the pods as if the nodes named in `excluded` were gone: their capacity, their
+    /// pods' topology contributions and their domains (when no other node or NodePool has
+    /// them) are left out, exactly as if they had been in
+    /// [`SchedulerOptions::excluded_nodes`] at construction. Build the scheduler once and call
+    /// this per consolidation candidate: a solve costs about the same whatever is excluded.
+    pub fn solve_excluding<S: AsRef<str>>(&self, pods: &[Pod], excluded: &HashSet<S>) -> Results {
+        Solve::new(self, pods, excluded).run()
+    }
+
+    /// `(mask, sorted indices)` of the nodes named in `names`.
+    fn exclusion<S: AsRef<str>>(&self, names: &HashSet<S>) -> (Vec<bool>, Vec<usize>) {
+        let mut mask = vec![false; self.nodes.len()];
+        let mut indices = Vec::new();
+        for name in names {
+            for &i in self.node_by_name.get(name.as_ref()).into_iter().flatten() {
+                if !mask[i] {
+                    mask[i] = true;
+                    indices.push(i);
+                }
+            }
+        }
+        indices.sort_unstable();
+        (mask, indices)
+    }
+
+    /// Values each topology key can take: from NodePool requirements ∩ instance types, and
+    /// the nodes that are not excluded.
+    fn domain_universe(
+        &self,
+        keys: &BTreeSet<String>,
+        excluded: &[usize],
+    ) -> HashMap<String, BTreeSet<String>> {
+        let mut cache = self
+            .topology_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out = HashMap::new();
+        for key in keys {
+            let domains = Arc::clone(
+                cache
+                    .domains
+                    .entry(key.clone())
+                    .or_insert_with(|| Arc::new(self.key_domains(key))),
+            );
+            let mut gone: BTreeMap<&str, usize> = BTreeMap::new();
+            for &ni in excluded {
+                if let Some(v) = self.nodes[ni].labels.get(key) {
+                    *gone.entry(v.as_str()).or_insert(0) += 1;
+                }
+            }
+            let mut set = domains.offered.clone();
+            set.extend(
+                domains
+                    .on_nodes
+                    .iter()
+                    .filter(|(v, n)| **n > gone.get(v.as_str()).copied().unwrap_or(0))
+                    .map(|(v, _)| v.clone()),
+            );
+            out.insert(key.clone(), set);
+        }
+        out
+    }
+
+    fn key_domains(&self, key: &str) -> KeyDomains {
+        let mut offered = BTreeSet::new();
+        for t in &self.templates {
+            let pool_req = t.reqs.get(key);
+            for e in &t.types {
+                let combined = match (pool_req, e.it.requirements.get(key)) {
+                    (Some(p), Some(i)) => Some(p.intersection(i)),
+                    (Some(p), None) => Some(p.clone()),
+                    (None, Some(i)) => Some(i.clone()),
+                    (None, None) => None,
+                };
+                if let Some(r) = combined.filter(|r| !r.is_complement()) {
+                    offered.extend(r.values().iter().cloned());
+                }
+            }
+        }
+        let mut on_nodes = BTreeMap::new();
+        for n in &self.nodes {
+            if let Some(v) = n.labels.get(key) {
+                *on_nodes.entry(v.clone()).or_insert(0) += 1;
+            }
+        }
+        KeyDomains { offered, on_nodes }
+    }
+
+    /// Installs the bound pods' counts in every group of `topology`, without the excluded nodes.
+    fn count_existing_pods(&self, topology: &mut Topology, excluded: &[usize]) {
+        let mut cache = self
+            .topology_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for g in 0..topology.group_count() {
+            let all = Arc::clone(
+                cache
+                    .groups
+                    .entry(topology.identity(g).to_string())
+                    .or_insert_with(|| {
+                        let nodes = 0..self.nodes.len();
+                        Arc::new(self.existing_counts(topology, g, nodes, 1, Default::default()))
+                    }),
+            );
+            let counts = if excluded.is_empty() {
+                (*all).clone()
+            } else {
+                let all = (*all).clone();
+                self.existing_counts(topology, g, excluded.iter().copied(), -1, all)
+            };
+            topology.set_existing(g, counts);
+        }
+    }
+
+    /// Adds `delta` times what the bound pods of `nodes` contribute to group `g` to `counts`.
+    fn existing_counts(
+        &self,
+        topology: &Topology,
+        g: GroupId,
+        nodes: impl Iterator<Item = usize> + Clone,
+        delta: i32,
+        mut counts: ExistingCounts,
+    ) -> ExistingCounts {
+        for ni in nodes.clone() {
+            let base = &self.nodes[ni];
+            for p in &self.existing[ni].pods {
+                if topology.group_matches(g, &p.namespace, &p.labels) {
+                    let host = ni as HostId;
+                    let (labels, reqs, taints) = (&base.labels, &base.reqs, &base.taints);
+                    topology.count_existing(g, &mut counts, labels, reqs, taints, host, delta);
+                }
+            }
+        }
+        if let Some(&og) = self.owner_index.get(topology.identity(g)) {
+            let occurrences = &self.owner_groups[og].occurrences;
+            let mut wanted = vec![false; self.nodes.len()];
+            for ni in nodes {
+                wanted[ni] = true;
+            }
+            for &(_, ni) in occurrences.iter().filter(|(_, ni)| wanted[*ni]) {
+                let labels = &self.nodes[ni].labels;
+                topology.count_existing_owner(g, &mut counts, labels, ni as HostId, delta);
+            }
+        }
+        counts
     }
 }
 
@@ -471,16 +693,29 @@ struct ClaimUpdate {
     min_values_relaxed: bool,
 }
 
+/// What a solve placed on one existing node (host id = node index).
+struct NodeUse {
+    node: usize,
+    available: Resources,
+    pods: Vec<usize>,
+    /// Host ports of the pods placed here (bound pods' are in `Scheduler::bound_ports`).
+    ports: Vec<HostPort>,
+}
+
+const NO_USE: u32 = u32::MAX;
+
 struct Solve<'a> {
     s: &'a Scheduler,
     pods: &'a [Pod],
     info: Vec<PodInfo>,
     topology: Topology,
-    node_available: Vec<Resources>,
-    node_hosts: Vec<HostId>,
-    node_pods: Vec<Vec<usize>>,
-    /// Host ports in use per existing node (bound pods, then pods placed by this solve).
-    node_ports: Vec<Vec<HostPort>>,
+    /// Existing nodes left out of this solve (by node index).
+    excluded: Vec<bool>,
+    /// Existing nodes taking part in this solve.
+    included: usize,
+    /// Index into `node_uses` per existing node (`NO_USE` until a pod lands there).
+    node_use_slot: Vec<u32>,
+    node_uses: Vec<NodeUse>,
     claims: Vec<Claim>,
     claim_order: BTreeSet<(usize, usize)>,
     remaining: Vec<BTreeMap<String, i128>>,
@@ -490,8 +725,19 @@ struct Solve<'a> {
 }
 
 impl<'a> Solve<'a> {
-    fn new(s: &'a Scheduler, pods: &'a [Pod]) -> Self {
+    fn new<S: AsRef<str>>(s: &'a Scheduler, pods: &'a [Pod], excluded: &HashSet<S>) -> Self {
         let respect = s.options.preference_policy == PreferencePolicy::Respect;
+        let (excluded, excluded_nodes) = s.exclusion(excluded);
+        // Bound pods' required anti-affinity groups on the nodes that stay, by first occurrence.
+        let mut owners: Vec<(usize, &OwnerGroup)> = s
+            .owner_groups
+            .iter()
+            .filter_map(|og| {
+                let (seq, _) = og.occurrences.iter().find(|(_, ni)| !excluded[*ni])?;
+                Some((*seq, og))
+            })
+            .collect();
+        owners.sort_unstable_by_key(|(seq, _)| *seq);
         let mut topology = Topology::new(HashMap::new());
         // Which keys need a domain universe?
         let mut keys: BTreeSet<String> = BTreeSet::new();
@@ -517,32 +763,14 @@ impl<'a> Solve<'a> {
                     .map(|t| t.term.topology_key.clone()),
             );
         }
-        for n in &s.existing {
-            for p in &n.pods {
-                keys.extend(
-                    p.required_anti_affinity
-                        .iter()
-                        .map(|t| t.topology_key.clone()),
-                );
-            }
-        }
+        keys.extend(owners.iter().map(|(_, og)| og.term.topology_key.clone()));
         keys.remove(HOSTNAME);
         if !keys.is_empty() {
-            topology = Topology::new(domain_universe(s, &keys));
+            topology = Topology::new(s.domain_universe(&keys, &excluded_nodes));
         }
-        let node_hosts: Vec<HostId> = s
-            .existing
-            .iter()
-            .map(|n| {
-                topology.add_hostname(if n.hostname.is_empty() {
-                    n.name.clone()
-                } else {
-                    n.hostname.clone()
-                })
-            })
-            .collect();
+        // Host id = node index; excluded nodes keep theirs unused.
+        topology.add_hosts(s.nodes.len());
         topology.start_claims();
-
         let mut info: Vec<PodInfo> = pods
             .iter()
             .map(|p| {
@@ -601,13 +829,8 @@ impl<'a> Solve<'a> {
             })
             .collect();
         // Required anti-affinity of running pods blocks matching pods from their domains.
-        let mut existing_owners: Vec<(usize, GroupId)> = Vec::new();
-        for (ni, n) in s.existing.iter().enumerate() {
-            for p in &n.pods {
-                for t in &p.required_anti_affinity {
-                    existing_owners.push((ni, topology.anti_affinity_group(t, &p.namespace, true)));
-                }
-            }
+        for (_, og) in &owners {
+            topology.anti_affinity_group(&og.term, &og.namespace, true);
         }
         if topology.has_groups() {
             for (pi, p) in pods.iter().enumerate() {
@@ -615,46 +838,37 @@ impl<'a> Solve<'a> {
                 info[pi].inverse = topology.inverse_groups(&matching);
                 info[pi].matching = matching;
             }
-            for (ni, n) in s.existing.iter().enumerate() {
-                let base = &s.nodes[ni];
-                for p in &n.pods {
-                    let matching = topology.matching_groups(&p.namespace, &p.labels);
-                    topology.count_existing(
-                        &matching,
-                        &base.labels,
-                        &base.reqs,
-                        &base.taints,
-                        node_hosts[ni],
-                    );
-                }
-            }
-            for (ni, g) in existing_owners {
-                topology.count_existing_owner(g, &s.nodes[ni].labels, node_hosts[ni]);
-            }
+            s.count_existing_pods(&mut topology, &excluded_nodes);
         }
         Solve {
             s,
             pods,
             info,
             topology,
-            node_available: s.nodes.iter().map(|n| n.available.clone()).collect(),
-            node_hosts,
-            node_pods: vec![Vec::new(); s.nodes.len()],
-            node_ports: s
-                .existing
-                .iter()
-                .map(|n| {
-                    n.pods
-                        .iter()
-                        .flat_map(|p| p.host_ports.iter().cloned())
-                        .collect()
-                })
-                .collect(),
+            included: s.nodes.len() - excluded_nodes.len(),
+            excluded,
+            node_use_slot: vec![NO_USE; s.nodes.len()],
+            node_uses: Vec::new(),
             claims: Vec::new(),
             claim_order: BTreeSet::new(),
             remaining: s.templates.iter().map(|t| t.remaining.clone()).collect(),
             type_cache: RefCell::new(HashMap::new()),
         }
+    }
+
+    /// What this solve placed on existing node `ni` so far.
+    fn node_use(&self, ni: usize) -> Option<&NodeUse> {
+        match self.node_use_slot[ni] {
+            NO_USE => None,
+            slot => Some(&self.node_uses[slot as usize]),
+        }
+    }
+
+    /// The name of the placeholder hostname for NodeClaim host `host`: numbered after the
+    /// nodes taking part, as a scheduler built without the excluded nodes would number it.
+    fn placeholder_name(&self, host: HostId) -> String {
+        let ordinal = host as usize - self.s.nodes.len() + self.included;
+        format!("hostname-placeholder-{ordinal:04}")
     }
 
     fn run(mut self) -> Results {
@@ -800,17 +1014,27 @@ impl<'a> Solve<'a> {
         let info = &self.info[pi];
         match target {
             Target::Node(ni, final_reqs) => {
-                self.node_available[ni] = self.node_available[ni].saturating_minus(&pod.requests);
-                self.node_pods[ni].push(pi);
-                self.node_ports[ni].extend(pod.host_ports.iter().cloned());
                 let base = &self.s.nodes[ni];
+                if self.node_use_slot[ni] == NO_USE {
+                    self.node_use_slot[ni] = self.node_uses.len() as u32;
+                    self.node_uses.push(NodeUse {
+                        node: ni,
+                        available: base.available.clone(),
+                        pods: Vec::new(),
+                        ports: Vec::new(),
+                    });
+                }
+                let used = &mut self.node_uses[self.node_use_slot[ni] as usize];
+                used.available = used.available.saturating_minus(&pod.requests);
+                used.pods.push(pi);
+                used.ports.extend(pod.host_ports.iter().cloned());
                 let req = final_reqs.as_ref().unwrap_or(&base.reqs);
                 self.topology.record(
                     &info.matching,
                     &info.required_anti,
                     req,
                     &base.taints,
-                    self.node_hosts[ni],
+                    ni as HostId,
                 );
             }
             Target::Claim(ci, update) => {
@@ -850,7 +1074,7 @@ impl<'a> Solve<'a> {
                 );
             }
             Target::New(ti, claim) => {
-                let host = self.topology.add_hostname(placeholder_name(claim.host));
+                let host = self.topology.add_host();
                 debug_assert_eq!(host, claim.host);
                 let t = &self.s.templates[ti];
                 let max_capacity = if claim.types.len() == t.types.len() {
@@ -921,7 +1145,7 @@ impl<'a> Solve<'a> {
             topo: &topo,
             prepared: &prepared,
         };
-        for ni in 0..self.s.nodes.len() {
+        for ni in (0..self.s.nodes.len()).filter(|&ni| !self.excluded[ni]) {
             if let Some(final_reqs) = self.can_add_to_node(ni, &check) {
                 return Ok(Target::Node(ni, final_reqs));
             }
@@ -961,16 +1185,21 @@ impl<'a> Solve<'a> {
         let (pod, a, topo) = (c.pod, c.a, c.topo);
         let base = &self.s.nodes[ni];
         if first_untolerated(&base.taints, &pod.tolerations, a.tolerate_pns).is_some()
-            || ports_conflict(&pod.host_ports, &self.node_ports[ni])
+            || ports_conflict(&pod.host_ports, &self.s.bound_ports[ni])
         {
             return None;
         }
-        if !pod.requests.fits_in(&self.node_available[ni]) {
+        let used = self.node_use(ni);
+        if used.is_some_and(|u| ports_conflict(&pod.host_ports, &u.ports)) {
             return None;
         }
-        self.topology
-            .hostname_allows(topo, self.node_hosts[ni])
-            .ok()?;
+        if !pod
+            .requests
+            .fits_in(used.map_or(&base.available, |u| &u.available))
+        {
+            return None;
+        }
+        self.topology.hostname_allows(topo, ni as HostId).ok()?;
         base.reqs.compatible(&a.reqs, None).ok()?;
         if let Some(v) = &a.node_reqs_extra {
             base.reqs.compatible(v, None).ok()?;
@@ -1202,7 +1431,10 @@ impl<'a> Solve<'a> {
             .hostname_allows(topo, host)
             .map_err(|r| self.topology.explain(r).to_string())?;
         let mut base = t.reqs.clone();
-        base.set(Requirement::in_values(HOSTNAME, [placeholder_name(host)]));
+        base.set(Requirement::in_values(
+            HOSTNAME,
+            [self.placeholder_name(host)],
+        ));
         let (merged, changed) = self.merge(&base, c).map_err(|e| match e {
             MergeError::Topology(r) => self.topology.explain(r).to_string(),
             MergeError::Volume(i) => format!("incompatible volume requirements, {i}"),
@@ -1372,21 +1604,17 @@ impl<'a> Solve<'a> {
                 min_values_relaxed: relaxed,
             });
         }
-        for (ni, pods) in self.node_pods.into_iter().enumerate() {
-            if !pods.is_empty() {
-                results.existing_nodes.push(ExistingNodeAssignment {
-                    node_name: self.s.nodes[ni].name.clone(),
-                    pods,
-                });
-            }
+        let mut node_uses = self.node_uses;
+        node_uses.sort_unstable_by_key(|u| u.node);
+        for u in node_uses {
+            results.existing_nodes.push(ExistingNodeAssignment {
+                node_name: self.s.nodes[u.node].name.clone(),
+                pods: u.pods,
+            });
         }
         results.unschedulable.sort_by_key(|u| u.pod);
         results
     }
-}
-
-fn placeholder_name(host: HostId) -> String {
-    format!("hostname-placeholder-{host:04}")
 }
 
 /// The spread constraint's node filter (`nodeAffinityPolicy` / `nodeTaintsPolicy`).
@@ -1417,34 +1645,6 @@ fn spread_filter(p: &Pod, c: &super::model::TopologySpreadConstraint) -> NodeFil
         alternatives,
         tolerations,
     }
-}
-
-/// Values each topology key can take: from NodePool requirements ∩ instance types, and existing nodes.
-fn domain_universe(s: &Scheduler, keys: &BTreeSet<String>) -> HashMap<String, BTreeSet<String>> {
-    let mut out: HashMap<String, BTreeSet<String>> = HashMap::new();
-    for key in keys {
-        let set = out.entry(key.clone()).or_default();
-        for t in &s.templates {
-            let pool_req = t.reqs.get(key);
-            for e in &t.types {
-                let combined = match (pool_req, e.it.requirements.get(key)) {
-                    (Some(p), Some(i)) => Some(p.intersection(i)),
-                    (Some(p), None) => Some(p.clone()),
-                    (None, Some(i)) => Some(i.clone()),
-                    (None, None) => None,
-                };
-                if let Some(r) = combined.filter(|r| !r.is_complement()) {
-                    set.extend(r.values().iter().cloned());
-                }
-            }
-        }
-        for n in &s.nodes {
-            if let Some(v) = n.labels.get(key) {
-                set.insert(v.clone());
-            }
-        }
-    }
-    out
 }
 
 /// Types (by index) that fit `claim_requests + pod_requests` and, when `reqs` is given,

@@ -59,6 +59,8 @@ enum Namespaces {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Group {
+    /// What makes two constraints the same group (see [`group_identity`]).
+    identity: String,
     key: String,
     is_hostname: bool,
     kind: GroupKind,
@@ -75,6 +77,48 @@ pub(crate) struct Group {
     /// NodeClaim placeholders with a matching pod / an owner (hostname groups only).
     busy_claim_hosts: u32,
     busy_claim_owner_hosts: u32,
+}
+
+/// What running pods contribute to one group: the part of a group's state that depends on
+/// the existing nodes only, so it can be computed once and reused by many solves.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ExistingCounts {
+    host_counts: Vec<u32>,
+    domain_counts: BTreeMap<String, u32>,
+    host_owners: Vec<u32>,
+    domain_owners: BTreeMap<String, u32>,
+    total: u32,
+}
+
+/// Adds `delta` to the host's entry (growing the vector as needed).
+fn adjust(v: &mut Vec<u32>, h: HostId, delta: i32) {
+    let i = h as usize;
+    if v.len() <= i {
+        v.resize(i + 1, 0);
+    }
+    v[i] = v[i]
+        .checked_add_signed(delta)
+        .expect("existing counts never drop below zero");
+}
+
+fn adjust_domain(m: &mut BTreeMap<String, u32>, d: &str, delta: i32) {
+    let c = match m.get_mut(d) {
+        Some(c) => c,
+        None => m.entry(d.to_string()).or_insert(0),
+    };
+    *c = c
+        .checked_add_signed(delta)
+        .expect("existing counts never drop below zero");
+}
+
+/// The key deduplicating constraints into groups.
+fn group_identity(
+    key: &str,
+    kind: &GroupKind,
+    namespaces: &Namespaces,
+    selector: &LabelSelector,
+) -> String {
+    format!("{key}|{kind:?}|{namespaces:?}|{selector:?}")
 }
 
 /// Why a topology constraint rejected a node.
@@ -152,7 +196,8 @@ impl PodTopology<'_> {
 pub(crate) struct Topology {
     groups: Vec<Group>,
     index: HashMap<String, GroupId>,
-    hostnames: Vec<String>,
+    /// Hostname domains handed out so far: existing nodes, then NodeClaim placeholders.
+    hosts: HostId,
     universe: HashMap<String, BTreeSet<String>>,
     /// Up to `CACHED_KEYS` non-hostname topology keys whose single value nodes cache as an id.
     cached_keys: Vec<String>,
@@ -257,13 +302,18 @@ impl Topology {
             }))
     }
 
-    pub fn add_hostname(&mut self, name: String) -> HostId {
-        self.hostnames.push(name);
-        (self.hostnames.len() - 1) as HostId
+    /// Hands out `count` hostname domains (existing nodes: host id = node index).
+    pub fn add_hosts(&mut self, count: usize) {
+        self.hosts += HostId::try_from(count).expect("fewer than 2^32 nodes");
+    }
+
+    pub fn add_host(&mut self) -> HostId {
+        self.hosts += 1;
+        self.hosts - 1
     }
 
     pub fn next_host_id(&self) -> HostId {
-        self.hostnames.len() as HostId
+        self.hosts
     }
 
     pub fn explain(&self, r: Rejected) -> TopologyError {
@@ -284,6 +334,17 @@ impl Topology {
         }
     }
 
+    /// The identity of the group a required anti-affinity term of a pod in `pod_namespace`
+    /// belongs to (what [`Topology::anti_affinity_group`] would intern).
+    pub fn required_anti_affinity_identity(t: &PodAffinityTerm, pod_namespace: &str) -> String {
+        group_identity(
+            &t.topology_key,
+            &GroupKind::AntiAffinity { required: true },
+            &Self::resolve_namespaces(&t.namespaces, pod_namespace),
+            &t.selector,
+        )
+    }
+
     fn intern(
         &mut self,
         key: &str,
@@ -291,7 +352,7 @@ impl Topology {
         namespaces: Namespaces,
         selector: LabelSelector,
     ) -> GroupId {
-        let id = format!("{key}|{kind:?}|{namespaces:?}|{selector:?}");
+        let id = group_identity(key, &kind, &namespaces, &selector);
         if let Some(&g) = self.index.get(&id) {
             return g;
         }
@@ -305,6 +366,7 @@ impl Topology {
                 .unwrap_or_default()
         };
         self.groups.push(Group {
+            identity: id.clone(),
             key: key.to_string(),
             is_hostname,
             kind,
@@ -368,6 +430,28 @@ impl Topology {
         )
     }
 
+    pub fn group_count(&self) -> usize {
+        self.groups.len()
+    }
+
+    pub fn identity(&self, g: GroupId) -> &str {
+        &self.groups[g].identity
+    }
+
+    /// Whether the group's selector and namespaces match a pod.
+    pub fn group_matches(
+        &self,
+        g: GroupId,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> bool {
+        let grp = &self.groups[g];
+        (match &grp.namespaces {
+            Namespaces::All => true,
+            Namespaces::Set(s) => s.contains(namespace),
+        }) && grp.selector.matches(labels)
+    }
+
     /// Groups whose selector and namespaces match a pod (sorted).
     pub fn matching_groups(
         &self,
@@ -375,13 +459,7 @@ impl Topology {
         labels: &BTreeMap<String, String>,
     ) -> Vec<GroupId> {
         (0..self.groups.len())
-            .filter(|&g| {
-                let grp = &self.groups[g];
-                (match &grp.namespaces {
-                    Namespaces::All => true,
-                    Namespaces::Set(s) => s.contains(namespace),
-                }) && grp.selector.matches(labels)
-            })
+            .filter(|&g| self.group_matches(g, namespace, labels))
             .collect()
     }
 
@@ -399,46 +477,69 @@ impl Topology {
             .collect()
     }
 
-    /// Counts a pod already running on an existing node.
+    /// Adds (`delta` 1) or takes back (`delta` -1) a pod running on an existing node that
+    /// matches group `g`.
+    #[allow(clippy::too_many_arguments)]
     pub fn count_existing(
-        &mut self,
-        matching: &[GroupId],
+        &self,
+        g: GroupId,
+        counts: &mut ExistingCounts,
         node_labels: &BTreeMap<String, String>,
         node_reqs: &Requirements,
         taints: &[Taint],
         host: HostId,
+        delta: i32,
     ) {
-        for &g in matching {
-            let grp = &mut self.groups[g];
-            if let GroupKind::Spread { filter, .. } = &grp.kind
-                && !filter.matches(node_reqs, taints)
-            {
-                continue;
-            }
-            if grp.is_hostname {
-                bump(&mut grp.host_counts, host);
-            } else if let Some(v) = node_labels.get(&grp.key) {
-                *grp.domain_counts.entry(v.clone()).or_insert(0) += 1;
-            } else {
-                continue;
-            }
-            grp.total += 1;
+        let grp = &self.groups[g];
+        if let GroupKind::Spread { filter, .. } = &grp.kind
+            && !filter.matches(node_reqs, taints)
+        {
+            return;
+        }
+        if grp.is_hostname {
+            adjust(&mut counts.host_counts, host, delta);
+        } else if let Some(v) = node_labels.get(&grp.key) {
+            adjust_domain(&mut counts.domain_counts, v, delta);
+        } else {
+            return;
+        }
+        counts.total = counts
+            .total
+            .checked_add_signed(delta)
+            .expect("existing counts never drop below zero");
+    }
+
+    /// Adds or takes back an existing pod's required anti-affinity term of group `g`, for the
+    /// inverse check.
+    pub fn count_existing_owner(
+        &self,
+        g: GroupId,
+        counts: &mut ExistingCounts,
+        node_labels: &BTreeMap<String, String>,
+        host: HostId,
+        delta: i32,
+    ) {
+        let grp = &self.groups[g];
+        if grp.is_hostname {
+            adjust(&mut counts.host_owners, host, delta);
+        } else if let Some(v) = node_labels.get(&grp.key) {
+            adjust_domain(&mut counts.domain_owners, v, delta);
         }
     }
 
-    /// Records an existing pod's required anti-affinity term for the inverse check.
-    pub fn count_existing_owner(
-        &mut self,
-        g: GroupId,
-        node_labels: &BTreeMap<String, String>,
-        host: HostId,
-    ) {
-        let grp = &mut self.groups[g];
-        if grp.is_hostname {
-            bump(&mut grp.host_owners, host);
-        } else if let Some(v) = node_labels.get(&grp.key) {
-            *grp.domain_owners.entry(v.clone()).or_insert(0) += 1;
+    /// Installs what running pods contribute to group `g` (before any pod is placed). Domains
+    /// outside this solve's universe carry no pods and are left out, as counting them one by
+    /// one would.
+    pub fn set_existing(&mut self, g: GroupId, counts: ExistingCounts) {
+        fn merge(into: &mut BTreeMap<String, u32>, from: BTreeMap<String, u32>) {
+            into.extend(from.into_iter().filter(|(_, c)| *c > 0));
         }
+        let grp = &mut self.groups[g];
+        grp.host_counts = counts.host_counts;
+        grp.host_owners = counts.host_owners;
+        merge(&mut grp.domain_counts, counts.domain_counts);
+        merge(&mut grp.domain_owners, counts.domain_owners);
+        grp.total = counts.total;
     }
 
     /// Cheap checks for hostname-keyed constraints on the node with hostname `host`.
