@@ -3,10 +3,10 @@
 //! disruption controller removes empty nodes, consolidates, replaces drifted nodes within the
 //! budget and leaves protected nodes alone. NodePools use short `consolidateAfter` values.
 
-mod support;
 #[allow(dead_code)]
 #[path = "e2e/harness.rs"]
 mod harness;
+mod support;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
@@ -25,7 +25,9 @@ use karpenter_exoscale::exoscale::{Clock, SystemClock};
 use karpenter_exoscale::kubelet_sim::KubeletBehaviour;
 use karpenter_exoscale::operator::config::{Config, RunArgs};
 use karpenter_exoscale::operator::leader::LeaseTimings;
-use karpenter_exoscale::operator::run::{ExoscaleCloud, ExtraController, Runtime, build_cloud, serve};
+use karpenter_exoscale::operator::run::{
+    ExoscaleCloud, ExtraController, Runtime, build_cloud, serve,
+};
 use karpenter_exoscale::provisioning::controller::{Provisioner, Settings as ProvisioningSettings};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -51,7 +53,8 @@ impl Operator {
     async fn start(world: &World) -> Operator {
         let mut env = world.env.clone();
         env.insert("POD_NAME".into(), "disruption".into());
-        let mut config = Config::resolve(&RunArgs::default(), &env).expect("valid test configuration");
+        let mut config =
+            Config::resolve(&RunArgs::default(), &env).expect("valid test configuration");
         config.metrics_port = 0;
         config.health_probe_port = 0;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -105,7 +108,11 @@ impl Operator {
             },
         };
         let task = tokio::spawn(serve(runtime, rx));
-        Operator { stop, task, _cloud: cloud }
+        Operator {
+            stop,
+            task,
+            _cloud: cloud,
+        }
     }
 
     async fn stop(self) {
@@ -124,13 +131,26 @@ async fn ready_nodeclass(world: &World) {
     eventually("NodeClass Ready", || {
         let classes = classes.clone();
         let name = name.clone();
-        async move { classes.get_opt(&name).await.ok()??.status?.conditions.is_true("Ready").then_some(()) }
+        async move {
+            classes
+                .get_opt(&name)
+                .await
+                .ok()??
+                .status?
+                .conditions
+                .is_true("Ready")
+                .then_some(())
+        }
     })
     .await;
 }
 
 /// A NodePool of `standard.small` on-demand nodes with the given disruption block and labels.
-async fn nodepool(world: &World, disruption: serde_json::Value, labels: serde_json::Value) -> String {
+async fn nodepool(
+    world: &World,
+    disruption: serde_json::Value,
+    labels: serde_json::Value,
+) -> String {
     let name = format!("dis-{}", suffix(world));
     let pool: NodePool = serde_json::from_value(json!({
         "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
@@ -159,11 +179,20 @@ async fn nodepool(world: &World, disruption: serde_json::Value, labels: serde_js
 }
 
 async fn delete_nodepool(world: &World, name: &str) {
-    let _ = Api::<NodePool>::all(world.client.clone()).delete(name, &DeleteParams::default()).await;
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(name, &DeleteParams::default())
+        .await;
 }
 
 /// A Deployment of `replicas` pause pods requesting `cpu`, restricted to the NodePool.
-async fn deployment(world: &World, name: &str, pool: &str, replicas: i32, cpu: &str, extra_pod: serde_json::Value) {
+async fn deployment(
+    world: &World,
+    name: &str,
+    pool: &str,
+    replicas: i32,
+    cpu: &str,
+    extra_pod: serde_json::Value,
+) {
     let mut template = json!({
         "metadata": {"labels": {"app": name}},
         "spec": {
@@ -173,7 +202,10 @@ async fn deployment(world: &World, name: &str, pool: &str, replicas: i32, cpu: &
                 "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}]
         }
     });
-    if let (Some(meta), Some(extra)) = (template["metadata"].as_object_mut(), extra_pod.get("metadata").and_then(|m| m.as_object())) {
+    if let (Some(meta), Some(extra)) = (
+        template["metadata"].as_object_mut(),
+        extra_pod.get("metadata").and_then(|m| m.as_object()),
+    ) {
         meta.extend(extra.clone());
     }
     let d: Deployment = serde_json::from_value(json!({
@@ -182,7 +214,10 @@ async fn deployment(world: &World, name: &str, pool: &str, replicas: i32, cpu: &
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": template}
     }))
     .expect("Deployment");
-    deployments(world).create(&PostParams::default(), &d).await.expect("create Deployment");
+    deployments(world)
+        .create(&PostParams::default(), &d)
+        .await
+        .expect("create Deployment");
 }
 
 fn deployments(world: &World) -> Api<Deployment> {
@@ -191,7 +226,11 @@ fn deployments(world: &World) -> Api<Deployment> {
 
 async fn scale(world: &World, name: &str, replicas: i32) {
     deployments(world)
-        .patch(name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": replicas}})))
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": replicas}})),
+        )
         .await
         .expect("scale Deployment");
 }
@@ -208,23 +247,44 @@ async fn claims_of(world: &World, pool: &str) -> Vec<NodeClaim> {
 
 /// Names of the live (not deleting) NodeClaims of the pool once every one is initialized.
 async fn initialized_claims(world: &World, pool: &str, count: usize) -> BTreeSet<String> {
-    eventually_within(&format!("{count} initialized NodeClaims in {pool}"), LONG, || async {
-        let claims = claims_of(world, pool).await;
-        let live: Vec<&NodeClaim> = claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()).collect();
-        let all_initialized = live
-            .iter()
-            .all(|c| c.status.as_ref().is_some_and(|s| s.conditions.is_true("Initialized")));
-        (live.len() == count && all_initialized).then(|| live.iter().map(|c| c.name_any()).collect())
-    })
+    eventually_within(
+        &format!("{count} initialized NodeClaims in {pool}"),
+        LONG,
+        || async {
+            let claims = claims_of(world, pool).await;
+            let live: Vec<&NodeClaim> = claims
+                .iter()
+                .filter(|c| c.metadata.deletion_timestamp.is_none())
+                .collect();
+            let all_initialized = live.iter().all(|c| {
+                c.status
+                    .as_ref()
+                    .is_some_and(|s| s.conditions.is_true("Initialized"))
+            });
+            (live.len() == count && all_initialized)
+                .then(|| live.iter().map(|c| c.name_any()).collect())
+        },
+    )
     .await
 }
 
 /// Pods of the namespace with `app` label `app`, once all `count` are bound: node names.
 async fn bound_pods(world: &World, app: &str, count: usize) -> Vec<String> {
     eventually_within(&format!("{count} pods of {app} bound"), LONG, || async {
-        let pods = world.pods().list(&ListParams::default().labels(&format!("app={app}"))).await.ok()?;
-        let live: Vec<&Pod> = pods.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
-        let nodes: Vec<String> = live.iter().filter_map(|p| p.spec.as_ref()?.node_name.clone()).collect();
+        let pods = world
+            .pods()
+            .list(&ListParams::default().labels(&format!("app={app}")))
+            .await
+            .ok()?;
+        let live: Vec<&Pod> = pods
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        let nodes: Vec<String> = live
+            .iter()
+            .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+            .collect();
         (live.len() == count && nodes.len() == count).then_some(nodes)
     })
     .await
@@ -235,8 +295,15 @@ fn node_of(claim: &NodeClaim) -> Option<String> {
 }
 
 async fn cleanup(world: World, operator: Operator, pool: &str) {
-    for d in deployments(&world).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
-        let _ = deployments(&world).delete(&d.name_any(), &DeleteParams::default()).await;
+    for d in deployments(&world)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let _ = deployments(&world)
+            .delete(&d.name_any(), &DeleteParams::default())
+            .await;
     }
     operator.stop().await;
     delete_nodepool(&world, pool).await;
@@ -245,11 +312,18 @@ async fn cleanup(world: World, operator: Operator, pool: &str) {
 
 #[tokio::test]
 async fn an_empty_node_is_removed_after_consolidate_after() {
-    let Some(world) = World::start("dis-empty", joins()).await else { return };
+    let Some(world) = World::start("dis-empty", joins()).await else {
+        return;
+    };
     world.create_nodeclass(json!({})).await;
     let operator = Operator::start(&world).await;
     ready_nodeclass(&world).await;
-    let pool = nodepool(&world, json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}), json!({})).await;
+    let pool = nodepool(
+        &world,
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}),
+        json!({}),
+    )
+    .await;
     deployment(&world, "web", &pool, 1, "200m", json!({})).await;
     let claims = initialized_claims(&world, &pool, 1).await;
     bound_pods(&world, "web", 1).await;
@@ -263,18 +337,27 @@ async fn an_empty_node_is_removed_after_consolidate_after() {
         async move { matches!(nodeclaims.get_opt(&claim).await, Ok(None)).then_some(()) }
     })
     .await;
-    assert!(claims_of(&world, &pool).await.is_empty(), "no replacement for an empty node");
+    assert!(
+        claims_of(&world, &pool).await.is_empty(),
+        "no replacement for an empty node"
+    );
     cleanup(world, operator, &pool).await;
 }
 
 #[tokio::test]
 async fn a_node_whose_pods_fit_elsewhere_is_consolidated_and_its_pods_rescheduled() {
-    let Some(world) = World::start("dis-consolidate", joins()).await else { return };
+    let Some(world) = World::start("dis-consolidate", joins()).await else {
+        return;
+    };
     world.create_nodeclass(json!({})).await;
     let operator = Operator::start(&world).await;
     ready_nodeclass(&world).await;
-    let pool = nodepool(&world, json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}), json!({})).await;
-    let operator = Operator::start(&world).await;
+    let pool = nodepool(
+        &world,
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}),
+        json!({}),
+    )
+    .await;
     // A filler and a small pod share the first node; the second small pod needs a second node.
     deployment(&world, "filler", &pool, 1, "1200m", json!({})).await;
     deployment(&world, "first", &pool, 1, "200m", json!({})).await;
@@ -285,11 +368,21 @@ async fn a_node_whose_pods_fit_elsewhere_is_consolidated_and_its_pods_reschedule
     initialized_claims(&world, &pool, 2).await;
     let first = bound_pods(&world, "first", 1).await;
     let second = bound_pods(&world, "second", 1).await;
-    assert_ne!(first, second, "the second pod did not fit beside the filler");
+    assert_ne!(
+        first, second,
+        "the second pod did not fit beside the filler"
+    );
 
     // Without the filler both small pods fit on one node: one node goes, its pod moves.
-    deployments(&world).delete("filler", &DeleteParams::default()).await.unwrap();
-    let survivor = initialized_claims(&world, &pool, 1).await.into_iter().next().unwrap();
+    deployments(&world)
+        .delete("filler", &DeleteParams::default())
+        .await
+        .unwrap();
+    let survivor = initialized_claims(&world, &pool, 1)
+        .await
+        .into_iter()
+        .next()
+        .unwrap();
     let claim = world.nodeclaims().get(&survivor).await.unwrap();
     let node = node_of(&claim).expect("the surviving NodeClaim has a node");
     eventually_within("both pods run on the surviving node", LONG, || async {
@@ -307,7 +400,9 @@ async fn a_node_whose_pods_fit_elsewhere_is_consolidated_and_its_pods_reschedule
 
 #[tokio::test]
 async fn a_nodepool_label_change_drifts_and_replaces_nodes_one_budget_at_a_time() {
-    let Some(world) = World::start("dis-drift", joins()).await else { return };
+    let Some(world) = World::start("dis-drift", joins()).await else {
+        return;
+    };
     world.create_nodeclass(json!({})).await;
     let operator = Operator::start(&world).await;
     ready_nodeclass(&world).await;
@@ -323,49 +418,96 @@ async fn a_nodepool_label_change_drifts_and_replaces_nodes_one_budget_at_a_time(
     bound_pods(&world, "web", 2).await;
 
     Api::<NodePool>::all(world.client.clone())
-        .patch(&pool, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"template": {"metadata": {"labels": {"team": "green"}}}}})))
+        .patch(
+            &pool,
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"spec": {"template": {"metadata": {"labels": {"team": "green"}}}}}),
+            ),
+        )
         .await
         .unwrap();
-    // While old nodes are replaced, never more than one of them is being disrupted at once.
-    eventually_within("every old NodeClaim replaced", Duration::from_secs(420), || async {
-        let claims = claims_of(&world, &pool).await;
-        let disrupting = claims
-            .iter()
-            .filter(|c| old.contains(&c.name_any()))
-            .filter(|c| {
-                c.metadata.deletion_timestamp.is_some()
-                    || c.status.as_ref().is_some_and(|s| s.conditions.is_true("DisruptionReason"))
-            })
-            .count();
-        assert!(disrupting <= 1, "the budget allows one node at a time, {disrupting} disrupting");
-        let remaining_old = claims.iter().filter(|c| old.contains(&c.name_any())).count();
-        let new_ready = claims
-            .iter()
-            .filter(|c| !old.contains(&c.name_any()))
-            .filter(|c| c.status.as_ref().is_some_and(|s| s.conditions.is_true("Initialized")))
-            .count();
-        (remaining_old == 0 && new_ready == 2).then_some(())
-    })
+    // While old nodes are replaced, never more than one of them is being disrupted at once. A
+    // NodeClaim whose instance is already terminating no longer counts against the budget.
+    eventually_within(
+        "every old NodeClaim replaced",
+        Duration::from_secs(420),
+        || async {
+            let claims = claims_of(&world, &pool).await;
+            let disrupting = claims
+                .iter()
+                .filter(|c| old.contains(&c.name_any()))
+                .filter(|c| {
+                    !c.status
+                        .as_ref()
+                        .is_some_and(|s| s.conditions.is_true("InstanceTerminating"))
+                })
+                .filter(|c| {
+                    c.metadata.deletion_timestamp.is_some()
+                        || c.status
+                            .as_ref()
+                            .is_some_and(|s| s.conditions.is_true("DisruptionReason"))
+                })
+                .count();
+            assert!(
+                disrupting <= 1,
+                "the budget allows one node at a time, {disrupting} disrupting"
+            );
+            let remaining_old = claims
+                .iter()
+                .filter(|c| old.contains(&c.name_any()))
+                .count();
+            let new_ready = claims
+                .iter()
+                .filter(|c| !old.contains(&c.name_any()))
+                .filter(|c| {
+                    c.status
+                        .as_ref()
+                        .is_some_and(|s| s.conditions.is_true("Initialized"))
+                })
+                .count();
+            (remaining_old == 0 && new_ready == 2).then_some(())
+        },
+    )
     .await;
     for claim in claims_of(&world, &pool).await {
-        assert_eq!(claim.labels().get("team").map(String::as_str), Some("green"), "{}", claim.name_any());
+        assert_eq!(
+            claim.labels().get("team").map(String::as_str),
+            Some("green"),
+            "{}",
+            claim.name_any()
+        );
     }
     cleanup(world, operator, &pool).await;
 }
 
 #[tokio::test]
 async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
-    let Some(world) = World::start("dis-protect", joins()).await else { return };
+    let Some(world) = World::start("dis-protect", joins()).await else {
+        return;
+    };
     world.create_nodeclass(json!({})).await;
     let operator = Operator::start(&world).await;
     ready_nodeclass(&world).await;
-    let pool = nodepool(&world, json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "2s"}), json!({})).await;
-    let operator = Operator::start(&world).await;
+    let pool = nodepool(
+        &world,
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "2s"}),
+        json!({}),
+    )
+    .await;
     // The first node holds a filler and the do-not-disrupt pod; the PDB-guarded pod does not
     // fit beside them and gets a second node. Once the filler goes, both small pods would fit on
     // one node: only the protections keep both nodes.
     deployment(&world, "filler", &pool, 1, "1200m", json!({})).await;
-    deployment(&world, "pinned", &pool, 1, "200m", json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}})).await;
+    deployment(
+        &world,
+        "pinned",
+        &pool,
+        1,
+        "200m",
+        json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}}),
+    )
+    .await;
     initialized_claims(&world, &pool, 1).await;
     bound_pods(&world, "filler", 1).await;
     bound_pods(&world, "pinned", 1).await;
@@ -382,7 +524,10 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
     deployment(&world, "guarded", &pool, 1, "400m", json!({})).await;
     let claims = initialized_claims(&world, &pool, 2).await;
     bound_pods(&world, "guarded", 1).await;
-    deployments(&world).delete("filler", &DeleteParams::default()).await.unwrap();
+    deployments(&world)
+        .delete("filler", &DeleteParams::default())
+        .await
+        .unwrap();
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(world.client.clone());
     let blocked = eventually_within("DisruptionBlocked events for both nodes", LONG, || async {
         let list = events.list(&ListParams::default()).await.ok()?;
@@ -401,8 +546,18 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
         .filter(|e| e.reason.as_deref() == Some("DisruptionBlocked"))
         .filter_map(|e| e.note.clone())
         .collect();
-    assert!(notes.iter().any(|n| n.contains("karpenter.sh/do-not-disrupt")), "{notes:?}");
-    assert!(notes.iter().any(|n| n.contains("pdb prevents pod evictions") && n.contains("guarded")), "{notes:?}");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("karpenter.sh/do-not-disrupt")),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("pdb prevents pod evictions") && n.contains("guarded")),
+        "{notes:?}"
+    );
     let now: BTreeSet<String> = claims_of(&world, &pool)
         .await
         .iter()

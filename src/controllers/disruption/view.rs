@@ -528,4 +528,41 @@ mod tests {
         assert!(view.pools.is_empty());
         assert!(view.node("n1").unwrap().marked_for_deletion);
     }
+
+    #[test]
+    fn a_scheduled_zero_budget_blocks_an_empty_node_only_inside_its_window() {
+        use crate::disruption::command::Method;
+        use crate::disruption::methods::{DisruptionEvent, decide};
+        let disruption = "{consolidateAfter: 0s, budgets: [{nodes: \"0\", schedule: \"0 9 * * *\", duration: 8h}]}";
+        let mut index = ClusterIndex::default();
+        index.apply_nodepool(fixtures::nodepool("default", disruption));
+        index.apply_node(ready_node("n1", "exoscale://1"));
+        index.apply_nodeclaim(claim("default-a", "exoscale://1"));
+        let view_at = |now: DateTime<Utc>| {
+            let pool = Arc::new(fixtures::nodepool("default", disruption));
+            build_view(
+                &index,
+                ViewInputs {
+                    now,
+                    pools: vec![(pool, fixtures::instance_types())],
+                    nominated: &|_| false,
+                    queued: HashSet::new(),
+                    options: SchedulerOptions::default(),
+                },
+            )
+        };
+        let day = DateTime::parse_from_rfc3339("2026-11-20T00:00:00Z")
+            .unwrap()
+            .to_utc();
+        let inside = decide(&view_at(day + chrono::Duration::hours(10)), &|| false);
+        assert!(inside.command.is_none(), "the window allows nothing");
+        assert!(inside.events.iter().any(|e| matches!(e,
+            DisruptionEvent::NodePoolBlocked { node_pool, .. } if node_pool == "default")));
+        let outside = decide(&view_at(day + chrono::Duration::hours(20)), &|| false);
+        let command = outside
+            .command
+            .expect("outside the window the empty node goes");
+        assert_eq!(command.method, Method::Emptiness);
+        assert_eq!(command.candidate_names(), ["n1"]);
+    }
 }
