@@ -529,35 +529,36 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
         .await
         .unwrap();
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(world.client.clone());
-    let blocked = eventually_within("DisruptionBlocked events for both nodes", LONG, || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        let nodes: BTreeSet<String> = list
-            .items
-            .iter()
-            .filter(|e| e.reason.as_deref() == Some("DisruptionBlocked"))
-            .filter_map(|e| e.regarding.as_ref()?.name.clone())
-            .filter(|n| claims.contains(n) || n.starts_with(PREFIX))
-            .collect();
-        (nodes.len() >= 2).then_some(list.items)
-    })
+    // One node is blocked by the annotated pod, the other by the PDB.
+    let notes = eventually_within(
+        "DisruptionBlocked events naming both protections",
+        LONG,
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let notes: Vec<String> = list
+                .items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("DisruptionBlocked"))
+                .filter(|e| {
+                    e.regarding
+                        .as_ref()
+                        .and_then(|r| r.name.as_ref())
+                        .is_some_and(|n| claims.contains(n) || n.starts_with(PREFIX))
+                })
+                .filter_map(|e| e.note.clone())
+                .collect();
+            let ours = |n: &String| n.contains(&format!("{}/", world.namespace));
+            let pinned = notes.iter().any(|n| {
+                ours(n) && n.contains("karpenter.sh/do-not-disrupt") && n.contains("/pinned-")
+            });
+            let guarded = notes.iter().any(|n| {
+                ours(n) && n.contains("pdb prevents pod evictions") && n.contains("/guarded")
+            });
+            (pinned && guarded).then_some(notes)
+        },
+    )
     .await;
-    let notes: Vec<String> = blocked
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some("DisruptionBlocked"))
-        .filter_map(|e| e.note.clone())
-        .collect();
-    assert!(
-        notes
-            .iter()
-            .any(|n| n.contains("karpenter.sh/do-not-disrupt")),
-        "{notes:?}"
-    );
-    assert!(
-        notes
-            .iter()
-            .any(|n| n.contains("pdb prevents pod evictions") && n.contains("guarded")),
-        "{notes:?}"
-    );
+    assert!(!notes.is_empty());
     let now: BTreeSet<String> = claims_of(&world, &pool)
         .await
         .iter()
@@ -565,5 +566,27 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
         .map(|c| c.name_any())
         .collect();
     assert_eq!(now, claims, "protected nodes stay");
+
+    // Without the PDB the guarded node is consolidated onto the pinned one, which stays.
+    let pinned_node = bound_pods(&world, "pinned", 1).await;
+    Api::<PodDisruptionBudget>::namespaced(world.client.clone(), &world.namespace)
+        .delete("guarded", &DeleteParams::default())
+        .await
+        .unwrap();
+    let survivor = initialized_claims(&world, &pool, 1)
+        .await
+        .into_iter()
+        .next()
+        .unwrap();
+    let survivor = world.nodeclaims().get(&survivor).await.unwrap();
+    assert_eq!(
+        node_of(&survivor),
+        Some(pinned_node[0].clone()),
+        "the do-not-disrupt node stays"
+    );
+    eventually_within("the guarded pod moves to the pinned node", LONG, || async {
+        (bound_pods(&world, "guarded", 1).await == pinned_node).then_some(())
+    })
+    .await;
     cleanup(world, operator, &pool).await;
 }
