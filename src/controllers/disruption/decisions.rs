@@ -1,7 +1,9 @@
 //! Pure decisions of the disruption controller's I/O shell: the patches an action needs and
 //! what the controller makes of the objects it observes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+
+use kube::ResourceExt;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Taint as CoreTaint;
@@ -11,6 +13,7 @@ use crate::apis::labels::{DISRUPTED_TAINT_KEY, conditions};
 use crate::apis::{Condition, ConditionStatus, ConditionsExt, NodeClaim};
 use crate::disruption::conditions::ConditionDecision;
 use crate::disruption::orchestration::ReplacementStatus;
+use crate::state::{ClusterIndex, node_provider_id};
 
 pub fn timestamp(t: DateTime<Utc>) -> Timestamp {
     Timestamp::from_second(t.timestamp()).unwrap_or(Timestamp::UNIX_EPOCH)
@@ -95,6 +98,43 @@ pub fn apply_decision(
             remove_condition(conds, type_)
         }
     }
+}
+
+/// Nodes left tainted (with their NodeClaims, which may carry `DisruptionReason`) by a command
+/// this process no longer runs — a restart or a lost leadership mid-command — and not being
+/// deleted: upstream restores them before each loop. `held` are the provider IDs of the command
+/// in flight.
+pub fn stale_disruptions(
+    index: &ClusterIndex,
+    held: &HashSet<String>,
+) -> Vec<(String, Option<String>)> {
+    index
+        .nodes()
+        .iter()
+        .filter(|n| n.metadata.deletion_timestamp.is_none())
+        .filter(|n| {
+            let taints = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_deref())
+                .unwrap_or_default();
+            taints.iter().any(is_disrupted_taint)
+        })
+        .filter_map(|n| {
+            let pid = node_provider_id(n)?;
+            if held.contains(pid) {
+                return None;
+            }
+            let claim = index.nodeclaim_by_provider_id(pid);
+            if claim
+                .as_ref()
+                .is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+            {
+                return None;
+            }
+            Some((n.name_any(), claim.map(|c| c.name_any())))
+        })
+        .collect()
 }
 
 /// Tracks the pods bound to each node between passes, the way upstream's pod-events
@@ -225,6 +265,32 @@ mod tests {
             &ConditionDecision::Remove,
             at(10)
         ));
+    }
+
+    #[test]
+    fn stale_disruption_taints_are_those_no_command_holds_on_live_nodes() {
+        let tainted = [(DISRUPTED_TAINT_KEY, "NoSchedule")];
+        let mut index = ClusterIndex::default();
+        index.apply_node(testing::node("held", Some("exoscale://1"), &tainted));
+        index.apply_node(testing::node("stale", Some("exoscale://2"), &tainted));
+        index.apply_node(testing::node("clean", Some("exoscale://3"), &[]));
+        let mut deleting = testing::node("deleting", Some("exoscale://4"), &tainted);
+        deleting.metadata.deletion_timestamp = Some(testing::ts(1));
+        index.apply_node(deleting);
+        index.apply_node(testing::node(
+            "claim-deleting",
+            Some("exoscale://5"),
+            &tainted,
+        ));
+        index.apply_nodeclaim(testing::nodeclaim("c2", "p", Some("exoscale://2")));
+        let mut c5 = testing::nodeclaim("c5", "p", Some("exoscale://5"));
+        c5.metadata.deletion_timestamp = Some(testing::ts(1));
+        index.apply_nodeclaim(c5);
+        let held: HashSet<String> = ["exoscale://1".to_string()].into();
+        assert_eq!(
+            stale_disruptions(&index, &held),
+            vec![("stale".to_string(), Some("c2".to_string()))]
+        );
     }
 
     #[test]

@@ -18,7 +18,8 @@ use crate::operator::metrics::labels;
 use crate::provisioning::template::build_nodeclaim;
 
 use super::decisions::{
-    remove_condition, replacement_status, timestamp, with_disrupted_taint, without_disrupted_taint,
+    remove_condition, replacement_status, stale_disruptions, timestamp, with_disrupted_taint,
+    without_disrupted_taint,
 };
 use super::metrics::DisruptionMetrics;
 
@@ -74,6 +75,43 @@ impl Executor {
                 .nodeclaim_by_provider_id(pid)
                 .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
         });
+    }
+
+    /// Restores what [`stale_disruptions`] finds.
+    pub async fn restore_stale(&mut self) {
+        let stale = stale_disruptions(&self.ctx.cluster.read(), &self.held);
+        for (node, claim) in stale {
+            tracing::info!(%node, "removing a disruption taint no command holds");
+            self.restore(vec![node], claim.into_iter().collect(), Vec::new())
+                .await;
+        }
+    }
+
+    /// Undoes a command's taints, `DisruptionReason` conditions and holds.
+    async fn restore(
+        &mut self,
+        nodes: Vec<String>,
+        nodeclaims: Vec<String>,
+        provider_ids: Vec<String>,
+    ) {
+        for node in nodes {
+            if let Err(error) = self.update_taints(&node, without_disrupted_taint).await {
+                tracing::warn!(%node, %error, "removing the disrupted taint failed");
+            }
+        }
+        for claim in nodeclaims {
+            let result = self
+                .update_conditions(&claim, |conds, _| {
+                    remove_condition(conds, conditions::DISRUPTION_REASON)
+                })
+                .await;
+            if let Err(error) = result {
+                tracing::warn!(nodeclaim = %claim, %error, "clearing DisruptionReason failed");
+            }
+        }
+        for pid in provider_ids {
+            self.held.remove(&pid);
+        }
     }
 
     /// The replacements' state as cluster state shows it.
@@ -146,27 +184,7 @@ impl Executor {
                     nodes,
                     nodeclaims,
                     provider_ids,
-                } => {
-                    for node in nodes {
-                        if let Err(error) = self.update_taints(&node, without_disrupted_taint).await
-                        {
-                            tracing::warn!(%node, %error, "removing the disrupted taint failed");
-                        }
-                    }
-                    for claim in nodeclaims {
-                        let result = self
-                            .update_conditions(&claim, |conds, _| {
-                                remove_condition(conds, conditions::DISRUPTION_REASON)
-                            })
-                            .await;
-                        if let Err(error) = result {
-                            tracing::warn!(nodeclaim = %claim, %error, "clearing DisruptionReason failed");
-                        }
-                    }
-                    for pid in provider_ids {
-                        self.held.remove(&pid);
-                    }
-                }
+                } => self.restore(nodes, nodeclaims, provider_ids).await,
                 Action::Event {
                     target,
                     reason,

@@ -207,6 +207,7 @@ impl Disruption {
     }
 
     async fn decide(&mut self) -> Duration {
+        self.executor.restore_stale().await;
         let version = *self.ctx.cluster.subscribe().borrow();
         let now = self.now();
         if !self.memo.should_run(version, now) {
