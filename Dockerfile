@@ -1,15 +1,36 @@
+# syntax=docker/dockerfile:1
 # Multi-stage build: a static musl binary on a distroless, non-root runtime image.
+#   docker build -t karpenter-exoscale .
+#   docker buildx build --platform linux/amd64,linux/arm64 -t <registry>/karpenter-exoscale:<tag> --push .
+# The build stage runs on the target platform, so the musl target is the native one.
+
 FROM rust:1.95-bookworm AS build
-RUN rustup target add x86_64-unknown-linux-musl && apt-get update && apt-get install -y --no-install-recommends musl-tools && rm -rf /var/lib/apt/lists/*
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends musl-tools \
+ && rm -rf /var/lib/apt/lists/*
+RUN rustup target add "$(uname -m)-unknown-linux-musl"
 WORKDIR /src
+# Only what the binary is built from: sources, the embedded catalogue and the manifest. The
+# benches and the sandbox example are declared in Cargo.toml, so cargo needs their files to read
+# the manifest.
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY data ./data
 COPY benches ./benches
-RUN cargo build --release --locked --target x86_64-unknown-linux-musl --bin karpenter-exoscale
+COPY hack/sandbox ./hack/sandbox
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    target="$(uname -m)-unknown-linux-musl" \
+ && cargo build --release --locked --target "$target" --bin karpenter-exoscale \
+ && install -D -m 0555 "target/$target/release/karpenter-exoscale" /out/karpenter-exoscale
 
+# distroless/static: CA certificates, /etc/passwd with nonroot (65532), no shell, no libc.
 FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /src/target/x86_64-unknown-linux-musl/release/karpenter-exoscale /karpenter-exoscale
+LABEL org.opencontainers.image.title="karpenter-exoscale" \
+      org.opencontainers.image.description="Karpenter node autoscaler with the Exoscale cloud provider" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/karpenter-exoscale/karpenter-exoscale"
+COPY --from=build /out/karpenter-exoscale /karpenter-exoscale
 USER 65532:65532
 ENTRYPOINT ["/karpenter-exoscale"]
 CMD ["run"]

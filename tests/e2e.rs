@@ -4,9 +4,9 @@
 //! garbage collection, NodeClass readiness, leader election, and a restart mid-launch.
 //! TTLs are shortened through the same settings operators use.
 
-mod support;
 #[path = "e2e/harness.rs"]
 mod harness;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +25,7 @@ use karpenter_exoscale::exoscale::{Clock, SystemClock};
 use karpenter_exoscale::kubelet_sim::{Join, KubeletBehaviour};
 use karpenter_exoscale::operator::run::build_cloud;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 fn joins() -> harness::KubeletPolicy {
@@ -48,7 +48,22 @@ async fn bound_pod(world: &World, name: &str, node: &str, labels: serde_json::Va
         }
     }))
     .unwrap();
-    world.pods().create(&PostParams::default(), &pod).await.expect("create pod")
+    world
+        .pods()
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    // What its kubelet would report: Running and Ready (Pending pods ignore PDBs).
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = json!({"status": {"phase": "Running", "conditions": [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+        {"type": "Ready", "status": "True", "lastTransitionTime": now},
+    ]}});
+    world
+        .pods()
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("pod status")
 }
 
 async fn gone<K>(api: &Api<K>, name: &str, what: &str)
@@ -86,7 +101,9 @@ fn instances_of(world: &World, claim: &str) -> usize {
 
 #[tokio::test]
 async fn deleting_a_nodeclaim_drains_and_deletes_the_vm_and_the_node() {
-    let Some(world) = World::start("e2e-drain", joins()).await else { return };
+    let Some(world) = World::start("e2e-drain", joins()).await else {
+        return;
+    };
     world.create_nodeclass(json!({})).await;
     world.start_replica("a").await;
     ready_nodeclass(&world).await;
@@ -95,31 +112,57 @@ async fn deleting_a_nodeclaim_drains_and_deletes_the_vm_and_the_node() {
     let node = world.initialized_node(&claim).await;
     let node_name = node.name_any();
     assert!(node_name.starts_with(PREFIX), "{node_name}");
-    assert_eq!(node.labels().get("karpenter.sh/registered").map(String::as_str), Some("true"));
-    assert!(node.finalizers().iter().any(|f| f == "karpenter.sh/termination"));
+    assert_eq!(
+        node.labels()
+            .get("karpenter.sh/registered")
+            .map(String::as_str),
+        Some("true")
+    );
     assert!(
-        !node.spec.as_ref().and_then(|s| s.taints.as_ref()).into_iter().flatten().any(|t| t.key == "karpenter.sh/unregistered"),
+        node.finalizers()
+            .iter()
+            .any(|f| f == "karpenter.sh/termination")
+    );
+    assert!(
+        !node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|t| t.key == "karpenter.sh/unregistered"),
         "the unregistered taint is removed at registration"
     );
     assert_eq!(instances_of(&world, &claim), 1);
     bound_pod(&world, "app", &node_name, json!({"app": "web"})).await;
 
-    world.nodeclaims().delete(&claim, &DeleteParams::default()).await.unwrap();
+    world
+        .nodeclaims()
+        .delete(&claim, &DeleteParams::default())
+        .await
+        .unwrap();
     gone(&world.pods(), "app", "pod").await;
     gone(&world.nodes(), &node_name, "Node").await;
     gone(&world.nodeclaims(), &claim, "NodeClaim").await;
-    eventually("instance deleted", || async { (instances_of(&world, &claim) == 0).then_some(()) }).await;
+    eventually("instance deleted", || async {
+        (instances_of(&world, &claim) == 0).then_some(())
+    })
+    .await;
     world.finish().await;
 }
 
 #[tokio::test]
 async fn a_pdb_blocks_the_drain_until_the_termination_deadline() {
-    let Some(world) = World::start("e2e-pdb", joins()).await else { return };
+    let Some(world) = World::start("e2e-pdb", joins()).await else {
+        return;
+    };
     world.create_nodeclass(json!({})).await;
     world.start_replica("a").await;
     ready_nodeclass(&world).await;
     let claim = format!("pdb-{}", suffix(&world));
-    world.create_nodeclaim(&claim, json!({"terminationGracePeriod": "30s"})).await;
+    world
+        .create_nodeclaim(&claim, json!({"terminationGracePeriod": "30s"}))
+        .await;
     let node_name = world.initialized_node(&claim).await.name_any();
     bound_pod(&world, "guarded", &node_name, json!({"app": "guarded"})).await;
     let pdb: PodDisruptionBudget = serde_json::from_value(json!({
@@ -135,12 +178,19 @@ async fn a_pdb_blocks_the_drain_until_the_termination_deadline() {
         let pdbs = pdbs.clone();
         async move {
             let status = pdbs.get("guarded").await.ok()?.status?;
-            (status.observed_generation.is_some() && status.expected_pods == 1).then_some(())
+            (status.observed_generation.is_some()
+                && status.expected_pods == 1
+                && status.current_healthy == 1)
+                .then_some(())
         }
     })
     .await;
 
-    world.nodeclaims().delete(&claim, &DeleteParams::default()).await.unwrap();
+    world
+        .nodeclaims()
+        .delete(&claim, &DeleteParams::default())
+        .await
+        .unwrap();
     let events: Api<Event> = Api::namespaced(world.client.clone(), "default");
     let blocked = eventually("FailedDraining event naming the PDB", || {
         let events = events.clone();
@@ -149,8 +199,11 @@ async fn a_pdb_blocks_the_drain_until_the_termination_deadline() {
             let list = events.list(&ListParams::default()).await.ok()?;
             list.items.into_iter().find(|e| {
                 e.reason.as_deref() == Some("FailedDraining")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node_name.as_str())
-                    && e.note.as_deref().is_some_and(|n| n.contains("PodDisruptionBudget"))
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                        == Some(node_name.as_str())
+                    && e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains("PodDisruptionBudget"))
             })
         }
     })
@@ -169,11 +222,17 @@ async fn a_pdb_blocks_the_drain_until_the_termination_deadline() {
         .unwrap();
     let pod_seen_at = k8s_openapi::jiff::Timestamp::now();
     assert!(world.pods().get_opt("guarded").await.unwrap().is_some());
-    assert!(pod_seen_at < deadline, "the PDB held the pod until at least {pod_seen_at}");
+    assert!(
+        pod_seen_at < deadline,
+        "the PDB held the pod until at least {pod_seen_at}"
+    );
 
     gone(&world.pods(), "guarded", "pod").await;
     let removed_at = k8s_openapi::jiff::Timestamp::now();
-    assert!(removed_at >= deadline, "pod removed at {removed_at}, before the deadline {deadline}");
+    assert!(
+        removed_at >= deadline,
+        "pod removed at {removed_at}, before the deadline {deadline}"
+    );
     gone(&world.nodes(), &node_name, "Node").await;
     gone(&world.nodeclaims(), &claim, "NodeClaim").await;
     world.finish().await;
@@ -182,10 +241,16 @@ async fn a_pdb_blocks_the_drain_until_the_termination_deadline() {
 #[tokio::test]
 async fn an_instance_that_never_joins_is_removed_after_the_registration_ttl() {
     let policy: harness::KubeletPolicy = Arc::new(|name: &str| KubeletBehaviour {
-        join: if name.contains("lost") { Join::Never } else { Join::After(Duration::ZERO) },
+        join: if name.contains("lost") {
+            Join::Never
+        } else {
+            Join::After(Duration::ZERO)
+        },
         ..KubeletBehaviour::default()
     });
-    let Some(world) = World::start("e2e-ttl", policy).await else { return };
+    let Some(world) = World::start("e2e-ttl", policy).await else {
+        return;
+    };
     world.create_nodeclass(json!({})).await;
     world.start_replica("a").await;
     ready_nodeclass(&world).await;
@@ -197,21 +262,39 @@ async fn an_instance_that_never_joins_is_removed_after_the_registration_ttl() {
         let claim = claim.clone();
         async move {
             let c = claims.get_opt(&claim).await.ok()??;
-            c.status.as_ref()?.conditions.is_true("Launched").then_some(c)
+            c.status
+                .as_ref()?
+                .conditions
+                .is_true("Launched")
+                .then_some(c)
         }
     })
     .await;
-    let registered = launched.status.unwrap().conditions.get_condition("Registered").cloned().unwrap();
-    assert_eq!((registered.status, registered.reason.as_str()), (ConditionStatus::Unknown, "NodeNotFound"));
+    let registered = launched
+        .status
+        .unwrap()
+        .conditions
+        .get_condition("Registered")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (registered.status, registered.reason.as_str()),
+        (ConditionStatus::Unknown, "NodeNotFound")
+    );
     assert_eq!(instances_of(&world, &claim), 1);
     gone(&claims, &claim, "NodeClaim").await;
-    eventually("instance deleted", || async { (instances_of(&world, &claim) == 0).then_some(()) }).await;
+    eventually("instance deleted", || async {
+        (instances_of(&world, &claim) == 0).then_some(())
+    })
+    .await;
     world.finish().await;
 }
 
 #[tokio::test]
 async fn garbage_collection_removes_our_orphans_and_spares_other_clusters() {
-    let Some(world) = World::start("e2e-gc", joins()).await else { return };
+    let Some(world) = World::start("e2e-gc", joins()).await else {
+        return;
+    };
     world.create_nodeclass(json!({})).await;
     world.start_replica("a").await;
     ready_nodeclass(&world).await;
@@ -260,8 +343,18 @@ async fn garbage_collection_removes_our_orphans_and_spares_other_clusters() {
     let foreign_id = foreign_claim.status.unwrap().provider_id.unwrap();
     let id_of = |pid: &str| pid.trim_start_matches("exoscale://").to_string();
     let (ours_id, foreign_id) = (id_of(&ours_id), id_of(&foreign_id));
-    let other_cluster = world.live_instances().into_iter().find(|i| i.id == foreign_id).unwrap();
-    assert_ne!(other_cluster.labels.get(INSTANCE_CLUSTER_ID_LABEL).map(String::as_str), Some(world.sim.cluster_id()));
+    let other_cluster = world
+        .live_instances()
+        .into_iter()
+        .find(|i| i.id == foreign_id)
+        .unwrap();
+    assert_ne!(
+        other_cluster
+            .labels
+            .get(INSTANCE_CLUSTER_ID_LABEL)
+            .map(String::as_str),
+        Some(world.sim.cluster_id())
+    );
 
     eventually("our orphan deleted", || async {
         (!world.live_instances().iter().any(|i| i.id == ours_id)).then_some(())
@@ -273,14 +366,19 @@ async fn garbage_collection_removes_our_orphans_and_spares_other_clusters() {
         (world.sim.call_count("list-instances") >= lists + 3).then_some(())
     })
     .await;
-    assert!(world.live_instances().iter().any(|i| i.id == foreign_id), "another cluster's instance was deleted");
+    assert!(
+        world.live_instances().iter().any(|i| i.id == foreign_id),
+        "another cluster's instance was deleted"
+    );
     drop((ours, theirs));
     world.finish().await;
 }
 
 #[tokio::test]
 async fn a_nodeclass_with_an_unknown_security_group_reports_not_ready_naming_it() {
-    let Some(world) = World::start("e2e-nc", joins()).await else { return };
+    let Some(world) = World::start("e2e-nc", joins()).await else {
+        return;
+    };
     world
         .create_nodeclass(json!({"securityGroupSelectorTerms": [{"name": "no-such-group"}]}))
         .await;
@@ -298,16 +396,32 @@ async fn a_nodeclass_with_an_unknown_security_group_reports_not_ready_naming_it(
     })
     .await;
     assert!(ready.message.contains("no-such-group"), "{}", ready.message);
-    assert!(ready.message.contains("SecurityGroupsResolved"), "{}", ready.message);
+    assert!(
+        ready.message.contains("SecurityGroupsResolved"),
+        "{}",
+        ready.message
+    );
     let nc = classes.get(&name).await.unwrap();
-    assert!(nc.status.as_ref().unwrap().conditions.is_true("TemplateResolved"));
-    assert!(nc.finalizers().iter().any(|f| f == "exoscale.com/nodeclass-finalizer"));
+    assert!(
+        nc.status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .is_true("TemplateResolved")
+    );
+    assert!(
+        nc.finalizers()
+            .iter()
+            .any(|f| f == "exoscale.com/nodeclass-finalizer")
+    );
     world.finish().await;
 }
 
 #[tokio::test]
 async fn only_the_leader_acts_and_a_standby_takes_over_when_it_stops() {
-    let Some(world) = World::start("e2e-leader", joins()).await else { return };
+    let Some(world) = World::start("e2e-leader", joins()).await else {
+        return;
+    };
     world.start_replica("replica-a").await;
     world.start_replica("replica-b").await;
     let first = eventually("a leader", || world.lease_holder()).await;
@@ -323,14 +437,19 @@ async fn only_the_leader_acts_and_a_standby_takes_over_when_it_stops() {
             let reporters: Vec<String> = list
                 .items
                 .into_iter()
-                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(nodeclass.as_str()))
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(nodeclass.as_str())
+                })
                 .filter_map(|e| e.reporting_instance)
                 .collect();
             (!reporters.is_empty()).then_some(reporters)
         }
     })
     .await;
-    assert!(reporters.iter().all(|r| *r == first), "{reporters:?} vs leader {first}");
+    assert!(
+        reporters.iter().all(|r| *r == first),
+        "{reporters:?} vs leader {first}"
+    );
 
     world.stop_replica(&first).await;
     let second = eventually("the standby leads", || async {
@@ -347,7 +466,9 @@ async fn only_the_leader_acts_and_a_standby_takes_over_when_it_stops() {
 
 #[tokio::test]
 async fn a_controller_restarted_mid_launch_neither_leaks_nor_duplicates_a_vm() {
-    let Some(world) = World::start("e2e-restart", joins()).await else { return };
+    let Some(world) = World::start("e2e-restart", joins()).await else {
+        return;
+    };
     world.create_nodeclass(json!({})).await;
     world.start_replica("first").await;
     ready_nodeclass(&world).await;
@@ -364,9 +485,25 @@ async fn a_controller_restarted_mid_launch_neither_leaks_nor_duplicates_a_vm() {
     world.start_replica("second").await;
     world.initialized_node(&claim).await;
     world.sim.set_operation_delay(Duration::ZERO);
-    assert_eq!(instances_of(&world, &claim), 1, "exactly one VM for the NodeClaim");
-    let provider_id = world.nodeclaims().get(&claim).await.unwrap().status.unwrap().provider_id.unwrap();
-    let ids: Vec<String> = world.live_instances().iter().map(|i| format!("exoscale://{}", i.id)).collect();
+    assert_eq!(
+        instances_of(&world, &claim),
+        1,
+        "exactly one VM for the NodeClaim"
+    );
+    let provider_id = world
+        .nodeclaims()
+        .get(&claim)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .provider_id
+        .unwrap();
+    let ids: Vec<String> = world
+        .live_instances()
+        .iter()
+        .map(|i| format!("exoscale://{}", i.id))
+        .collect();
     assert!(ids.contains(&provider_id), "{provider_id} not in {ids:?}");
     world.finish().await;
 }

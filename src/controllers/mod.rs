@@ -10,11 +10,14 @@ pub mod node;
 pub mod nodeclaim;
 pub mod nodeclass;
 pub mod nodepool;
+pub mod podevents;
 pub mod repair;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
+
+use futures::future::BoxFuture;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
@@ -316,17 +319,34 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     .run(nodeclass::reconcile, error_policy("nodeclass"), ctx.clone())
     .for_each(drain("nodeclass"));
 
-    let mut timers = vec![
-        tokio::spawn(Arc::new(garbage_collection::Collector::default()).run(ctx.clone())),
-        tokio::spawn(bootstrap_token::run(ctx.clone())),
-    ];
-    if ctx.feature_gates.node_repair {
-        timers.push(tokio::spawn(repair::run(ctx.clone())));
-    }
-    futures::join!(nodeclaims, nodes, nodepools, nodeclasses);
-    for timer in timers {
-        timer.abort();
-    }
+    // Timers run inside this future (not spawned) so that dropping it stops them too.
+    let until_shutdown = |work: BoxFuture<'static, ()>| {
+        let stop = shutdown.clone();
+        async move {
+            tokio::select! {
+                _ = work => {}
+                _ = stop => {}
+            }
+        }
+    };
+    let gc = until_shutdown(Box::pin(
+        Arc::new(garbage_collection::Collector::default()).run(ctx.clone()),
+    ));
+    let tokens = until_shutdown(Box::pin(bootstrap_token::run(ctx.clone())));
+    let repair = until_shutdown(if ctx.feature_gates.node_repair {
+        Box::pin(repair::run(ctx.clone()))
+    } else {
+        Box::pin(std::future::pending())
+    });
+    futures::join!(
+        nodeclaims,
+        nodes,
+        nodepools,
+        nodeclasses,
+        gc,
+        tokens,
+        repair
+    );
 }
 
 #[cfg(test)]

@@ -61,17 +61,8 @@ impl LogLevel {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PreferencePolicy {
-    Respect,
-    Ignore,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MinValuesPolicy {
-    Strict,
-    BestEffort,
-}
+/// The scheduler's own policy types: configuration parses straight into them.
+pub use crate::scheduling::{MinValuesPolicy, PreferencePolicy};
 
 /// Upstream feature gates; unknown names are refused.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -7,6 +7,7 @@ pub mod health;
 pub mod leader;
 pub mod logging;
 pub mod metrics;
+pub mod rbac;
 
 pub use config::{Config, ConfigError, RunArgs};
 pub mod run;

@@ -340,7 +340,8 @@ pub fn main(args: &super::config::RunArgs) -> std::process::ExitCode {
             let _ = tx.send(true);
         });
         tracing::info!(version = env!("CARGO_PKG_VERSION"), identity = %config.identity, "starting operator");
-        match run(config, Vec::new(), rx).await {
+        let controllers = core_controllers(&config);
+        match run(config, controllers, rx).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 tracing::error!(%error, "operator failed");
@@ -348,6 +349,16 @@ pub fn main(args: &super::config::RunArgs) -> std::process::ExitCode {
             }
         }
     })
+}
+
+/// The core controllers that plug in beside the built-in ones: provisioning (and disruption,
+/// sharing its node nominations).
+pub fn core_controllers(config: &Config) -> Vec<ExtraController> {
+    let nominations = Arc::new(crate::provisioning::controller::Nominations::default());
+    vec![crate::provisioning::plugin(
+        crate::provisioning::settings(config),
+        nominations,
+    )]
 }
 
 async fn wait_for_signal() {

@@ -79,7 +79,7 @@ pub struct Provisioner {
 }
 
 impl Provisioner {
-    pub fn new(ctx: Arc<Context>, settings: Settings) -> Arc<Self> {
+    pub fn new(ctx: Arc<Context>, settings: Settings, nominations: Arc<Nominations>) -> Arc<Self> {
         let metrics = ProvisioningMetrics {
             scheduling_duration: Family::new_with_constructor(
                 scheduling_histogram as fn() -> Histogram,
@@ -105,7 +105,7 @@ impl Provisioner {
         Arc::new(Provisioner {
             ctx,
             settings,
-            nominations: Arc::new(Nominations::default()),
+            nominations,
             metrics,
         })
     }

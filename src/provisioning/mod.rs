@@ -6,3 +6,32 @@ pub mod controller;
 pub mod eligibility;
 pub mod input;
 pub mod template;
+
+use std::sync::Arc;
+
+use crate::operator::config::Config;
+use crate::operator::run::ExtraController;
+
+/// Provisioning settings from the operator configuration.
+pub fn settings(config: &Config) -> controller::Settings {
+    controller::Settings {
+        batch_idle: config.batch_idle_duration,
+        batch_max: config.batch_max_duration,
+        preference_policy: config.preference_policy,
+        min_values_policy: config.min_values_policy,
+    }
+}
+
+/// The provisioning controller as an operator plug-in (started on the leader). `nominations`
+/// is shared with disruption, which leaves recently nominated nodes alone.
+pub fn plugin(
+    settings: controller::Settings,
+    nominations: Arc<controller::Nominations>,
+) -> ExtraController {
+    Box::new(move |ctx, shutdown| {
+        Box::pin(async move {
+            let provisioner = controller::Provisioner::new(ctx, settings, nominations);
+            provisioner.run(shutdown).await;
+        })
+    })
+}

@@ -83,7 +83,10 @@ pub struct Replica {
 }
 
 fn instance_shape(types: &[exoscale::models::InstanceType], id: &str) -> InstanceShape {
-    let t = types.iter().find(|t| t.id == id).expect("instance type known to the sim");
+    let t = types
+        .iter()
+        .find(|t| t.id == id)
+        .expect("instance type known to the sim");
     InstanceShape {
         name: t.name(),
         cpus: t.cpus,
@@ -97,15 +100,31 @@ fn instance_shape(types: &[exoscale::models::InstanceType], id: &str) -> Instanc
 /// in `kube-system/kube-root-ca.crt`, which user data embeds.
 async fn publish_cluster_ca(client: &Client, config: &kube::Config) {
     use base64::Engine;
-    let der = config.root_cert.as_ref().and_then(|c| c.first()).expect("the test kubeconfig has a CA");
+    let der = config
+        .root_cert
+        .as_ref()
+        .and_then(|c| c.first())
+        .expect("the test kubeconfig has a CA");
     let body = base64::engine::general_purpose::STANDARD.encode(der);
-    let lines: Vec<&str> = body.as_bytes().chunks(64).map(|c| std::str::from_utf8(c).unwrap()).collect();
-    let pem = format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", lines.join("\n"));
-    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let lines: Vec<&str> = body
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    let pem = format!(
+        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+        lines.join("\n")
+    );
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "kube-system");
     let map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": pem}});
-    maps.patch("kube-root-ca.crt", &PatchParams::apply("e2e").force(), &Patch::Apply(&map))
-        .await
-        .expect("publish the cluster CA");
+    maps.patch(
+        "kube-root-ca.crt",
+        &PatchParams::apply("e2e").force(),
+        &Patch::Apply(&map),
+    )
+    .await
+    .expect("publish the cluster CA");
 }
 
 impl World {
@@ -149,8 +168,14 @@ impl World {
         background.push(tokio::spawn(async move {
             loop {
                 if let Ok(list) = pods.list(&ListParams::default()).await {
-                    for pod in list.items.iter().filter(|p| p.metadata.deletion_timestamp.is_some()) {
-                        let _ = pods.delete(&pod.name_any(), &DeleteParams::default().grace_period(0)).await;
+                    for pod in list
+                        .items
+                        .iter()
+                        .filter(|p| p.metadata.deletion_timestamp.is_some())
+                    {
+                        let _ = pods
+                            .delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
+                            .await;
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -195,10 +220,13 @@ impl World {
     pub async fn start_replica(&self, identity: &str) {
         let mut env = self.env.clone();
         env.insert("POD_NAME".into(), identity.into());
-        let mut config = Config::resolve(&RunArgs::default(), &env).expect("test configuration is valid");
+        let mut config =
+            Config::resolve(&RunArgs::default(), &env).expect("test configuration is valid");
         config.metrics_port = 0;
         config.health_probe_port = 0;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        // Provisioning (and the other core controllers) run as in production.
+        let extra_controllers = karpenter_exoscale::operator::run::core_controllers(&config);
         let cloud = build_cloud(
             ExoscaleSettings {
                 zone: self.sim.zone().into(),
@@ -221,7 +249,7 @@ impl World {
             nodeclass_resolution: Some(cloud.resolution.clone()),
             clock,
             bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            extra_controllers: Vec::new(),
+            extra_controllers,
             lease: LeaseTimings {
                 duration: Duration::from_secs(4),
                 grace: Duration::from_secs(1),
@@ -240,7 +268,10 @@ impl World {
     pub async fn stop_replica(&self, identity: &str) {
         let replica = {
             let mut replicas = self.replicas.lock().unwrap();
-            let i = replicas.iter().position(|r| r.identity == identity).expect("replica exists");
+            let i = replicas
+                .iter()
+                .position(|r| r.identity == identity)
+                .expect("replica exists");
             replicas.remove(i)
         };
         let _ = replica.stop.send(true);
@@ -253,14 +284,23 @@ impl World {
     /// Aborts a replica without any cleanup (a crash).
     pub fn kill_replica(&self, identity: &str) {
         let mut replicas = self.replicas.lock().unwrap();
-        let i = replicas.iter().position(|r| r.identity == identity).expect("replica exists");
+        let i = replicas
+            .iter()
+            .position(|r| r.identity == identity)
+            .expect("replica exists");
         replicas.remove(i).task.abort();
     }
 
     /// The current holder of the test's Lease.
     pub async fn lease_holder(&self) -> Option<String> {
-        let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(self.client.clone(), &self.namespace);
-        leases.get_opt(&self.lease).await.ok()??.spec?.holder_identity
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        leases
+            .get_opt(&self.lease)
+            .await
+            .ok()??
+            .spec?
+            .holder_identity
     }
 
     /// Creates the test's ExoscaleNodeClass (template of the sim's Kubernetes version).
@@ -323,7 +363,11 @@ impl World {
 
     /// Live (not deleted) instances in the sim.
     pub fn live_instances(&self) -> Vec<exoscale::models::Instance> {
-        self.sim.instances().into_iter().map(|i| i.instance).collect()
+        self.sim
+            .instances()
+            .into_iter()
+            .map(|i| i.instance)
+            .collect()
     }
 
     /// Waits for a NodeClaim to be Initialized and returns its Node.
@@ -335,16 +379,28 @@ impl World {
                 let c = claims.get_opt(claim).await.ok()??;
                 let status = c.status?;
                 use karpenter_exoscale::apis::ConditionsExt;
-                status.conditions.is_true("Initialized").then_some(status.node_name?)
+                status
+                    .conditions
+                    .is_true("Initialized")
+                    .then_some(status.node_name?)
             }
         })
         .await;
-        self.nodes().get(&node_name).await.expect("node of an initialized NodeClaim")
+        self.nodes()
+            .get(&node_name)
+            .await
+            .expect("node of an initialized NodeClaim")
     }
 
     /// Stops replicas and background tasks, then removes what the test left in the cluster.
     pub async fn finish(self) {
-        let identities: Vec<String> = self.replicas.lock().unwrap().iter().map(|r| r.identity.clone()).collect();
+        let identities: Vec<String> = self
+            .replicas
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.identity.clone())
+            .collect();
         for identity in identities {
             self.kill_replica(&identity);
         }
@@ -352,18 +408,60 @@ impl World {
             task.abort();
         }
         let release = json!({"metadata": {"finalizers": null}});
-        for claim in self.nodeclaims().list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
-            let _ = self.nodeclaims().patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&release)).await;
-            let _ = self.nodeclaims().delete(&claim.name_any(), &DeleteParams::default()).await;
+        for claim in self
+            .nodeclaims()
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            let _ = self
+                .nodeclaims()
+                .patch(
+                    &claim.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&release),
+                )
+                .await;
+            let _ = self
+                .nodeclaims()
+                .delete(&claim.name_any(), &DeleteParams::default())
+                .await;
         }
-        for node in self.nodes().list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
-            if node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER) || node.name_any().starts_with(PREFIX) {
-                let _ = self.nodes().patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&release)).await;
-                let _ = self.nodes().delete(&node.name_any(), &DeleteParams::default()).await;
+        for node in self
+            .nodes()
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            if node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER)
+                || node.name_any().starts_with(PREFIX)
+            {
+                let _ = self
+                    .nodes()
+                    .patch(
+                        &node.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&release),
+                    )
+                    .await;
+                let _ = self
+                    .nodes()
+                    .delete(&node.name_any(), &DeleteParams::default())
+                    .await;
             }
         }
         let classes: Api<ExoscaleNodeClass> = Api::all(self.client.clone());
-        let _ = classes.patch(&self.nodeclass, &PatchParams::default(), &Patch::Merge(&release)).await;
-        let _ = classes.delete(&self.nodeclass, &DeleteParams::default()).await;
+        let _ = classes
+            .patch(
+                &self.nodeclass,
+                &PatchParams::default(),
+                &Patch::Merge(&release),
+            )
+            .await;
+        let _ = classes
+            .delete(&self.nodeclass, &DeleteParams::default())
+            .await;
     }
 }

@@ -1,0 +1,821 @@
+//! The Helm chart: it renders to valid YAML, the Deployment is hardened and passes every
+//! setting the binary reads, and its RBAC is exactly what the code needs — checked both against
+//! the declared table (`operator::rbac`) and against a scan of the API calls in `src/`.
+//!
+//! Rendering uses the Helm binary from `hack/helm.sh` (built from its Go module once, cached).
+
+#[path = "chart/scan.rs"]
+mod scan;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use karpenter_exoscale::operator::rbac::{self, ResourceName, Scope, Target};
+use serde::Deserialize;
+use serde_json::Value;
+
+const RELEASE_NAMESPACE: &str = "karpenter";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn helm() -> &'static str {
+    static HELM: OnceLock<String> = OnceLock::new();
+    HELM.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(repo().join("hack/helm.sh"))
+            .output()
+            .expect("bash runs hack/helm.sh");
+        assert!(
+            out.status.success(),
+            "hack/helm.sh failed (it needs Go to build Helm once): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    })
+}
+
+const REQUIRED: &[&str] = &[
+    "settings.zone=ch-gva-2",
+    "settings.sksClusterId=00000000-0000-4000-8000-000000000000",
+    "settings.clusterEndpoint=https://api.example.com:6443",
+    "credentials.existingSecret=exoscale",
+];
+
+/// `helm template` with `sets`; Err carries Helm's message.
+fn try_render(sets: &[&str]) -> Result<Vec<Value>, String> {
+    let mut cmd = Command::new(helm());
+    cmd.args(["template", "karpenter"])
+        .arg(repo().join("charts/karpenter-exoscale"))
+        .args(["--namespace", RELEASE_NAMESPACE]);
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    let out = cmd.output().expect("helm runs");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut docs = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let value = Value::deserialize(doc).map_err(|e| format!("rendered YAML: {e}"))?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+fn render(extra: &[&str]) -> Vec<Value> {
+    let sets: Vec<&str> = REQUIRED.iter().chain(extra).copied().collect();
+    try_render(&sets).unwrap_or_else(|e| panic!("helm template failed: {e}"))
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+fn deployment(docs: &[Value]) -> &Value {
+    let found = find(docs, "Deployment");
+    assert_eq!(found.len(), 1, "one Deployment");
+    found[0]
+}
+
+fn strs(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn chart_renders_every_object_as_valid_yaml() {
+    let docs = render(&[]);
+    let kinds: BTreeSet<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    for kind in [
+        "Deployment",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "PodDisruptionBudget",
+    ] {
+        assert!(kinds.contains(kind), "{kind} missing from {kinds:?}");
+    }
+    assert!(
+        !kinds.contains("ServiceMonitor"),
+        "ServiceMonitor is opt-in"
+    );
+    assert!(!kinds.contains("Secret"), "existingSecret means no Secret");
+    for doc in &docs {
+        assert!(doc["metadata"]["name"].is_string(), "unnamed object {doc}");
+    }
+    let monitored = render(&["metrics.serviceMonitor.enabled=true"]);
+    let monitor = find(&monitored, "ServiceMonitor");
+    assert_eq!(monitor.len(), 1);
+    assert_eq!(monitor[0]["spec"]["endpoints"][0]["port"], "http-metrics");
+}
+
+#[test]
+fn missing_required_values_fail_with_their_names() {
+    for (missing, name) in [
+        (0, "settings.zone"),
+        (1, "settings.sksClusterId"),
+        (2, "settings.clusterEndpoint"),
+    ] {
+        let sets: Vec<&str> = REQUIRED
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != missing)
+            .map(|(_, s)| *s)
+            .collect();
+        let err = try_render(&sets).unwrap_err();
+        assert!(err.contains(&format!("{name} is required")), "{err}");
+    }
+    let err = try_render(&REQUIRED[..3]).unwrap_err();
+    assert!(err.contains("credentials.existingSecret"), "{err}");
+}
+
+#[test]
+fn credentials_from_values_become_a_secret_the_deployment_reads() {
+    let docs = try_render(&[
+        REQUIRED[0],
+        REQUIRED[1],
+        REQUIRED[2],
+        "credentials.apiKey=EXOkey",
+        "credentials.apiSecret=s3cret",
+    ])
+    .unwrap();
+    let secrets = find(&docs, "Secret");
+    assert_eq!(secrets.len(), 1);
+    let name = secrets[0]["metadata"]["name"].as_str().unwrap();
+    assert_eq!(secrets[0]["stringData"]["api-key"], "EXOkey");
+    let env = &deployment(&docs)["spec"]["template"]["spec"]["containers"][0]["env"];
+    let key_ref = env
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "EXOSCALE_API_SECRET")
+        .unwrap();
+    assert_eq!(key_ref["valueFrom"]["secretKeyRef"]["name"], name);
+    assert_eq!(key_ref["valueFrom"]["secretKeyRef"]["key"], "api-secret");
+}
+
+#[test]
+fn deployment_is_hardened_and_highly_available() {
+    let docs = render(&[]);
+    let deploy = deployment(&docs);
+    let pod = &deploy["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let security = &container["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(strs(&security["capabilities"]["drop"]), ["ALL"]);
+    assert!(container["resources"]["requests"]["cpu"].is_string());
+    assert!(container["resources"]["requests"]["memory"].is_string());
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    let spread = &pod["topologySpreadConstraints"][0];
+    assert_eq!(spread["topologyKey"], "kubernetes.io/hostname");
+    assert!(spread["labelSelector"]["matchLabels"].is_object());
+    let tolerated: Vec<&str> = pod["tolerations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["key"].as_str())
+        .collect();
+    assert!(tolerated.contains(&"CriticalAddonsOnly"), "{tolerated:?}");
+    // Never on a node it manages: it could remove its own node.
+    let term = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        [0]["matchExpressions"][0];
+    assert_eq!(term["key"], "karpenter.sh/nodepool");
+    assert_eq!(term["operator"], "DoesNotExist");
+    assert_eq!(strs(&container["args"]), ["run"]);
+
+    let pdb = find(&docs, "PodDisruptionBudget");
+    assert_eq!(
+        pdb[0]["spec"]["selector"]["matchLabels"],
+        deploy["spec"]["selector"]["matchLabels"]
+    );
+}
+
+/// Environment variable names `src/operator/config.rs` reads (outside its tests).
+fn config_env_names() -> BTreeSet<String> {
+    let source = std::fs::read_to_string(repo().join("src/operator/config.rs")).unwrap();
+    let shipped = source.split("#[cfg(test)]").next().unwrap();
+    let mut names = BTreeSet::new();
+    for quoted in shipped.split('"').skip(1).step_by(2) {
+        let looks_like_env = quoted.len() > 3
+            && quoted
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            && quoted
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_uppercase());
+        if looks_like_env {
+            names.insert(quoted.to_string());
+        }
+    }
+    names
+}
+
+#[test]
+fn deployment_passes_exactly_the_settings_the_binary_reads() {
+    let read = config_env_names();
+    assert!(
+        read.contains("EXOSCALE_ZONE") && read.contains("FEATURE_GATES"),
+        "{read:?}"
+    );
+    let docs = render(&[]);
+    let env = &deployment(&docs)["spec"]["template"]["spec"]["containers"][0]["env"];
+    let mut set = BTreeSet::new();
+    for var in env.as_array().unwrap() {
+        let name = var["name"].as_str().unwrap().to_string();
+        assert!(
+            var.get("value").is_some() || var.get("valueFrom").is_some(),
+            "{name} has no value"
+        );
+        assert!(set.insert(name.clone()), "{name} is set twice");
+    }
+    // HOSTNAME is the fallback identity; Kubernetes sets it in every container.
+    let missing: Vec<_> = read
+        .iter()
+        .filter(|n| *n != "HOSTNAME" && !set.contains(*n))
+        .collect();
+    assert!(missing.is_empty(), "the chart does not set {missing:?}");
+    let unread: Vec<_> = set.iter().filter(|n| !read.contains(*n)).collect();
+    assert!(
+        unread.is_empty(),
+        "the chart sets {unread:?}, which nothing reads"
+    );
+}
+
+#[test]
+fn every_setting_is_a_chart_value() {
+    let template =
+        std::fs::read_to_string(repo().join("charts/karpenter-exoscale/templates/deployment.yaml"))
+            .unwrap();
+    let values: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo().join("charts/karpenter-exoscale/values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut referenced = 0;
+    for line in template.lines() {
+        let Some(at) = line.find(".Values.") else {
+            continue;
+        };
+        let path: String = line[at + 8..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '.')
+            .collect();
+        let mut node = &values;
+        for part in path.split('.') {
+            node = node.get(part).unwrap_or_else(|| {
+                panic!("deployment.yaml uses .Values.{path}, not in values.yaml")
+            });
+        }
+        referenced += 1;
+    }
+    assert!(referenced > 20, "only {referenced} value references found");
+}
+
+// ---- RBAC ----
+
+/// One granted (group or URL, resource, verb, scope, names) as rendered by the chart.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Grant {
+    target: Target,
+    verb: String,
+    scope: Scope,
+    names: Vec<String>,
+}
+
+fn leak(s: &str) -> &'static str {
+    Box::leak(s.to_string().into_boxed_str())
+}
+
+/// The rules the chart grants to its ServiceAccount, by scope.
+fn chart_grants(docs: &[Value]) -> BTreeSet<Grant> {
+    let account = find(docs, "ServiceAccount")[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let bound_to_us = |binding: &Value, role_kind: &str| -> Option<String> {
+        let ours = binding["subjects"].as_array()?.iter().any(|s| {
+            s["kind"] == "ServiceAccount"
+                && s["name"] == account.as_str()
+                && s["namespace"] == RELEASE_NAMESPACE
+        });
+        (ours && binding["roleRef"]["kind"] == role_kind)
+            .then(|| binding["roleRef"]["name"].as_str().unwrap().to_string())
+    };
+    let mut grants = BTreeSet::new();
+    let mut add_rules = |role: &Value, scope: Scope| {
+        for rule in role["rules"].as_array().unwrap() {
+            let names = strs(&rule["resourceNames"]);
+            let mut targets = Vec::new();
+            for url in strs(&rule["nonResourceURLs"]) {
+                targets.push(Target::NonResourceUrl(leak(&url)));
+            }
+            for group in strs(&rule["apiGroups"]) {
+                for resource in strs(&rule["resources"]) {
+                    targets.push(Target::Resource {
+                        group: leak(&group),
+                        resource: leak(&resource),
+                    });
+                }
+            }
+            for target in targets {
+                for verb in strs(&rule["verbs"]) {
+                    assert_ne!(verb, "*", "wildcard verb in {rule}");
+                    grants.insert(Grant {
+                        target,
+                        verb,
+                        scope,
+                        names: names.clone(),
+                    });
+                }
+            }
+        }
+    };
+    let cluster_bound: BTreeSet<String> = find(docs, "ClusterRoleBinding")
+        .into_iter()
+        .filter_map(|b| bound_to_us(b, "ClusterRole"))
+        .collect();
+    for role in find(docs, "ClusterRole") {
+        let name = role["metadata"]["name"].as_str().unwrap();
+        assert!(
+            cluster_bound.contains(name),
+            "ClusterRole {name} is not bound"
+        );
+        add_rules(role, Scope::Cluster);
+    }
+    let role_bound: BTreeSet<(String, String)> = find(docs, "RoleBinding")
+        .into_iter()
+        .filter_map(|b| {
+            let ns = b["metadata"]["namespace"].as_str()?.to_string();
+            Some((ns, bound_to_us(b, "Role")?))
+        })
+        .collect();
+    for role in find(docs, "Role") {
+        let name = role["metadata"]["name"].as_str().unwrap().to_string();
+        let ns = role["metadata"]["namespace"].as_str().unwrap().to_string();
+        assert!(
+            role_bound.contains(&(ns.clone(), name.clone())),
+            "Role {ns}/{name} is not bound"
+        );
+        let scope = if ns == RELEASE_NAMESPACE {
+            Scope::ReleaseNamespace
+        } else {
+            Scope::Namespace(leak(&ns))
+        };
+        add_rules(role, scope);
+    }
+    grants
+}
+
+fn declared_grants(lease_name: &str) -> BTreeSet<Grant> {
+    let mut grants = BTreeSet::new();
+    for p in rbac::PERMISSIONS {
+        let names: Vec<String> = p
+            .resource_names
+            .iter()
+            .map(|n| match n {
+                ResourceName::Fixed(name) => name.to_string(),
+                ResourceName::LeaderElectionLease => lease_name.to_string(),
+            })
+            .collect();
+        for verb in p.verbs {
+            grants.insert(Grant {
+                target: p.target,
+                verb: verb.to_string(),
+                scope: p.scope,
+                names: names.clone(),
+            });
+        }
+    }
+    grants
+}
+
+fn assert_same(chart: &BTreeSet<Grant>, declared: &BTreeSet<Grant>) {
+    let extra: Vec<_> = chart.difference(declared).collect();
+    let missing: Vec<_> = declared.difference(chart).collect();
+    assert!(
+        extra.is_empty() && missing.is_empty(),
+        "chart RBAC differs from src/operator/rbac.rs\n  granted but not declared: {extra:#?}\n  \
+         declared but not granted: {missing:#?}"
+    );
+}
+
+#[test]
+fn chart_grants_exactly_the_declared_permissions() {
+    let docs = render(&[]);
+    assert_same(
+        &chart_grants(&docs),
+        &declared_grants("karpenter-leader-election"),
+    );
+    let renamed = render(&["settings.leaderElectionName=my-lease"]);
+    assert_same(&chart_grants(&renamed), &declared_grants("my-lease"));
+}
+
+#[test]
+fn secrets_are_reachable_only_in_kube_system() {
+    let docs = render(&[]);
+    for grant in chart_grants(&docs) {
+        if let Target::Resource { resource, .. } = grant.target
+            && resource.starts_with("secrets")
+        {
+            assert_eq!(grant.scope, Scope::Namespace("kube-system"), "{grant:?}");
+        }
+    }
+}
+
+/// The RBAC target of a Rust kind name, from the type's own `Resource` metadata.
+fn kind_target(kind: &str, subresource: Option<&str>) -> Option<Target> {
+    use k8s_openapi::api::{apps, coordination, core, policy};
+    use karpenter_exoscale::apis::{ExoscaleNodeClass, NodeClaim, NodeOverlay, NodePool};
+    fn of<K: kube::Resource<DynamicType = ()>>(sub: Option<&str>) -> Target {
+        let plural = K::plural(&());
+        Target::Resource {
+            group: leak(&K::group(&())),
+            resource: leak(&match sub {
+                Some(s) => format!("{plural}/{s}"),
+                None => plural.into_owned(),
+            }),
+        }
+    }
+    Some(match kind {
+        "Node" => of::<core::v1::Node>(subresource),
+        "Pod" => of::<core::v1::Pod>(subresource),
+        "Secret" => of::<core::v1::Secret>(subresource),
+        "ConfigMap" => of::<core::v1::ConfigMap>(subresource),
+        "Namespace" => of::<core::v1::Namespace>(subresource),
+        "Service" => of::<core::v1::Service>(subresource),
+        "PersistentVolume" => of::<core::v1::PersistentVolume>(subresource),
+        "PersistentVolumeClaim" => of::<core::v1::PersistentVolumeClaim>(subresource),
+        "DaemonSet" => of::<apps::v1::DaemonSet>(subresource),
+        "PodDisruptionBudget" => of::<policy::v1::PodDisruptionBudget>(subresource),
+        "Lease" => of::<coordination::v1::Lease>(subresource),
+        "NodeClaim" => of::<NodeClaim>(subresource),
+        "NodePool" => of::<NodePool>(subresource),
+        "NodeOverlay" => of::<NodeOverlay>(subresource),
+        "ExoscaleNodeClass" => of::<ExoscaleNodeClass>(subresource),
+        _ => return None,
+    })
+}
+
+/// Files whose API calls are not the controller's: the simulated kubelet is a test tool that
+/// runs with the test cluster's admin credentials.
+const NOT_THE_CONTROLLER: &[&str] = &["kubelet_sim.rs"];
+
+fn source_uses() -> Vec<scan::ApiUse> {
+    let files = scan::sources(&repo().join("src"), NOT_THE_CONTROLLER);
+    scan::scan(&files).unwrap_or_else(|errors| {
+        panic!(
+            "the RBAC scan cannot follow these API uses; make them plain `Api` calls or teach \
+             tests/chart/scan.rs:\n  {}",
+            errors.join("\n  ")
+        )
+    })
+}
+
+/// Whether a permission in `granted` scope allows a call through an Api built in `used`.
+fn scope_allows(granted: Scope, used: &scan::ApiScope) -> bool {
+    match (granted, used) {
+        (Scope::Cluster, _) => true,
+        (Scope::Namespace(ns), scan::ApiScope::Namespaced(Some(used))) => ns == used,
+        // A namespace from a variable: the declared namespace is trusted (e.g. kube-public).
+        (Scope::Namespace(_), scan::ApiScope::Namespaced(None)) => true,
+        (Scope::ReleaseNamespace, scan::ApiScope::OwnNamespace) => true,
+        _ => false,
+    }
+}
+
+fn use_target(u: &scan::ApiUse) -> Target {
+    match &u.touched {
+        scan::Touched::Kind { kind, subresource } => kind_target(kind, subresource.as_deref())
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: kind {kind} is not in kind_target of tests/chart.rs",
+                    u.at
+                )
+            }),
+        scan::Touched::Resource { group, resource } => Target::Resource {
+            group: leak(group),
+            resource: leak(resource),
+        },
+        scan::Touched::NonResourceUrl(url) => Target::NonResourceUrl(leak(url)),
+    }
+}
+
+#[test]
+fn every_api_call_in_the_code_is_declared() {
+    let uses = source_uses();
+    assert!(uses.len() > 20, "the scan found only {} uses", uses.len());
+    let grants = rbac::grants();
+    let mut uncovered = Vec::new();
+    for u in &uses {
+        let target = use_target(u);
+        let covered = grants.iter().any(|(t, verb, scope)| {
+            *t == target && *verb == u.verb && scope_allows(*scope, &u.scope)
+        });
+        if !covered {
+            uncovered.push(format!(
+                "{}: {} {:?} via {:?}",
+                u.at, u.verb, target, u.scope
+            ));
+        }
+    }
+    assert!(
+        uncovered.is_empty(),
+        "API calls without a permission in src/operator/rbac.rs:\n  {}",
+        uncovered.join("\n  ")
+    );
+}
+
+#[test]
+fn every_declared_permission_is_used_by_the_code() {
+    let uses = source_uses();
+    let mut by_grant: BTreeMap<(Target, &str), Vec<&scan::ApiUse>> = BTreeMap::new();
+    for u in &uses {
+        by_grant
+            .entry((use_target(u), u.verb.as_str()))
+            .or_default()
+            .push(u);
+    }
+    let mut unused = Vec::new();
+    for (target, verb, scope) in rbac::grants() {
+        let used = by_grant
+            .get(&(target, verb))
+            .is_some_and(|uses| uses.iter().any(|u| scope_allows(scope, &u.scope)));
+        if !used {
+            unused.push(format!("{verb} {target:?} in {scope:?}"));
+        }
+    }
+    assert!(
+        unused.is_empty(),
+        "declared permissions no code uses (remove them from src/operator/rbac.rs and the chart):\n  {}",
+        unused.join("\n  ")
+    );
+}
+
+#[test]
+fn scan_follows_variables_helpers_and_returned_apis() {
+    let code = r#"
+        const NS: &str = "kube-system";
+        fn secrets(client: &Client) -> Api<Secret> { Api::namespaced(client.clone(), NS) }
+        async fn helper<K>(api: &Api<K>, name: &str) { api.patch_status(name, &p, &x).await; }
+        async fn work(client: Client) {
+            let api: Api<Node> = Api::all(client.clone());
+            api.delete("n", &d).await; // api.create( in a comment is ignored
+            helper(&api, "n").await;
+            secrets(&client).list(&lp).await;
+            let s = secrets(&client);
+            s.create(&pp, &x).await;
+            Controller::new(Api::<Pod>::all(client.clone()), cfg);
+            let text = "Api::<Service>::all(client).delete()";
+        }
+        #[cfg(test)]
+        mod tests { fn t() { let a: Api<Lease> = Api::all(c); a.delete("x", &d); } }
+    "#;
+    let uses = scan::scan(&[("src/x.rs".into(), code.into())]).unwrap();
+    let got: BTreeSet<(String, String, Option<String>, scan::ApiScope)> = uses
+        .into_iter()
+        .map(|u| match u.touched {
+            scan::Touched::Kind { kind, subresource } => (kind, u.verb, subresource, u.scope),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    let kube_system = scan::ApiScope::Namespaced(Some("kube-system".into()));
+    let expected: BTreeSet<_> = [
+        ("Node", "delete", None, scan::ApiScope::All),
+        ("Node", "patch", Some("status"), scan::ApiScope::All),
+        ("Secret", "list", None, kube_system.clone()),
+        ("Secret", "create", None, kube_system),
+        ("Pod", "list", None, scan::ApiScope::All),
+        ("Pod", "watch", None, scan::ApiScope::All),
+    ]
+    .into_iter()
+    .map(|(k, v, s, scope)| (k.to_string(), v.to_string(), s.map(String::from), scope))
+    .collect();
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn scan_refuses_what_it_cannot_follow() {
+    let code = r#"
+        struct Holder { api: Api<Node> }
+        fn f(client: Client) {
+            let api: Api<Pod> = Api::all(client);
+            mystery(api);
+            let x = Api::all(client);
+            Api::<Node>::all(client).entry("n");
+        }
+    "#;
+    let errors = scan::scan(&[("src/y.rs".into(), code.into())]).unwrap_err();
+    let text = errors.join("\n");
+    assert!(text.contains("struct field"), "{text}");
+    assert!(text.contains("`mystery`"), "{text}");
+    assert!(text.contains("cannot tell the kind"), "{text}");
+    assert!(text.contains("unknown Api method `entry`"), "{text}");
+    assert_eq!(errors.len(), 4, "{text}");
+}
+
+// ---- Metrics: dashboard and README name only metrics the binary registers ----
+
+/// `karpenter_*` metric names registered in `src/` (string literals outside tests).
+fn registered_metrics() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for (_, source) in scan::sources(&repo().join("src"), &[]) {
+        let shipped = source.split("#[cfg(test)]").next().unwrap();
+        for quoted in shipped.split('"').skip(1).step_by(2) {
+            if quoted.starts_with("karpenter_")
+                && quoted.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            {
+                names.insert(quoted.to_string());
+            }
+        }
+    }
+    names
+}
+
+fn metric_names_in(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("karpenter_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        names.insert(name);
+    }
+    names
+}
+
+#[test]
+fn dashboard_queries_only_registered_metrics() {
+    let registered = registered_metrics();
+    assert!(
+        registered.contains("karpenter_nodeclaims_created"),
+        "{registered:?}"
+    );
+    let text = std::fs::read_to_string(repo().join("dashboards/karpenter-exoscale.json")).unwrap();
+    let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() > 10));
+    let mut exprs = String::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push_str(target["expr"].as_str().unwrap());
+            exprs.push('\n');
+        }
+    }
+    let unknown: Vec<String> = metric_names_in(&exprs)
+        .into_iter()
+        .filter(|name| {
+            let base = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            !registered.contains(name.as_str()) && !registered.contains(base)
+        })
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "the dashboard queries unregistered metrics {unknown:?}"
+    );
+}
+
+#[test]
+fn readme_lists_every_registered_metric() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let listed = metric_names_in(&readme);
+    // The README names metrics without the `_total` that counters carry on the wire.
+    let missing: Vec<_> = registered_metrics()
+        .into_iter()
+        .map(|m| m.strip_suffix("_total").map(String::from).unwrap_or(m))
+        .filter(|m| !listed.contains(m))
+        .collect();
+    assert!(missing.is_empty(), "README.md does not list {missing:?}");
+}
+
+// ---- Container image (no Docker engine here: check the Dockerfile's inputs and runtime) ----
+
+/// Top-level paths the build stage copies, and those `.dockerignore` lets into the context.
+fn docker_inputs() -> (BTreeSet<String>, BTreeSet<String>) {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let mut copied = BTreeSet::new();
+    for line in dockerfile.lines() {
+        if let Some(args) = line.strip_prefix("COPY ")
+            && !args.starts_with("--from")
+        {
+            let parts: Vec<&str> = args.split_whitespace().collect();
+            for src in &parts[..parts.len() - 1] {
+                copied.insert(src.trim_end_matches('/').to_string());
+            }
+        }
+    }
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
+    let allowed = ignore
+        .lines()
+        .filter_map(|l| l.strip_prefix('!'))
+        .map(|p| p.trim_end_matches('/').to_string())
+        .collect();
+    (copied, allowed)
+}
+
+#[test]
+fn image_build_gets_every_file_the_binary_embeds() {
+    let (copied, allowed) = docker_inputs();
+    for needed in ["Cargo.toml", "Cargo.lock", "src"] {
+        assert!(
+            copied.contains(needed) && allowed.contains(needed),
+            "{needed}"
+        );
+    }
+    let manifest = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    for line in manifest.lines() {
+        if let Some(path) = line.strip_prefix("path = \"") {
+            let path = path.trim_end_matches('"');
+            // The file itself or a directory above it must be copied and let into the context.
+            let covered = |set: &BTreeSet<String>| {
+                set.iter()
+                    .any(|p| path == p || path.starts_with(&format!("{p}/")))
+            };
+            assert!(
+                covered(&copied) && covered(&allowed),
+                "Cargo.toml target {path}"
+            );
+        }
+        if line.trim() == "[[bench]]" {
+            assert!(copied.contains("benches") && allowed.contains("benches"));
+        }
+    }
+    for (file, source) in scan::sources(&repo().join("src"), &[]) {
+        let shipped = source.split("#[cfg(test)]").next().unwrap();
+        for macro_name in ["include_str!(\"", "include_bytes!(\""] {
+            for (at, _) in shipped.match_indices(macro_name) {
+                let rel = shipped[at + macro_name.len()..].split('"').next().unwrap();
+                let dir = PathBuf::from(&file).parent().unwrap().join(rel);
+                let mut normal = PathBuf::new();
+                for part in dir.components() {
+                    match part {
+                        std::path::Component::ParentDir => {
+                            normal.pop();
+                        }
+                        other => normal.push(other),
+                    }
+                }
+                let top = normal.components().next().unwrap();
+                let top = top.as_os_str().to_string_lossy().into_owned();
+                assert!(
+                    copied.contains(&top) && allowed.contains(&top),
+                    "{file} embeds {}, but the image build does not copy {top}/",
+                    normal.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn image_runs_the_static_binary_as_non_root() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let stages: Vec<&str> = dockerfile.split("\nFROM ").skip(1).collect();
+    assert!(stages.len() >= 2, "multi-stage build");
+    let runtime = stages.last().unwrap();
+    assert!(runtime.starts_with("gcr.io/distroless/static"), "{runtime}");
+    assert!(runtime.contains("USER 65532:65532"));
+    assert!(runtime.contains("ENTRYPOINT [\"/karpenter-exoscale\"]"));
+    assert!(
+        dockerfile.contains("unknown-linux-musl"),
+        "a static (musl) binary"
+    );
+    let copies: Vec<&str> = runtime.lines().filter(|l| l.starts_with("COPY")).collect();
+    assert_eq!(
+        copies.len(),
+        1,
+        "the runtime image holds the binary only: {copies:?}"
+    );
+    // The chart runs the same user and binary.
+    let docs = render(&[]);
+    let pod = &deployment(&docs)["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+}

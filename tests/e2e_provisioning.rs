@@ -1,0 +1,187 @@
+//! Provisioning end to end on the real control plane with the simulated Exoscale cloud: pending
+//! pods → one batch → NodeClaims → simulated instances → Nodes registered and Ready →
+//! kube-scheduler binds the pods. Also prints the latencies the issue asks to measure.
+
+// Shared with tests/e2e.rs; this target uses only part of it.
+#[allow(dead_code)]
+#[path = "e2e/harness.rs"]
+mod harness;
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use harness::{World, eventually};
+use k8s_openapi::api::apps::v1::Deployment;
+use karpenter_exoscale::apis::labels::NODEPOOL_LABEL;
+use karpenter_exoscale::apis::{ConditionsExt, ExoscaleNodeClass, NodePool};
+use karpenter_exoscale::kubelet_sim::KubeletBehaviour;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+
+async fn ready_nodeclass(world: &World) {
+    let classes: Api<ExoscaleNodeClass> = Api::all(world.client.clone());
+    let name = world.nodeclass.clone();
+    eventually("NodeClass Ready", || {
+        let classes = classes.clone();
+        let name = name.clone();
+        async move {
+            classes
+                .get_opt(&name)
+                .await
+                .ok()??
+                .status?
+                .conditions
+                .is_true("Ready")
+                .then_some(())
+        }
+    })
+    .await;
+}
+
+async fn create_nodepool(world: &World, name: &str) -> NodePool {
+    let pool: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
+        "spec": {
+            "template": {"spec": {
+                "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
+                "requirements": [{"key": "karpenter.exoscale.com/instance-family", "operator": "In", "values": ["standard"]}]
+            }},
+            "disruption": {"consolidateAfter": "Never"},
+            "limits": {"cpu": "64"}
+        }
+    }))
+    .unwrap();
+    Api::<NodePool>::all(world.client.clone())
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create NodePool")
+}
+
+#[tokio::test]
+async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
+    let Some(world) =
+        World::start("e2e-prov", Arc::new(|_: &str| KubeletBehaviour::default())).await
+    else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("prov-a").await;
+    ready_nodeclass(&world).await;
+    let pool_name = format!("prov-{}", &world.namespace[world.namespace.len() - 6..]);
+    create_nodepool(&world, &pool_name).await;
+
+    let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 5,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": "registry.example.com/web:1",
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}
+            }
+        }
+    }))
+    .unwrap();
+    let created = Instant::now();
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("create Deployment");
+
+    // Pod creation → NodeClaim creation → the instance create call reaching the cloud.
+    let claims = world.nodeclaims();
+    let selector = ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}"));
+    let first_claim = loop {
+        let list = claims.list(&selector).await.expect("list NodeClaims");
+        if !list.items.is_empty() {
+            break created.elapsed();
+        }
+        assert!(
+            created.elapsed() < Duration::from_secs(120),
+            "no NodeClaim within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let first_create_call = loop {
+        if world.sim.call_count("create-instance") > 0 {
+            break created.elapsed();
+        }
+        assert!(
+            created.elapsed() < Duration::from_secs(120),
+            "no instance created within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!(
+        "latency: pods created → first NodeClaim {:?}, → first instance create call {:?}",
+        first_claim, first_create_call
+    );
+
+    // kube-scheduler binds every pod to a node we launched.
+    let pods = world.pods();
+    let bound_nodes = eventually("all 5 pods bound to Karpenter nodes", || {
+        let pods = pods.clone();
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels("app=web"))
+                .await
+                .ok()?;
+            let nodes: Vec<String> = list
+                .items
+                .iter()
+                .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+                .collect();
+            (list.items.len() == 5 && nodes.len() == 5).then_some(nodes)
+        }
+    })
+    .await;
+    eprintln!(
+        "latency: pods created → all 5 bound {:?}",
+        created.elapsed()
+    );
+    for node in &bound_nodes {
+        let n = world.nodes().get(node).await.expect("bound node exists");
+        assert_eq!(
+            n.labels().get(NODEPOOL_LABEL),
+            Some(&pool_name),
+            "pods landed on a node of our NodePool"
+        );
+        let provider_id = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .unwrap_or_default();
+        assert!(provider_id.starts_with("exoscale://"), "{provider_id}");
+    }
+
+    // One batch: the five one-CPU pods needed no more than two instances (FFD packing), and no
+    // instance was launched twice.
+    let ours = claims.list(&selector).await.unwrap().items;
+    assert!(
+        !ours.is_empty() && ours.len() <= 2,
+        "{} NodeClaims for 5 one-CPU pods",
+        ours.len()
+    );
+    assert_eq!(
+        world.live_instances().len(),
+        ours.len(),
+        "exactly one instance per NodeClaim"
+    );
+    for claim in &ours {
+        assert_eq!(claim.finalizers(), ["karpenter.sh/termination"]);
+        assert_eq!(claim.owner_references()[0].name, pool_name);
+    }
+
+    deployments
+        .delete("web", &DeleteParams::default())
+        .await
+        .expect("delete Deployment");
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(&pool_name, &DeleteParams::default())
+        .await;
+    world.finish().await;
+}
