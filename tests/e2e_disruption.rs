@@ -28,7 +28,7 @@ use karpenter_exoscale::operator::leader::LeaseTimings;
 use karpenter_exoscale::operator::run::{
     ExoscaleCloud, ExtraController, Runtime, build_cloud, serve,
 };
-use karpenter_exoscale::provisioning::controller::{Provisioner, Settings as ProvisioningSettings};
+use karpenter_exoscale::provisioning::controller::{Nominations, Settings as ProvisioningSettings};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -83,16 +83,11 @@ impl Operator {
             conditions_interval: Duration::from_secs(1),
             ..disruption::Settings::default()
         };
-        let extra: ExtraController = Box::new(move |ctx, stop| {
-            Box::pin(async move {
-                let provisioner = Provisioner::new(ctx.clone(), provisioning);
-                let nominations = provisioner.nominations.clone();
-                futures::join!(
-                    provisioner.run(stop.clone()),
-                    disruption::run(ctx, settings, nominations, stop)
-                );
-            })
-        });
+        let nominations = Arc::new(Nominations::default());
+        let controllers: Vec<ExtraController> = vec![
+            karpenter_exoscale::provisioning::plugin(provisioning, nominations.clone()),
+            disruption::plugin(settings, nominations),
+        ];
         let (stop, rx) = watch::channel(false);
         let runtime = Runtime {
             config,
@@ -101,7 +96,7 @@ impl Operator {
             nodeclass_resolution: Some(cloud.resolution.clone()),
             clock,
             bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            extra_controllers: vec![extra],
+            extra_controllers: controllers,
             lease: LeaseTimings {
                 duration: Duration::from_secs(4),
                 grace: Duration::from_secs(1),

@@ -98,6 +98,15 @@ pub async fn run(
     }
 }
 
+/// The disruption controller as an operator plug-in (started on the leader), sharing the
+/// provisioner's `nominations`.
+pub fn plugin(
+    settings: Settings,
+    nominations: Arc<Nominations>,
+) -> crate::operator::run::ExtraController {
+    Box::new(move |ctx, shutdown| Box::pin(run(ctx, settings, nominations, shutdown)))
+}
+
 struct Disruption {
     ctx: Arc<Context>,
     settings: Settings,
