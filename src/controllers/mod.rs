@@ -4,6 +4,7 @@
 //! waiting is a requeue.
 
 pub mod bootstrap_token;
+pub mod disruption;
 pub mod garbage_collection;
 pub mod node;
 pub mod nodeclaim;

@@ -226,7 +226,7 @@ fn node_selector_term(
     Ok(reqs)
 }
 
-fn label_selector(
+pub fn label_selector(
     object: &str,
     s: Option<&meta::LabelSelector>,
 ) -> Result<LabelSelector, ConvertError> {

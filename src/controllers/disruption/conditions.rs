@@ -1,0 +1,276 @@
+//! The disruption conditions controller: keeps `Consolidatable`, `Drifted` and `Empty` on every
+//! NodeClaim (status subresource, optimistic lock) from the pure `disruption::conditions`, and
+//! stamps `lastPodEventTime` when pods arrive on or leave a node.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use crate::apis::labels::{NODEPOOL_LABEL, conditions};
+use crate::apis::{NodeClaim, NodePool};
+use crate::controllers::{Context, FIELD_MANAGER};
+use crate::disruption::conditions::{
+    self as decide, ConditionDecision, DriftInputs, EMPTY, consolidatable, drifted,
+};
+use crate::scheduling::InstanceType;
+
+use super::decisions::{PodEvents, apply_decision, timestamp};
+use super::view::node_pod;
+
+/// Instance types for instance-type drift are fetched at most this often per NodePool.
+pub const INSTANCE_TYPE_REFRESH: Duration = Duration::from_secs(30 * 60);
+
+/// State kept between passes.
+pub struct ConditionsController {
+    ctx: Arc<Context>,
+    provider_drift_interval: Duration,
+    provider_drift: HashMap<String, (Instant, Option<String>)>,
+    instance_types: HashMap<String, (Instant, Vec<Arc<InstanceType>>)>,
+    pod_events: PodEvents,
+}
+
+/// The conditions one NodeClaim should carry.
+pub struct Desired {
+    pub consolidatable: ConditionDecision,
+    pub drifted: ConditionDecision,
+    pub empty: ConditionDecision,
+}
+
+/// The NodeClaim's conditions with the desired ones applied (and `lastPodEventTime` when a pod
+/// event happened); `None` when nothing changes.
+pub fn updated_status(
+    claim: &NodeClaim,
+    desired: &Desired,
+    pod_event: bool,
+    now: DateTime<Utc>,
+) -> Option<serde_json::Value> {
+    let status = claim.status.clone().unwrap_or_default();
+    let mut conds = status.conditions.clone();
+    let mut changed = false;
+    changed |= apply_decision(
+        &mut conds,
+        conditions::CONSOLIDATABLE,
+        &desired.consolidatable,
+        now,
+    );
+    changed |= apply_decision(&mut conds, conditions::DRIFTED, &desired.drifted, now);
+    changed |= apply_decision(&mut conds, EMPTY, &desired.empty, now);
+    if !changed && !pod_event {
+        return None;
+    }
+    let mut out = json!({ "conditions": conds });
+    if pod_event {
+        out["lastPodEventTime"] = json!(timestamp(now).to_string());
+    }
+    Some(out)
+}
+
+impl ConditionsController {
+    pub fn new(ctx: Arc<Context>, provider_drift_interval: Duration) -> Self {
+        ConditionsController {
+            ctx,
+            provider_drift_interval,
+            provider_drift: HashMap::new(),
+            instance_types: HashMap::new(),
+            pod_events: PodEvents::default(),
+        }
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        DateTime::from_timestamp(self.ctx.clock.now_unix(), 0).unwrap_or_default()
+    }
+
+    /// One pass over every NodeClaim.
+    pub async fn reconcile_all(&mut self) {
+        let claims = self.ctx.cluster.read().nodeclaims();
+        let live: BTreeSet<String> = claims.iter().map(|c| c.name_any()).collect();
+        self.provider_drift.retain(|name, _| live.contains(name));
+        for claim in claims {
+            if claim.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            if let Err(error) = self.reconcile(&claim).await {
+                tracing::debug!(nodeclaim = %claim.name_any(), %error, "disruption conditions not updated");
+            }
+        }
+        let nodes: BTreeSet<String> = self
+            .ctx
+            .cluster
+            .read()
+            .nodes()
+            .iter()
+            .map(|n| n.name_any())
+            .collect();
+        self.pod_events.retain(&nodes);
+    }
+
+    async fn types_of(&mut self, pool: &NodePool) -> Option<Vec<Arc<InstanceType>>> {
+        let name = pool.name_any();
+        if let Some((at, types)) = self.instance_types.get(&name)
+            && at.elapsed() < INSTANCE_TYPE_REFRESH
+        {
+            return Some(types.clone());
+        }
+        match self.ctx.cloud.instance_types(pool).await {
+            Ok(types) => {
+                self.instance_types
+                    .insert(name, (Instant::now(), types.clone()));
+                Some(types)
+            }
+            Err(error) => {
+                tracing::debug!(nodepool = %name, %error, "instance types for drift unavailable");
+                None
+            }
+        }
+    }
+
+    async fn provider_drift_of(&mut self, claim: &NodeClaim) -> Option<String> {
+        let name = claim.name_any();
+        if let Some((at, reason)) = self.provider_drift.get(&name)
+            && at.elapsed() < self.provider_drift_interval
+        {
+            return reason.clone();
+        }
+        let reason = match self.ctx.cloud.is_drifted(claim).await {
+            Ok(reason) => reason,
+            Err(error) => {
+                tracing::debug!(nodeclaim = %name, %error, "provider drift check failed");
+                // Keep the last answer; ask again next interval.
+                self.provider_drift.get(&name).and_then(|(_, r)| r.clone())
+            }
+        };
+        self.provider_drift
+            .insert(name, (Instant::now(), reason.clone()));
+        reason
+    }
+
+    async fn reconcile(&mut self, claim: &NodeClaim) -> crate::controllers::Result<()> {
+        let Some(pool_name) = claim.labels().get(NODEPOOL_LABEL).cloned() else {
+            return Ok(());
+        };
+        let Some(pool) = self.ctx.cluster.read().nodepool(&pool_name) else {
+            return Ok(());
+        };
+        let now = self.now();
+        let launched = claim.status.as_ref().is_some_and(|s| {
+            crate::apis::ConditionsExt::is_true(&s.conditions, conditions::LAUNCHED)
+        });
+        let (types, provider) = if launched {
+            (
+                self.types_of(&pool).await,
+                self.provider_drift_of(claim).await,
+            )
+        } else {
+            (None, None)
+        };
+        let node_name = claim.status.as_ref().and_then(|s| s.node_name.clone());
+        let (empty, pod_event) = match node_name {
+            Some(node) if self.ctx.cluster.read().node(&node).is_some() => {
+                let pods = self.ctx.cluster.read().pods_on_node(&node);
+                let uids: BTreeSet<String> =
+                    pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+                let reschedulable = pods
+                    .iter()
+                    .filter_map(|p| node_pod(p))
+                    .filter(|p| p.is_reschedulable())
+                    .count();
+                (
+                    decide::empty(reschedulable),
+                    self.pod_events.observe(&node, uids),
+                )
+            }
+            _ => (ConditionDecision::Remove, false),
+        };
+        // A pod event restarts the consolidateAfter clock at once.
+        let mut seen = claim.clone();
+        if pod_event {
+            seen.status
+                .get_or_insert_with(Default::default)
+                .last_pod_event_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                timestamp(now),
+            ));
+        }
+        let consolidatable = consolidatable(&seen, &pool, now)
+            .map_err(|e| crate::controllers::Error::Invalid(e.to_string()))?;
+        let drifted = drifted(
+            claim,
+            &pool,
+            &DriftInputs {
+                now,
+                instance_types: types.as_deref(),
+                provider_drift: provider.as_deref(),
+            },
+        );
+        let desired = Desired {
+            consolidatable,
+            drifted,
+            empty,
+        };
+        let Some(status) = updated_status(claim, &desired, pod_event, now) else {
+            return Ok(());
+        };
+        let mut patch = json!({ "status": status });
+        if let Some(rv) = claim.metadata.resource_version.as_deref() {
+            patch["metadata"] = json!({ "resourceVersion": rv });
+        }
+        let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
+        let updated = api
+            .patch_status(
+                &claim.name_any(),
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        self.ctx
+            .cluster
+            .update(|index| index.apply_nodeclaim(updated));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::testing;
+
+    fn at(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_000 + s, 0).unwrap()
+    }
+
+    #[test]
+    fn status_changes_only_when_a_condition_or_the_pods_change() {
+        let claim = testing::registered(testing::nodeclaim("c", "p", Some("exoscale://c")));
+        let desired = Desired {
+            consolidatable: ConditionDecision::SetTrue {
+                reason: conditions::CONSOLIDATABLE.into(),
+                message: String::new(),
+            },
+            drifted: ConditionDecision::Remove,
+            empty: ConditionDecision::Remove,
+        };
+        let status = updated_status(&claim, &desired, false, at(10)).expect("a new condition");
+        let conds = status["conditions"].as_array().unwrap();
+        assert!(
+            conds
+                .iter()
+                .any(|c| c["type"] == "Consolidatable" && c["status"] == "True")
+        );
+        assert!(
+            conds.iter().any(|c| c["type"] == "Launched"),
+            "other conditions are kept"
+        );
+        assert!(status.get("lastPodEventTime").is_none());
+
+        let mut settled = claim.clone();
+        settled.status.as_mut().unwrap().conditions =
+            serde_json::from_value(status["conditions"].clone()).unwrap();
+        assert!(updated_status(&settled, &desired, false, at(20)).is_none());
+        let with_event = updated_status(&settled, &desired, true, at(20)).unwrap();
+        assert_eq!(with_event["lastPodEventTime"], "2023-11-14T22:13:40Z");
+    }
+}

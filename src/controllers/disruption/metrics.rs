@@ -1,0 +1,115 @@
+//! The disruption controller's metric families, under upstream's names.
+
+use std::collections::BTreeMap;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+
+use crate::disruption::names;
+use crate::operator::metrics::{Labels, Metrics};
+
+pub struct DisruptionMetrics {
+    counters: BTreeMap<&'static str, Family<Labels, Counter>>,
+    pub eligible_nodes: Family<Labels, Gauge>,
+    pub allowed_disruptions: Family<Labels, Gauge>,
+    pub nodes_consuming_budgets: Family<Labels, Gauge>,
+    pub evaluation_duration: Family<Labels, Histogram, fn() -> Histogram>,
+    /// `karpenter_nodeclaims_disrupted_total`, shared with expiration and repair.
+    nodeclaims_disrupted: Family<Labels, Counter>,
+}
+
+fn duration_histogram() -> Histogram {
+    Histogram::new([0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0])
+}
+
+impl DisruptionMetrics {
+    pub fn register(metrics: &Metrics) -> Self {
+        let mut counters = BTreeMap::new();
+        for (name, help) in [
+            (
+                names::DECISIONS_TOTAL,
+                "Disruption decisions, by decision, reason and consolidation type.",
+            ),
+            (
+                names::DECISIONS_BY_NODEPOOL_TOTAL,
+                "Disruption decisions, by NodePool.",
+            ),
+            (
+                names::CONSOLIDATION_TIMEOUTS_TOTAL,
+                "Consolidation runs that timed out.",
+            ),
+            (
+                names::FAILED_VALIDATIONS_TOTAL,
+                "Commands abandoned at validation.",
+            ),
+            (
+                names::QUEUE_FAILURES_TOTAL,
+                "Commands that failed while executing.",
+            ),
+        ] {
+            let family = Family::<Labels, Counter>::default();
+            // prometheus-client appends `_total` to counters.
+            metrics.register(
+                name.strip_suffix("_total").unwrap_or(name),
+                help,
+                family.clone(),
+            );
+            counters.insert(name, family);
+        }
+        let eligible_nodes = Family::<Labels, Gauge>::default();
+        metrics.register(
+            names::ELIGIBLE_NODES,
+            "Nodes eligible for disruption, by reason.",
+            eligible_nodes.clone(),
+        );
+        let allowed_disruptions = Family::<Labels, Gauge>::default();
+        metrics.register(
+            names::NODEPOOL_ALLOWED_DISRUPTIONS,
+            "Nodes the NodePool's budgets allow to disrupt, by reason.",
+            allowed_disruptions.clone(),
+        );
+        let nodes_consuming_budgets = Family::<Labels, Gauge>::default();
+        metrics.register(
+            names::NODEPOOL_NODES_CONSUMING_BUDGETS,
+            "Nodes of the NodePool being disrupted or not ready.",
+            nodes_consuming_budgets.clone(),
+        );
+        let evaluation_duration =
+            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
+                duration_histogram as fn() -> Histogram,
+            );
+        metrics.register(
+            names::DECISION_EVALUATION_DURATION_SECONDS,
+            "Duration of one disruption decision loop.",
+            evaluation_duration.clone(),
+        );
+        DisruptionMetrics {
+            counters,
+            eligible_nodes,
+            allowed_disruptions,
+            nodes_consuming_budgets,
+            evaluation_duration,
+            nodeclaims_disrupted: metrics.nodeclaims_disrupted.clone(),
+        }
+    }
+
+    /// Increments the counter `metric` (an upstream name from [`names`]).
+    pub fn count(&self, metric: &str, labels: &[(&'static str, String)]) {
+        let labels: Labels = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        if metric == names::NODECLAIMS_DISRUPTED_TOTAL {
+            self.nodeclaims_disrupted.get_or_create(&labels).inc();
+        } else if let Some(family) = self.counters.get(metric) {
+            family.get_or_create(&labels).inc();
+        } else {
+            tracing::debug!(
+                metric,
+                "counter not registered by the disruption controller"
+            );
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! The disruption controller: the I/O shell around `crate::disruption`. Leader only, one loop
+//! every [`Settings::poll_interval`]: refresh the disruption conditions of NodeClaims, build a
+//! [`ClusterView`](crate::disruption::model::ClusterView) from cluster state, let
+//! [`methods::decide`] pick a command, publish its events and gauges, and drive one
+//! [`Orchestration`] at a time through validation, replacement launches and deletion. Waiting
+//! (validation delay, replacements initializing) is a requeue, never a sleep inside a step, so
+//! shutdown is honoured between steps.
+
+pub mod conditions;
+pub mod decisions;
+pub mod executor;
+pub mod metrics;
+pub mod view;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use kube::ResourceExt;
+
+use crate::apis::NodePool;
+use crate::controllers::{Context, Shutdown};
+use crate::disruption::memo::ConsolidationMemo;
+use crate::disruption::methods::{self, DisruptionEvent, Outcome};
+use crate::disruption::model::ClusterView;
+use crate::disruption::names;
+use crate::disruption::orchestration::{Orchestration, Phase};
+use crate::operator::events::Severity;
+use crate::operator::metrics::labels;
+use crate::provisioning::controller::Nominations;
+use crate::scheduling::{
+    InstanceType, MinValuesPolicy, PreferencePolicy, SchedulerOptions, WellKnownLabels,
+};
+
+use self::conditions::ConditionsController;
+use self::decisions::Dedupe;
+use self::executor::{Executor, InFlight};
+use self::metrics::DisruptionMetrics;
+use self::view::{ViewInputs, build_view};
+
+/// How the controller paces itself.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Between decision loops (upstream: 10 s).
+    pub poll_interval: Duration,
+    /// Between passes of the conditions controller.
+    pub conditions_interval: Duration,
+    /// Provider drift (`CloudProvider::is_drifted`) is asked at most this often per NodeClaim.
+    pub provider_drift_interval: Duration,
+    /// Consolidation stops simulating after this long and keeps the best it found.
+    pub consolidation_timeout: Duration,
+    pub preference_policy: PreferencePolicy,
+    pub min_values_policy: MinValuesPolicy,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            poll_interval: Duration::from_secs(10),
+            conditions_interval: Duration::from_secs(5),
+            provider_drift_interval: Duration::from_secs(300),
+            consolidation_timeout: Duration::from_secs(180),
+            preference_policy: PreferencePolicy::Respect,
+            min_values_policy: MinValuesPolicy::Strict,
+        }
+    }
+}
+
+/// While a command waits, it is looked at this often (replacement progress, validation).
+const IN_FLIGHT_POLL: Duration = Duration::from_secs(1);
+/// Repeats of other disruption events are held back this long.
+const EVENT_DEDUPE: Duration = Duration::from_secs(120);
+
+/// Runs the disruption conditions controller and the disruption loop until `shutdown`. Works
+/// only while this replica leads; `nominations` are the provisioner's.
+pub async fn run(
+    ctx: Arc<Context>,
+    settings: Settings,
+    nominations: Arc<Nominations>,
+    shutdown: Shutdown,
+) {
+    let mut controller = Disruption::new(ctx, settings, nominations);
+    let mut conditions_due = Instant::now();
+    loop {
+        let mut wait = controller.settings.poll_interval;
+        if controller.ctx.leadership.is_leader() && controller.ctx.cluster.synced() {
+            if Instant::now() >= conditions_due {
+                controller.conditions.reconcile_all().await;
+                conditions_due = Instant::now() + controller.settings.conditions_interval;
+            }
+            wait = controller.step().await;
+            wait = wait.min(conditions_due.saturating_duration_since(Instant::now()));
+        }
+        tokio::select! {
+            _ = shutdown.clone() => return,
+            _ = tokio::time::sleep(wait.max(Duration::from_millis(100))) => {}
+        }
+    }
+}
+
+/// The disruption controller as an operator plug-in (started on the leader), sharing the
+/// provisioner's `nominations`.
+pub fn plugin(
+    settings: Settings,
+    nominations: Arc<Nominations>,
+) -> crate::operator::run::ExtraController {
+    Box::new(move |ctx, shutdown| Box::pin(run(ctx, settings, nominations, shutdown)))
+}
+
+struct Disruption {
+    ctx: Arc<Context>,
+    settings: Settings,
+    nominations: Arc<Nominations>,
+    conditions: ConditionsController,
+    executor: Executor,
+    metrics: Arc<DisruptionMetrics>,
+    memo: ConsolidationMemo,
+    events: Dedupe,
+    in_flight: Option<InFlight>,
+}
+
+impl Disruption {
+    fn new(ctx: Arc<Context>, settings: Settings, nominations: Arc<Nominations>) -> Self {
+        let metrics = Arc::new(DisruptionMetrics::register(&ctx.metrics));
+        Disruption {
+            conditions: ConditionsController::new(ctx.clone(), settings.provider_drift_interval),
+            executor: Executor::new(ctx.clone(), metrics.clone()),
+            ctx,
+            settings,
+            nominations,
+            metrics,
+            memo: ConsolidationMemo::default(),
+            events: Dedupe::default(),
+            in_flight: None,
+        }
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        DateTime::from_timestamp(self.ctx.clock.now_unix(), 0).unwrap_or_default()
+    }
+
+    async fn pools_with_types(&self) -> Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)> {
+        let pools = self.ctx.cluster.read().nodepools();
+        let mut out = Vec::new();
+        for pool in pools {
+            match self.ctx.cloud.instance_types(&pool).await {
+                Ok(types) => out.push((pool, types)),
+                Err(error) => {
+                    tracing::debug!(nodepool = %pool.name_any(), %error, "NodePool without instance types is not disrupted");
+                }
+            }
+        }
+        out
+    }
+
+    async fn view(&self) -> ClusterView {
+        let pools = self.pools_with_types().await;
+        let nominations = self.nominations.clone();
+        let nominated = move |node: &str| nominations.is_nominated(node, Instant::now());
+        let options = SchedulerOptions {
+            preference_policy: self.settings.preference_policy,
+            min_values_policy: self.settings.min_values_policy,
+            well_known_labels: WellKnownLabels::with_provider_labels(
+                crate::apis::labels::WELL_KNOWN_LABELS.iter().copied(),
+            ),
+            ..SchedulerOptions::default()
+        };
+        let index = self.ctx.cluster.read();
+        build_view(
+            &index,
+            ViewInputs {
+                now: self.now(),
+                pools,
+                nominated: &nominated,
+                queued: self.executor.held(),
+                options,
+            },
+        )
+    }
+
+    /// One step: advance the in-flight command, or decide a new one. Returns when to come back.
+    async fn step(&mut self) -> Duration {
+        self.executor.forget_deleted();
+        if let Some(mut in_flight) = self.in_flight.take() {
+            let now = self.now();
+            match in_flight.orchestration.phase.clone() {
+                Phase::Validating { at } if now < at => {
+                    self.in_flight = Some(in_flight);
+                    return IN_FLIGHT_POLL;
+                }
+                Phase::Validating { .. } => {
+                    let fresh = self.view().await;
+                    let actions = in_flight.orchestration.validate(&fresh);
+                    self.executor.execute(&mut in_flight, actions).await;
+                }
+                Phase::WaitingForReplacements { .. } => {
+                    let statuses = self.executor.replacement_statuses(&in_flight);
+                    let actions = in_flight.orchestration.observe(&statuses, now);
+                    self.executor.execute(&mut in_flight, actions).await;
+                }
+                Phase::Done | Phase::Failed { .. } => {}
+            }
+            if let Phase::Failed { reason } = &in_flight.orchestration.phase {
+                tracing::info!(candidates = ?in_flight.orchestration.command.candidate_names(), %reason, "disruption command abandoned");
+            }
+            let active = matches!(
+                in_flight.orchestration.phase,
+                Phase::Validating { .. } | Phase::WaitingForReplacements { .. }
+            );
+            if active {
+                self.in_flight = Some(in_flight);
+            }
+            return IN_FLIGHT_POLL;
+        }
+        self.decide().await
+    }
+
+    async fn decide(&mut self) -> Duration {
+        self.executor.restore_stale().await;
+        let version = *self.ctx.cluster.subscribe().borrow();
+        let now = self.now();
+        if !self.memo.should_run(version, now) {
+            return self.settings.poll_interval;
+        }
+        let view = self.view().await;
+        let started = Instant::now();
+        let timeout = self.settings.consolidation_timeout;
+        let outcome = tokio::task::spawn_blocking(move || {
+            let should_stop = move || started.elapsed() >= timeout;
+            let outcome = methods::decide(&view, &should_stop);
+            (view, outcome)
+        })
+        .await;
+        let Ok((view, outcome)) = outcome else {
+            tracing::warn!("disruption decision task failed");
+            return self.settings.poll_interval;
+        };
+        self.metrics
+            .evaluation_duration
+            .get_or_create(&labels([(
+                "method",
+                outcome
+                    .command
+                    .as_ref()
+                    .map_or("none", |c| c.method.consolidation_type()),
+            )]))
+            .observe(started.elapsed().as_secs_f64());
+        self.publish(&outcome, view.now).await;
+        self.memo.record(version, now, outcome.command.is_some());
+        let Some(command) = outcome.command else {
+            return self.settings.poll_interval;
+        };
+        tracing::info!(method = ?command.method, candidates = ?command.candidate_names(),
+            replacements = command.replacements.len(), savings = command.estimated_savings(), "disrupting");
+        let (orchestration, actions) = Orchestration::new(command, view.now, 0);
+        let mut in_flight = InFlight::new(orchestration);
+        self.executor.execute(&mut in_flight, actions).await;
+        if matches!(
+            in_flight.orchestration.phase,
+            Phase::Validating { .. } | Phase::WaitingForReplacements { .. }
+        ) {
+            self.in_flight = Some(in_flight);
+        }
+        IN_FLIGHT_POLL
+    }
+
+    /// Events (deduplicated) and gauges of one decision loop.
+    async fn publish(&mut self, outcome: &Outcome, now: DateTime<Utc>) {
+        for event in &outcome.events {
+            let reason = event.event_reason();
+            match event {
+                DisruptionEvent::Unconsolidatable {
+                    node,
+                    nodeclaim,
+                    message,
+                } => {
+                    if self.events.admit(
+                        format!("{reason}/{node}/{message}"),
+                        now,
+                        names::UNCONSOLIDATABLE_EVENT_DEDUPE,
+                    ) {
+                        self.executor
+                            .event_on_node(node, Severity::Normal, reason, message)
+                            .await;
+                        self.executor
+                            .event_on_nodeclaim(nodeclaim, Severity::Normal, reason, message)
+                            .await;
+                    }
+                }
+                DisruptionEvent::Blocked {
+                    node,
+                    nodeclaim,
+                    message,
+                } => {
+                    if self
+                        .events
+                        .admit(format!("{reason}/{node}/{message}"), now, EVENT_DEDUPE)
+                    {
+                        self.executor
+                            .event_on_node(node, Severity::Normal, reason, message)
+                            .await;
+                        if let Some(claim) = nodeclaim {
+                            self.executor
+                                .event_on_nodeclaim(claim, Severity::Normal, reason, message)
+                                .await;
+                        }
+                    }
+                }
+                DisruptionEvent::NodePoolBlocked {
+                    node_pool,
+                    reason: why,
+                } => {
+                    let message = names::blocked_by_budget_message(*why);
+                    let pool = self.ctx.cluster.read().nodepool(node_pool);
+                    if self.events.admit(
+                        format!("{reason}/{node_pool}/{message}"),
+                        now,
+                        EVENT_DEDUPE,
+                    ) && let Some(pool) = pool
+                    {
+                        self.ctx
+                            .event(pool.as_ref(), Severity::Normal, reason, message)
+                            .await;
+                    }
+                }
+            }
+        }
+        for (method, m) in &outcome.metrics {
+            let reason = match *method {
+                "emptiness" => "empty",
+                "drift" => "drifted",
+                _ => "underutilized",
+            };
+            self.metrics
+                .eligible_nodes
+                .get_or_create(&labels([("reason", reason)]))
+                .set(m.eligible_nodes as i64);
+            for (pool, budget) in &m.budgets {
+                let l = labels([("nodepool", pool), ("reason", reason)]);
+                self.metrics
+                    .allowed_disruptions
+                    .get_or_create(&l)
+                    .set(budget.allowed as i64);
+                self.metrics
+                    .nodes_consuming_budgets
+                    .get_or_create(&l)
+                    .set(budget.disrupting as i64);
+            }
+            if m.timed_out {
+                let ctype = if *method == "multi" {
+                    names::CONSOLIDATION_TYPE_MULTI
+                } else {
+                    names::CONSOLIDATION_TYPE_SINGLE
+                };
+                self.metrics.count(
+                    names::CONSOLIDATION_TIMEOUTS_TOTAL,
+                    &[(names::LABEL_CONSOLIDATION_TYPE, ctype.to_string())],
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The operator spawns `run` on the multi-threaded runtime: its future must be `Send`.
+    #[allow(dead_code)]
+    fn run_is_send(ctx: Arc<Context>, nominations: Arc<Nominations>, shutdown: Shutdown) {
+        fn send<T: Send>(_: &T) {}
+        let future = run(ctx, Settings::default(), nominations, shutdown);
+        send(&future);
+    }
+
+    #[test]
+    fn defaults_follow_upstream_pacing() {
+        let s = Settings::default();
+        assert_eq!(s.poll_interval, Duration::from_secs(10));
+        assert!(s.provider_drift_interval >= Duration::from_secs(60));
+    }
+}

@@ -1,0 +1,568 @@
+//! Builds the disruption logic's [`ClusterView`] from the cluster state index: pure over the
+//! index so it is tested without an API server.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::{Node, Pod as K8sPod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+
+use crate::apis::duration::{parse_duration, parse_nillable_duration};
+use crate::apis::labels::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION, conditions};
+use crate::apis::{ConditionsExt, NodeClaim, NodePool};
+use crate::disruption::model::{
+    ClusterView, NOMINATION_WINDOW, NodePod, Pdb, PodOwner, PoolState, StateNode,
+};
+use crate::provisioning::eligibility;
+use crate::provisioning::template::{nodepool_template, taint};
+use crate::scheduling::{
+    ExistingNode, InstanceType, Quantity, Resources, SchedulerOptions, Taint, TaintEffect, convert,
+};
+use crate::state::{ClusterIndex, nodeclaim_provider_id};
+
+const DELETION_COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletion-cost";
+const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// What the view needs besides the index.
+pub struct ViewInputs<'a> {
+    pub now: DateTime<Utc>,
+    /// NodePools with the instance types the cloud offers each.
+    pub pools: Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)>,
+    /// Whether provisioning recently nominated a node (by Node name) for pending pods.
+    pub nominated: &'a dyn Fn(&str) -> bool,
+    /// Provider IDs an in-flight command already holds: marked for deletion and queued.
+    pub queued: HashSet<String>,
+    pub options: SchedulerOptions,
+}
+
+pub fn to_chrono(t: &Time) -> DateTime<Utc> {
+    DateTime::from_timestamp(t.0.as_second(), t.0.subsec_nanosecond().max(0) as u32)
+        .unwrap_or_default()
+}
+
+/// The cluster as one disruption loop sees it.
+pub fn build_view(index: &ClusterIndex, mut inputs: ViewInputs<'_>) -> ClusterView {
+    let now = inputs.now;
+    let mut pools = BTreeMap::new();
+    for (pool, types) in std::mem::take(&mut inputs.pools) {
+        let name = pool.name_any();
+        if pool.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        match nodepool_template(&pool, usage_of(index, &name)) {
+            Ok(template) => {
+                pools.insert(
+                    name,
+                    PoolState {
+                        nodepool: (*pool).clone(),
+                        template,
+                        instance_types: types,
+                    },
+                );
+            }
+            Err(error) => {
+                tracing::debug!(nodepool = %name, %error, "NodePool left out of disruption")
+            }
+        }
+    }
+
+    let claims_by_provider_id: HashMap<String, Arc<NodeClaim>> = index
+        .nodeclaims()
+        .into_iter()
+        .filter_map(|c| nodeclaim_provider_id(&c).map(|p| (p.to_string(), c.clone())))
+        .collect();
+    let mut nodes = Vec::new();
+    let mut registered = HashSet::new();
+    for node in index.nodes() {
+        let provider_id = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .unwrap_or_default();
+        let claim = claims_by_provider_id.get(&provider_id).cloned();
+        if let Some(c) = &claim {
+            registered.insert(c.name_any());
+        }
+        let pods = index.pods_on_node(&node.name_any());
+        nodes.push(registered_node(
+            &node,
+            claim.as_deref(),
+            &pods,
+            &inputs,
+            provider_id,
+        ));
+    }
+    for claim in index.nodeclaims() {
+        if !registered.contains(&claim.name_any()) {
+            nodes.push(unregistered_claim(&claim, &inputs));
+        }
+    }
+
+    let pending_pods = index
+        .pods()
+        .iter()
+        .filter(|p| eligibility::check(p).is_ok())
+        .filter_map(|p| convert::pod_from_k8s(p).ok())
+        .collect();
+    let daemonsets = index
+        .daemonsets()
+        .iter()
+        .filter_map(|ds| convert::daemonset_from_k8s(ds).ok())
+        .collect();
+    let pdbs = index.pdbs().iter().filter_map(|p| pdb(p)).collect();
+    ClusterView {
+        now,
+        pools,
+        nodes,
+        pending_pods,
+        daemonsets,
+        pdbs,
+        queued: inputs.queued,
+        scheduler_options: inputs.options,
+    }
+}
+
+fn usage_of(index: &ClusterIndex, pool: &str) -> Resources {
+    let usage = index.nodepool_usage(pool);
+    let mut r = Resources::new();
+    for (name, q) in &usage.resources {
+        if let Ok(q) = Quantity::parse(&q.0) {
+            r.set(name, q);
+        }
+    }
+    r.set("nodes", Quantity::from_units(usage.nodes as i128));
+    r
+}
+
+fn condition_true(claim: Option<&NodeClaim>, type_: &str) -> bool {
+    claim
+        .and_then(|c| c.status.as_ref())
+        .is_some_and(|s| s.conditions.is_true(type_))
+}
+
+/// Fills the NodeClaim-derived fields of a state node.
+fn claim_fields(node: &mut StateNode, claim: &NodeClaim, inputs: &ViewInputs<'_>) {
+    node.nodeclaim = Some(claim.name_any());
+    node.created_at = claim
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(to_chrono)
+        .unwrap_or(inputs.now);
+    let status = claim.status.clone().unwrap_or_default();
+    node.initialized = status.conditions.is_true(conditions::INITIALIZED);
+    node.instance_terminating = status.conditions.is_true(conditions::INSTANCE_TERMINATING);
+    node.consolidatable = status.conditions.is_true(conditions::CONSOLIDATABLE);
+    node.drifted_since = status
+        .conditions
+        .get_condition(conditions::DRIFTED)
+        .filter(|c| c.status == crate::apis::ConditionStatus::True)
+        .map(|c| {
+            DateTime::from_timestamp(c.last_transition_time.0.as_second(), 0).unwrap_or_default()
+        });
+    node.termination_grace_period = claim
+        .spec
+        .termination_grace_period
+        .as_deref()
+        .and_then(|d| parse_duration(d).ok());
+    node.expire_after = parse_nillable_duration(&claim.spec.expire_after)
+        .ok()
+        .flatten();
+    node.marked_for_deletion |= claim.metadata.deletion_timestamp.is_some();
+}
+
+fn registered_node(
+    node: &Node,
+    claim: Option<&NodeClaim>,
+    pods: &[Arc<K8sPod>],
+    inputs: &ViewInputs<'_>,
+    provider_id: String,
+) -> StateNode {
+    let name = node.name_any();
+    let startup: Vec<Taint> = claim
+        .map(|c| c.spec.startup_taints.iter().map(taint).collect())
+        .unwrap_or_default();
+    let active: Vec<K8sPod> = pods
+        .iter()
+        .filter(|p| !is_terminal(p))
+        .map(|p| (**p).clone())
+        .collect();
+    let mut convertible = true;
+    let node_pods: Vec<NodePod> = pods
+        .iter()
+        .filter_map(|p| {
+            let converted = node_pod(p);
+            convertible &= converted.is_some();
+            converted
+        })
+        .collect();
+    let scheduling = match convert::existing_node_from_k8s(node, &active, &startup) {
+        Ok(existing) => existing,
+        Err(error) => {
+            tracing::debug!(node = %name, %error, "node cannot be simulated");
+            convertible = false;
+            ExistingNode {
+                name: name.clone(),
+                hostname: name.clone(),
+                ..Default::default()
+            }
+        }
+    };
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let mut state = StateNode {
+        name: name.clone(),
+        provider_id: provider_id.clone(),
+        has_node: true,
+        labels: node.labels().clone(),
+        annotations: node.annotations().clone(),
+        ready,
+        marked_for_deletion: node.metadata.deletion_timestamp.is_some()
+            || inputs.queued.contains(&provider_id),
+        nominated_until: (inputs.nominated)(&name).then(|| {
+            inputs.now + chrono::Duration::from_std(NOMINATION_WINDOW).unwrap_or_default()
+        }),
+        created_at: inputs.now,
+        pods: node_pods,
+        scheduling,
+        ..Default::default()
+    };
+    if let Some(claim) = claim {
+        claim_fields(&mut state, claim, inputs);
+    }
+    if !convertible {
+        // A pod the simulation cannot read could not be placed elsewhere: leave the node alone
+        // (it still offers its capacity).
+        tracing::debug!(node = %name, "a pod cannot be simulated; node is not a candidate");
+        state.nodeclaim = None;
+    }
+    state
+}
+
+/// A NodeClaim whose Node has not registered: capacity on the way, never a candidate.
+fn unregistered_claim(claim: &NodeClaim, inputs: &ViewInputs<'_>) -> StateNode {
+    let name = claim.name_any();
+    let provider_id = nodeclaim_provider_id(claim).unwrap_or_default().to_string();
+    let mut allocatable = Resources::new();
+    for (resource, q) in claim
+        .status
+        .as_ref()
+        .map(|s| &s.allocatable)
+        .into_iter()
+        .flatten()
+    {
+        if let Ok(q) = Quantity::parse(&q.0) {
+            allocatable.set(resource, q);
+        }
+    }
+    let mut state = StateNode {
+        name: name.clone(),
+        marked_for_deletion: inputs.queued.contains(&provider_id),
+        provider_id,
+        labels: claim.labels().clone(),
+        ready: condition_true(Some(claim), conditions::READY),
+        scheduling: ExistingNode {
+            name: name.clone(),
+            hostname: name.clone(),
+            labels: claim.labels().clone(),
+            taints: claim.spec.taints.iter().map(taint).collect(),
+            allocatable,
+            pods: Vec::new(),
+            node_pool: claim
+                .labels()
+                .get(crate::apis::labels::NODEPOOL_LABEL)
+                .cloned(),
+            initialized: false,
+        },
+        ..Default::default()
+    };
+    claim_fields(&mut state, claim, inputs);
+    state
+}
+
+fn is_terminal(pod: &K8sPod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Succeeded" || p == "Failed")
+}
+
+fn owner(pod: &K8sPod) -> PodOwner {
+    let owners = pod.metadata.owner_references.as_deref().unwrap_or_default();
+    if owners.iter().any(|o| o.kind == "DaemonSet") {
+        PodOwner::DaemonSet
+    } else if owners.iter().any(|o| o.kind == "Node")
+        || pod.annotations().contains_key(MIRROR_ANNOTATION)
+    {
+        PodOwner::Node
+    } else {
+        PodOwner::Workload
+    }
+}
+
+/// A bound pod as disruption sees it; `None` when the simulation cannot read it.
+pub fn node_pod(object: &K8sPod) -> Option<NodePod> {
+    let pod = match convert::pod_from_k8s(object) {
+        Ok(pod) => pod,
+        Err(error) => {
+            tracing::debug!(pod = %object.name_any(), %error, "pod cannot be simulated");
+            return None;
+        }
+    };
+    let status = object.status.as_ref();
+    let disrupted = Taint::new(DISRUPTED_TAINT_KEY, "", TaintEffect::NoSchedule);
+    Some(NodePod {
+        tolerates_disrupted_taint: pod.tolerations.iter().any(|t| t.tolerates(&disrupted)),
+        pod,
+        owner: owner(object),
+        terminal: is_terminal(object),
+        terminating: object.metadata.deletion_timestamp.is_some(),
+        ready: status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+        do_not_disrupt: object.annotations().get(DO_NOT_DISRUPT_ANNOTATION).cloned(),
+        started_at: status.and_then(|s| s.start_time.as_ref()).map(to_chrono),
+        priority: object.spec.as_ref().and_then(|s| s.priority),
+        deletion_cost: object
+            .annotations()
+            .get(DELETION_COST_ANNOTATION)
+            .and_then(|v| v.parse().ok()),
+    })
+}
+
+fn is_zero(v: &IntOrString) -> bool {
+    match v {
+        IntOrString::Int(i) => *i == 0,
+        IntOrString::String(s) => s.trim_end_matches('%').trim() == "0",
+    }
+}
+
+fn is_full(v: &IntOrString) -> bool {
+    matches!(v, IntOrString::String(s) if s.trim() == "100%")
+}
+
+/// A PodDisruptionBudget reduced to what blocks an eviction.
+pub fn pdb(object: &PodDisruptionBudget) -> Option<Pdb> {
+    let spec = object.spec.as_ref()?;
+    let name = object.name_any();
+    let selector = match convert::label_selector(&name, spec.selector.as_ref()) {
+        Ok(s) => s,
+        Err(error) => {
+            tracing::debug!(pdb = %name, %error, "PDB selector not understood");
+            return None;
+        }
+    };
+    Some(Pdb {
+        namespace: object.namespace().unwrap_or_default(),
+        name,
+        selector,
+        disruptions_allowed: object.status.as_ref().map_or(0, |s| s.disruptions_allowed),
+        always_allow_unhealthy: spec.unhealthy_pod_eviction_policy.as_deref()
+            == Some("AlwaysAllow"),
+        fully_blocking: spec.max_unavailable.as_ref().is_some_and(is_zero)
+            || spec.min_available.as_ref().is_some_and(is_full),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::ConditionStatus;
+    use crate::apis::labels::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
+    use crate::disruption::fixtures;
+    use crate::state::testing;
+    use k8s_openapi::api::core::v1::NodeCondition;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn at(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_000 + s, 0).unwrap()
+    }
+
+    fn ready_node(name: &str, pid: &str) -> Node {
+        let mut node = testing::with_node_capacity(
+            testing::node(name, Some(pid), &[]),
+            &[("cpu", "4"), ("memory", "8Gi"), ("pods", "110")],
+        );
+        node.metadata.labels = Some(BTreeMap::from([
+            (NODEPOOL_LABEL.to_string(), "default".to_string()),
+            (INSTANCE_TYPE_LABEL.to_string(), "c-4".to_string()),
+            ("karpenter.sh/initialized".to_string(), "true".to_string()),
+        ]));
+        node.status.as_mut().unwrap().conditions = Some(vec![NodeCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..Default::default()
+        }]);
+        node
+    }
+
+    fn claim(name: &str, pid: &str) -> NodeClaim {
+        let c = testing::registered(testing::nodeclaim(name, "default", Some(pid)));
+        let c = testing::set_condition(c, conditions::INITIALIZED, ConditionStatus::True, 0);
+        let c = testing::set_condition(c, conditions::CONSOLIDATABLE, ConditionStatus::True, 5);
+        testing::set_condition(c, conditions::DRIFTED, ConditionStatus::True, 7)
+    }
+
+    fn index() -> ClusterIndex {
+        let mut index = ClusterIndex::default();
+        index.apply_nodepool(fixtures::nodepool("default", "{consolidateAfter: 0s}"));
+        index.apply_node(ready_node("n1", "exoscale://1"));
+        index.apply_nodeclaim(claim("default-a", "exoscale://1"));
+        let mut unregistered = testing::with_capacity(
+            testing::nodeclaim("default-b", "default", Some("exoscale://2")),
+            &[("cpu", "2")],
+        );
+        unregistered.spec.termination_grace_period = Some("1h".into());
+        index.apply_nodeclaim(unregistered);
+        let mut web = testing::pod("apps", "web", Some("n1"));
+        web.metadata.annotations = Some(BTreeMap::from([(
+            DO_NOT_DISRUPT_ANNOTATION.to_string(),
+            "true".to_string(),
+        )]));
+        index.apply_pod(web);
+        let mut agent = testing::pod("kube-system", "agent", Some("n1"));
+        agent.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "DaemonSet".into(),
+            name: "agent".into(),
+            uid: "ds".into(),
+            ..Default::default()
+        }]);
+        index.apply_pod(agent);
+        let pending: K8sPod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "waiting", "namespace": "apps", "uid": "waiting"},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+        }))
+        .unwrap();
+        index.apply_pod(pending);
+        let mut pdb = testing::pdb("apps", "guard");
+        pdb.spec = Some(
+            serde_json::from_value(serde_json::json!({
+                "maxUnavailable": 0, "selector": {"matchLabels": {"app": "web"}}
+            }))
+            .unwrap(),
+        );
+        index.apply_pdb(pdb);
+        index
+    }
+
+    fn inputs<'a>(nominated: &'a dyn Fn(&str) -> bool, queued: &[&str]) -> ViewInputs<'a> {
+        let pool = Arc::new(fixtures::nodepool("default", "{consolidateAfter: 0s}"));
+        ViewInputs {
+            now: at(100),
+            pools: vec![(pool, fixtures::instance_types())],
+            nominated,
+            queued: queued.iter().map(|s| s.to_string()).collect(),
+            options: SchedulerOptions::default(),
+        }
+    }
+
+    #[test]
+    fn nodes_pair_with_their_nodeclaims_and_carry_pods_and_conditions() {
+        let view = build_view(&index(), inputs(&|_| false, &[]));
+        assert_eq!(view.pools.len(), 1);
+        assert_eq!(
+            view.pools["default"].instance_types.len(),
+            fixtures::instance_types().len()
+        );
+        let n1 = view.node("n1").expect("registered node");
+        assert_eq!(n1.nodeclaim.as_deref(), Some("default-a"));
+        assert!(n1.has_node && n1.initialized && n1.ready && n1.consolidatable);
+        assert_eq!(n1.drifted_since, Some(at(7)));
+        assert_eq!(n1.created_at, at(0));
+        assert!(!n1.marked_for_deletion && !n1.is_nominated(view.now));
+        assert_eq!(n1.pods.len(), 2);
+        let web = n1.pods.iter().find(|p| p.pod.name == "web").unwrap();
+        assert_eq!(web.owner, PodOwner::Workload);
+        assert!(web.do_not_disrupt_active(view.now));
+        let agent = n1.pods.iter().find(|p| p.pod.name == "agent").unwrap();
+        assert_eq!(agent.owner, PodOwner::DaemonSet);
+        assert_eq!(n1.scheduling.pods.len(), 2, "bound pods occupy the node");
+
+        let b = view.node("default-b").expect("unregistered claim");
+        assert!(!b.has_node && !b.initialized);
+        assert_eq!(
+            b.termination_grace_period,
+            Some(std::time::Duration::from_secs(3600))
+        );
+        assert!(!b.scheduling.allocatable.is_empty());
+
+        assert_eq!(view.pending_pods.len(), 1);
+        assert_eq!(view.pending_pods[0].name, "waiting");
+        assert_eq!(view.pdbs.len(), 1);
+        assert!(view.pdbs[0].fully_blocking);
+        assert_eq!(view.now, at(100));
+    }
+
+    #[test]
+    fn nominated_and_queued_nodes_are_marked() {
+        let view = build_view(&index(), inputs(&|n| n == "n1", &["exoscale://1"]));
+        let n1 = view.node("n1").unwrap();
+        assert!(n1.is_nominated(view.now));
+        assert!(n1.marked_for_deletion);
+        assert!(view.queued.contains("exoscale://1"));
+    }
+
+    #[test]
+    fn nodepools_without_instance_types_stay_out_and_deleting_claims_are_marked() {
+        let mut index = index();
+        let mut deleting = claim("default-a", "exoscale://1");
+        deleting.metadata.deletion_timestamp = Some(testing::ts(50));
+        index.apply_nodeclaim(deleting);
+        let view = build_view(
+            &index,
+            ViewInputs {
+                pools: Vec::new(),
+                ..inputs(&|_| false, &[])
+            },
+        );
+        assert!(view.pools.is_empty());
+        assert!(view.node("n1").unwrap().marked_for_deletion);
+    }
+
+    #[test]
+    fn a_scheduled_zero_budget_blocks_an_empty_node_only_inside_its_window() {
+        use crate::disruption::command::Method;
+        use crate::disruption::methods::{DisruptionEvent, decide};
+        let disruption = "{consolidateAfter: 0s, budgets: [{nodes: \"0\", schedule: \"0 9 * * *\", duration: 8h}]}";
+        let mut index = ClusterIndex::default();
+        index.apply_nodepool(fixtures::nodepool("default", disruption));
+        index.apply_node(ready_node("n1", "exoscale://1"));
+        index.apply_nodeclaim(claim("default-a", "exoscale://1"));
+        let view_at = |now: DateTime<Utc>| {
+            let pool = Arc::new(fixtures::nodepool("default", disruption));
+            build_view(
+                &index,
+                ViewInputs {
+                    now,
+                    pools: vec![(pool, fixtures::instance_types())],
+                    nominated: &|_| false,
+                    queued: HashSet::new(),
+                    options: SchedulerOptions::default(),
+                },
+            )
+        };
+        let day = DateTime::parse_from_rfc3339("2026-11-20T00:00:00Z")
+            .unwrap()
+            .to_utc();
+        let inside = decide(&view_at(day + chrono::Duration::hours(10)), &|| false);
+        assert!(inside.command.is_none(), "the window allows nothing");
+        assert!(inside.events.iter().any(|e| matches!(e,
+            DisruptionEvent::NodePoolBlocked { node_pool, .. } if node_pool == "default")));
+        let outside = decide(&view_at(day + chrono::Duration::hours(20)), &|| false);
+        let command = outside
+            .command
+            .expect("outside the window the empty node goes");
+        assert_eq!(command.method, Method::Emptiness);
+        assert_eq!(command.candidate_names(), ["n1"]);
+    }
+}

@@ -1,0 +1,587 @@
+//! Disruption scenarios on the real control plane with the simulated Exoscale cloud: the
+//! provisioner launches nodes for Deployments, kube-scheduler binds the pods, and the
+//! disruption controller removes empty nodes, consolidates, replaces drifted nodes within the
+//! budget and leaves protected nodes alone. NodePools use short `consolidateAfter` values.
+
+#[allow(dead_code)]
+#[path = "e2e/harness.rs"]
+mod harness;
+mod support;
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::{PREFIX, World, eventually, eventually_within};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use karpenter_exoscale::apis::labels::NODEPOOL_LABEL;
+use karpenter_exoscale::apis::{ConditionsExt, ExoscaleNodeClass, NodeClaim, NodePool};
+use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
+use karpenter_exoscale::controllers::disruption;
+use karpenter_exoscale::exoscale::{Clock, SystemClock};
+use karpenter_exoscale::kubelet_sim::KubeletBehaviour;
+use karpenter_exoscale::operator::config::{Config, RunArgs};
+use karpenter_exoscale::operator::leader::LeaseTimings;
+use karpenter_exoscale::operator::run::{
+    ExoscaleCloud, ExtraController, Runtime, build_cloud, serve,
+};
+use karpenter_exoscale::provisioning::controller::{Nominations, Settings as ProvisioningSettings};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Disruption steps take the 15 s validation delay, launches and drains: allow more.
+const LONG: Duration = Duration::from_secs(240);
+
+fn joins() -> harness::KubeletPolicy {
+    Arc::new(|_: &str| KubeletBehaviour::default())
+}
+
+/// A replica running the core controllers plus provisioning and disruption.
+struct Operator {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), karpenter_exoscale::operator::RunError>>,
+    _cloud: ExoscaleCloud,
+}
+
+impl Operator {
+    async fn start(world: &World) -> Operator {
+        let mut env = world.env.clone();
+        env.insert("POD_NAME".into(), "disruption".into());
+        let mut config =
+            Config::resolve(&RunArgs::default(), &env).expect("valid test configuration");
+        config.metrics_port = 0;
+        config.health_probe_port = 0;
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let cloud = build_cloud(
+            ExoscaleSettings {
+                zone: world.sim.zone().into(),
+                cluster_id: world.sim.cluster_id().into(),
+                instance_prefix: PREFIX.into(),
+                cluster_endpoint: "https://127.0.0.1:6443".into(),
+                cluster_domain: "cluster.local".into(),
+            },
+            world.exo.clone(),
+            world.client.clone(),
+            clock.clone(),
+        )
+        .await
+        .expect("cloud provider against the sim");
+        let provisioning = ProvisioningSettings {
+            batch_idle: Duration::from_secs(1),
+            batch_max: Duration::from_secs(3),
+            preference_policy: karpenter_exoscale::scheduling::PreferencePolicy::Respect,
+            min_values_policy: karpenter_exoscale::scheduling::MinValuesPolicy::Strict,
+        };
+        let settings = disruption::Settings {
+            poll_interval: Duration::from_secs(2),
+            conditions_interval: Duration::from_secs(1),
+            ..disruption::Settings::default()
+        };
+        let nominations = Arc::new(Nominations::default());
+        let controllers: Vec<ExtraController> = vec![
+            karpenter_exoscale::provisioning::plugin(provisioning, nominations.clone()),
+            disruption::plugin(settings, nominations),
+        ];
+        let (stop, rx) = watch::channel(false);
+        let runtime = Runtime {
+            config,
+            client: world.client.clone(),
+            cloud: cloud.provider.clone(),
+            nodeclass_resolution: Some(cloud.resolution.clone()),
+            clock,
+            bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            extra_controllers: controllers,
+            lease: LeaseTimings {
+                duration: Duration::from_secs(4),
+                grace: Duration::from_secs(1),
+            },
+        };
+        let task = tokio::spawn(serve(runtime, rx));
+        Operator {
+            stop,
+            task,
+            _cloud: cloud,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.task).await;
+    }
+}
+
+fn suffix(world: &World) -> String {
+    world.namespace[world.namespace.len() - 6..].to_string()
+}
+
+async fn ready_nodeclass(world: &World) {
+    let classes: Api<ExoscaleNodeClass> = Api::all(world.client.clone());
+    let name = world.nodeclass.clone();
+    eventually("NodeClass Ready", || {
+        let classes = classes.clone();
+        let name = name.clone();
+        async move {
+            classes
+                .get_opt(&name)
+                .await
+                .ok()??
+                .status?
+                .conditions
+                .is_true("Ready")
+                .then_some(())
+        }
+    })
+    .await;
+}
+
+/// A NodePool of `standard.small` on-demand nodes with the given disruption block and labels.
+async fn nodepool(
+    world: &World,
+    disruption: serde_json::Value,
+    labels: serde_json::Value,
+) -> String {
+    let name = format!("dis-{}", suffix(world));
+    let pool: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+        "metadata": {"name": name},
+        "spec": {
+            "disruption": disruption,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "requirements": [
+                        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]},
+                        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}
+                    ],
+                    "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
+                    "expireAfter": "Never"
+                }
+            }
+        }
+    }))
+    .expect("NodePool");
+    Api::<NodePool>::all(world.client.clone())
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create NodePool");
+    name
+}
+
+async fn delete_nodepool(world: &World, name: &str) {
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(name, &DeleteParams::default())
+        .await;
+}
+
+/// A Deployment of `replicas` pause pods requesting `cpu`, restricted to the NodePool.
+async fn deployment(
+    world: &World,
+    name: &str,
+    pool: &str,
+    replicas: i32,
+    cpu: &str,
+    extra_pod: serde_json::Value,
+) {
+    let mut template = json!({
+        "metadata": {"labels": {"app": name}},
+        "spec": {
+            "nodeSelector": {NODEPOOL_LABEL: pool},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}]
+        }
+    });
+    if let (Some(meta), Some(extra)) = (
+        template["metadata"].as_object_mut(),
+        extra_pod.get("metadata").and_then(|m| m.as_object()),
+    ) {
+        meta.extend(extra.clone());
+    }
+    let d: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": template}
+    }))
+    .expect("Deployment");
+    deployments(world)
+        .create(&PostParams::default(), &d)
+        .await
+        .expect("create Deployment");
+}
+
+fn deployments(world: &World) -> Api<Deployment> {
+    Api::namespaced(world.client.clone(), &world.namespace)
+}
+
+async fn scale(world: &World, name: &str, replicas: i32) {
+    deployments(world)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .expect("scale Deployment");
+}
+
+/// NodeClaims of the NodePool (including deleting ones).
+async fn claims_of(world: &World, pool: &str) -> Vec<NodeClaim> {
+    world
+        .nodeclaims()
+        .list(&ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+/// Names of the live (not deleting) NodeClaims of the pool once every one is initialized.
+async fn initialized_claims(world: &World, pool: &str, count: usize) -> BTreeSet<String> {
+    eventually_within(
+        &format!("{count} initialized NodeClaims in {pool}"),
+        LONG,
+        || async {
+            let claims = claims_of(world, pool).await;
+            let live: Vec<&NodeClaim> = claims
+                .iter()
+                .filter(|c| c.metadata.deletion_timestamp.is_none())
+                .collect();
+            let all_initialized = live.iter().all(|c| {
+                c.status
+                    .as_ref()
+                    .is_some_and(|s| s.conditions.is_true("Initialized"))
+            });
+            (live.len() == count && all_initialized)
+                .then(|| live.iter().map(|c| c.name_any()).collect())
+        },
+    )
+    .await
+}
+
+/// Pods of the namespace with `app` label `app`, once all `count` are bound: node names.
+async fn bound_pods(world: &World, app: &str, count: usize) -> Vec<String> {
+    eventually_within(&format!("{count} pods of {app} bound"), LONG, || async {
+        let pods = world
+            .pods()
+            .list(&ListParams::default().labels(&format!("app={app}")))
+            .await
+            .ok()?;
+        let live: Vec<&Pod> = pods
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        let nodes: Vec<String> = live
+            .iter()
+            .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+            .collect();
+        (live.len() == count && nodes.len() == count).then_some(nodes)
+    })
+    .await
+}
+
+fn node_of(claim: &NodeClaim) -> Option<String> {
+    claim.status.as_ref()?.node_name.clone()
+}
+
+async fn cleanup(world: World, operator: Operator, pool: &str) {
+    for d in deployments(&world)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let _ = deployments(&world)
+            .delete(&d.name_any(), &DeleteParams::default())
+            .await;
+    }
+    operator.stop().await;
+    delete_nodepool(&world, pool).await;
+    world.finish().await;
+}
+
+#[tokio::test]
+async fn an_empty_node_is_removed_after_consolidate_after() {
+    let Some(world) = World::start("dis-empty", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let operator = Operator::start(&world).await;
+    ready_nodeclass(&world).await;
+    let pool = nodepool(
+        &world,
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}),
+        json!({}),
+    )
+    .await;
+    deployment(&world, "web", &pool, 1, "200m", json!({})).await;
+    let claims = initialized_claims(&world, &pool, 1).await;
+    bound_pods(&world, "web", 1).await;
+    let claim = claims.into_iter().next().unwrap();
+
+    scale(&world, "web", 0).await;
+    let nodeclaims = world.nodeclaims();
+    eventually_within("the empty NodeClaim is deleted", LONG, || {
+        let nodeclaims = nodeclaims.clone();
+        let claim = claim.clone();
+        async move { matches!(nodeclaims.get_opt(&claim).await, Ok(None)).then_some(()) }
+    })
+    .await;
+    assert!(
+        claims_of(&world, &pool).await.is_empty(),
+        "no replacement for an empty node"
+    );
+    cleanup(world, operator, &pool).await;
+}
+
+#[tokio::test]
+async fn a_node_whose_pods_fit_elsewhere_is_consolidated_and_its_pods_rescheduled() {
+    let Some(world) = World::start("dis-consolidate", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let operator = Operator::start(&world).await;
+    ready_nodeclass(&world).await;
+    let pool = nodepool(
+        &world,
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}),
+        json!({}),
+    )
+    .await;
+    // A filler and a small pod share the first node; the second small pod needs a second node.
+    deployment(&world, "filler", &pool, 1, "1200m", json!({})).await;
+    deployment(&world, "first", &pool, 1, "200m", json!({})).await;
+    initialized_claims(&world, &pool, 1).await;
+    bound_pods(&world, "filler", 1).await;
+    bound_pods(&world, "first", 1).await;
+    deployment(&world, "second", &pool, 1, "400m", json!({})).await;
+    initialized_claims(&world, &pool, 2).await;
+    let first = bound_pods(&world, "first", 1).await;
+    let second = bound_pods(&world, "second", 1).await;
+    assert_ne!(
+        first, second,
+        "the second pod did not fit beside the filler"
+    );
+
+    // Without the filler both small pods fit on one node: one node goes, its pod moves.
+    deployments(&world)
+        .delete("filler", &DeleteParams::default())
+        .await
+        .unwrap();
+    let survivor = initialized_claims(&world, &pool, 1)
+        .await
+        .into_iter()
+        .next()
+        .unwrap();
+    let claim = world.nodeclaims().get(&survivor).await.unwrap();
+    let node = node_of(&claim).expect("the surviving NodeClaim has a node");
+    eventually_within("both pods run on the surviving node", LONG, || async {
+        let a = bound_pods(&world, "first", 1).await;
+        let b = bound_pods(&world, "second", 1).await;
+        (a == [node.clone()] && b == [node.clone()]).then_some(())
+    })
+    .await;
+    eventually("only the surviving NodeClaim remains", || async {
+        (claims_of(&world, &pool).await.len() == 1).then_some(())
+    })
+    .await;
+    cleanup(world, operator, &pool).await;
+}
+
+#[tokio::test]
+async fn a_nodepool_label_change_drifts_and_replaces_nodes_one_budget_at_a_time() {
+    let Some(world) = World::start("dis-drift", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let operator = Operator::start(&world).await;
+    ready_nodeclass(&world).await;
+    let pool = nodepool(
+        &world,
+        json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "1"}]}),
+        json!({"team": "blue"}),
+    )
+    .await;
+    // Two nodes: two of these pods never fit on one.
+    deployment(&world, "web", &pool, 2, "1200m", json!({})).await;
+    let old = initialized_claims(&world, &pool, 2).await;
+    bound_pods(&world, "web", 2).await;
+
+    Api::<NodePool>::all(world.client.clone())
+        .patch(
+            &pool,
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"spec": {"template": {"metadata": {"labels": {"team": "green"}}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    // While old nodes are replaced, never more than one of them is being disrupted at once. A
+    // NodeClaim whose instance is already terminating no longer counts against the budget.
+    eventually_within(
+        "every old NodeClaim replaced",
+        Duration::from_secs(420),
+        || async {
+            let claims = claims_of(&world, &pool).await;
+            let disrupting = claims
+                .iter()
+                .filter(|c| old.contains(&c.name_any()))
+                .filter(|c| {
+                    !c.status
+                        .as_ref()
+                        .is_some_and(|s| s.conditions.is_true("InstanceTerminating"))
+                })
+                .filter(|c| {
+                    c.metadata.deletion_timestamp.is_some()
+                        || c.status
+                            .as_ref()
+                            .is_some_and(|s| s.conditions.is_true("DisruptionReason"))
+                })
+                .count();
+            assert!(
+                disrupting <= 1,
+                "the budget allows one node at a time, {disrupting} disrupting"
+            );
+            let remaining_old = claims
+                .iter()
+                .filter(|c| old.contains(&c.name_any()))
+                .count();
+            let new_ready = claims
+                .iter()
+                .filter(|c| !old.contains(&c.name_any()))
+                .filter(|c| {
+                    c.status
+                        .as_ref()
+                        .is_some_and(|s| s.conditions.is_true("Initialized"))
+                })
+                .count();
+            (remaining_old == 0 && new_ready == 2).then_some(())
+        },
+    )
+    .await;
+    for claim in claims_of(&world, &pool).await {
+        assert_eq!(
+            claim.labels().get("team").map(String::as_str),
+            Some("green"),
+            "{}",
+            claim.name_any()
+        );
+    }
+    cleanup(world, operator, &pool).await;
+}
+
+#[tokio::test]
+async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
+    let Some(world) = World::start("dis-protect", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let operator = Operator::start(&world).await;
+    ready_nodeclass(&world).await;
+    let pool = nodepool(
+        &world,
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "2s"}),
+        json!({}),
+    )
+    .await;
+    // The first node holds a filler and the do-not-disrupt pod; the PDB-guarded pod does not
+    // fit beside them and gets a second node. Once the filler goes, both small pods would fit on
+    // one node: only the protections keep both nodes.
+    deployment(&world, "filler", &pool, 1, "1200m", json!({})).await;
+    deployment(
+        &world,
+        "pinned",
+        &pool,
+        1,
+        "200m",
+        json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}}),
+    )
+    .await;
+    initialized_claims(&world, &pool, 1).await;
+    bound_pods(&world, "filler", 1).await;
+    bound_pods(&world, "pinned", 1).await;
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "guarded"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}}
+    }))
+    .unwrap();
+    Api::<PodDisruptionBudget>::namespaced(world.client.clone(), &world.namespace)
+        .create(&PostParams::default(), &pdb)
+        .await
+        .unwrap();
+    deployment(&world, "guarded", &pool, 1, "400m", json!({})).await;
+    let claims = initialized_claims(&world, &pool, 2).await;
+    bound_pods(&world, "guarded", 1).await;
+    deployments(&world)
+        .delete("filler", &DeleteParams::default())
+        .await
+        .unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(world.client.clone());
+    // One node is blocked by the annotated pod, the other by the PDB.
+    let notes = eventually_within(
+        "DisruptionBlocked events naming both protections",
+        LONG,
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let notes: Vec<String> = list
+                .items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("DisruptionBlocked"))
+                .filter(|e| {
+                    e.regarding
+                        .as_ref()
+                        .and_then(|r| r.name.as_ref())
+                        .is_some_and(|n| claims.contains(n) || n.starts_with(PREFIX))
+                })
+                .filter_map(|e| e.note.clone())
+                .collect();
+            let ours = |n: &String| n.contains(&format!("{}/", world.namespace));
+            let pinned = notes.iter().any(|n| {
+                ours(n) && n.contains("karpenter.sh/do-not-disrupt") && n.contains("/pinned-")
+            });
+            let guarded = notes.iter().any(|n| {
+                ours(n) && n.contains("pdb prevents pod evictions") && n.contains("/guarded")
+            });
+            (pinned && guarded).then_some(notes)
+        },
+    )
+    .await;
+    assert!(!notes.is_empty());
+    let now: BTreeSet<String> = claims_of(&world, &pool)
+        .await
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .map(|c| c.name_any())
+        .collect();
+    assert_eq!(now, claims, "protected nodes stay");
+
+    // Without the PDB the guarded node is consolidated onto the pinned one, which stays.
+    let pinned_node = bound_pods(&world, "pinned", 1).await;
+    Api::<PodDisruptionBudget>::namespaced(world.client.clone(), &world.namespace)
+        .delete("guarded", &DeleteParams::default())
+        .await
+        .unwrap();
+    let survivor = initialized_claims(&world, &pool, 1)
+        .await
+        .into_iter()
+        .next()
+        .unwrap();
+    let survivor = world.nodeclaims().get(&survivor).await.unwrap();
+    assert_eq!(
+        node_of(&survivor),
+        Some(pinned_node[0].clone()),
+        "the do-not-disrupt node stays"
+    );
+    eventually_within("the guarded pod moves to the pinned node", LONG, || async {
+        (bound_pods(&world, "guarded", 1).await == pinned_node).then_some(())
+    })
+    .await;
+    cleanup(world, operator, &pool).await;
+}
