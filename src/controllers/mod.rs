@@ -10,7 +10,6 @@ pub mod node;
 pub mod nodeclaim;
 pub mod nodeclass;
 pub mod nodepool;
-pub mod podevents;
 pub mod repair;
 
 use std::sync::Arc;

@@ -351,8 +351,8 @@ pub fn main(args: &super::config::RunArgs) -> std::process::ExitCode {
     })
 }
 
-/// The core controllers that plug in beside the built-in ones: provisioning (and disruption,
-/// sharing its node nominations).
+/// The core controllers that plug in beside the built-in ones: provisioning and disruption,
+/// sharing node nominations (a node just nominated for pods is not disrupted).
 pub fn core_controllers(config: &Config) -> Vec<ExtraController> {
     let nominations = Arc::new(crate::provisioning::controller::Nominations::default());
     vec![crate::provisioning::plugin(
