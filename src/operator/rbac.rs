@@ -70,10 +70,10 @@ pub const PERMISSIONS: &[Permission] = &[
     },
     Permission {
         target: resource(KARPENTER, "nodeclaims"),
-        verbs: &["list", "watch", "create", "patch", "delete"],
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
         scope: Scope::Cluster,
         resource_names: &[],
-        reason: "provisioning creates, lifecycle/termination/GC/repair finalize and delete",
+        reason: "provisioning creates, lifecycle/termination/GC/repair finalize and delete, disruption re-reads before acting",
     },
     Permission {
         target: resource(KARPENTER, "nodeclaims/status"),
@@ -105,10 +105,10 @@ pub const PERMISSIONS: &[Permission] = &[
     },
     Permission {
         target: resource("", "nodes"),
-        verbs: &["list", "watch", "patch", "delete"],
+        verbs: &["get", "list", "watch", "patch", "delete"],
         scope: Scope::Cluster,
         resource_names: &[],
-        reason: "registration sync, disruption taints, termination finalizer, deletion",
+        reason: "registration sync, disruption taints (read fresh before patching), termination finalizer, deletion",
     },
     Permission {
         target: resource("", "pods"),
