@@ -77,20 +77,6 @@ where
     .await
 }
 
-async fn ready_nodeclass(world: &World) {
-    let classes: Api<ExoscaleNodeClass> = Api::all(world.client.clone());
-    let name = world.nodeclass.clone();
-    eventually("NodeClass Ready", || {
-        let classes = classes.clone();
-        let name = name.clone();
-        async move {
-            let nc = classes.get_opt(&name).await.ok()??;
-            nc.status?.conditions.is_true("Ready").then_some(())
-        }
-    })
-    .await;
-}
-
 fn instances_of(world: &World, claim: &str) -> usize {
     world
         .live_instances()
@@ -106,7 +92,7 @@ async fn deleting_a_nodeclaim_drains_and_deletes_the_vm_and_the_node() {
     };
     world.create_nodeclass(json!({})).await;
     world.start_replica("a").await;
-    ready_nodeclass(&world).await;
+    world.ready_nodeclass().await;
     let claim = format!("drain-{}", suffix(&world));
     world.create_nodeclaim(&claim, json!({})).await;
     let node = world.initialized_node(&claim).await;
@@ -158,7 +144,7 @@ async fn a_pdb_blocks_the_drain_until_the_termination_deadline() {
     };
     world.create_nodeclass(json!({})).await;
     world.start_replica("a").await;
-    ready_nodeclass(&world).await;
+    world.ready_nodeclass().await;
     let claim = format!("pdb-{}", suffix(&world));
     world
         .create_nodeclaim(&claim, json!({"terminationGracePeriod": "30s"}))
@@ -253,7 +239,7 @@ async fn an_instance_that_never_joins_is_removed_after_the_registration_ttl() {
     };
     world.create_nodeclass(json!({})).await;
     world.start_replica("a").await;
-    ready_nodeclass(&world).await;
+    world.ready_nodeclass().await;
     let claim = format!("lost-{}", suffix(&world));
     world.create_nodeclaim(&claim, json!({})).await;
     let claims = world.nodeclaims();
@@ -297,7 +283,7 @@ async fn garbage_collection_removes_our_orphans_and_spares_other_clusters() {
     };
     world.create_nodeclass(json!({})).await;
     world.start_replica("a").await;
-    ready_nodeclass(&world).await;
+    world.ready_nodeclass().await;
     // Launch two instances outside any controller: one for a NodeClaim this cluster never had,
     // one labelled with another cluster's id.
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -426,7 +412,7 @@ async fn only_the_leader_acts_and_a_standby_takes_over_when_it_stops() {
     world.start_replica("replica-b").await;
     let first = eventually("a leader", || world.lease_holder()).await;
     world.create_nodeclass(json!({})).await;
-    ready_nodeclass(&world).await;
+    world.ready_nodeclass().await;
     // Every event about the NodeClass comes from the leader.
     let events: Api<Event> = Api::namespaced(world.client.clone(), "default");
     let reporters: Vec<String> = eventually("Ready event", || {
@@ -471,7 +457,7 @@ async fn a_controller_restarted_mid_launch_neither_leaks_nor_duplicates_a_vm() {
     };
     world.create_nodeclass(json!({})).await;
     world.start_replica("first").await;
-    ready_nodeclass(&world).await;
+    world.ready_nodeclass().await;
     // Slow operations keep the launch in flight long enough to crash in the middle of it.
     world.sim.set_operation_delay(Duration::from_secs(3));
     let claim = format!("restart-{}", suffix(&world));

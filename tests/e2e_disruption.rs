@@ -18,7 +18,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use karpenter_exoscale::apis::labels::NODEPOOL_LABEL;
-use karpenter_exoscale::apis::{ConditionsExt, ExoscaleNodeClass, NodeClaim, NodePool};
+use karpenter_exoscale::apis::{ConditionsExt, NodeClaim, NodePool};
 use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
 use karpenter_exoscale::controllers::disruption;
 use karpenter_exoscale::exoscale::{Clock, SystemClock};
@@ -118,26 +118,6 @@ impl Operator {
 
 fn suffix(world: &World) -> String {
     world.namespace[world.namespace.len() - 6..].to_string()
-}
-
-async fn ready_nodeclass(world: &World) {
-    let classes: Api<ExoscaleNodeClass> = Api::all(world.client.clone());
-    let name = world.nodeclass.clone();
-    eventually("NodeClass Ready", || {
-        let classes = classes.clone();
-        let name = name.clone();
-        async move {
-            classes
-                .get_opt(&name)
-                .await
-                .ok()??
-                .status?
-                .conditions
-                .is_true("Ready")
-                .then_some(())
-        }
-    })
-    .await;
 }
 
 /// A NodePool of `standard.small` on-demand nodes with the given disruption block and labels.
@@ -312,7 +292,7 @@ async fn an_empty_node_is_removed_after_consolidate_after() {
     };
     world.create_nodeclass(json!({})).await;
     let operator = Operator::start(&world).await;
-    ready_nodeclass(&world).await;
+    world.ready_nodeclass().await;
     let pool = nodepool(
         &world,
         json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}),
@@ -346,7 +326,7 @@ async fn a_node_whose_pods_fit_elsewhere_is_consolidated_and_its_pods_reschedule
     };
     world.create_nodeclass(json!({})).await;
     let operator = Operator::start(&world).await;
-    ready_nodeclass(&world).await;
+    world.ready_nodeclass().await;
     let pool = nodepool(
         &world,
         json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}),
@@ -400,7 +380,7 @@ async fn a_nodepool_label_change_drifts_and_replaces_nodes_one_budget_at_a_time(
     };
     world.create_nodeclass(json!({})).await;
     let operator = Operator::start(&world).await;
-    ready_nodeclass(&world).await;
+    world.ready_nodeclass().await;
     let pool = nodepool(
         &world,
         json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "1"}]}),
@@ -483,7 +463,7 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
     };
     world.create_nodeclass(json!({})).await;
     let operator = Operator::start(&world).await;
-    ready_nodeclass(&world).await;
+    world.ready_nodeclass().await;
     let pool = nodepool(
         &world,
         json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "2s"}),

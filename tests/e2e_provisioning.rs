@@ -13,32 +13,12 @@ use std::time::{Duration, Instant};
 
 use harness::{World, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
+use karpenter_exoscale::apis::NodePool;
 use karpenter_exoscale::apis::labels::NODEPOOL_LABEL;
-use karpenter_exoscale::apis::{ConditionsExt, ExoscaleNodeClass, NodePool};
 use karpenter_exoscale::kubelet_sim::KubeletBehaviour;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
-
-async fn ready_nodeclass(world: &World) {
-    let classes: Api<ExoscaleNodeClass> = Api::all(world.client.clone());
-    let name = world.nodeclass.clone();
-    eventually("NodeClass Ready", || {
-        let classes = classes.clone();
-        let name = name.clone();
-        async move {
-            classes
-                .get_opt(&name)
-                .await
-                .ok()??
-                .status?
-                .conditions
-                .is_true("Ready")
-                .then_some(())
-        }
-    })
-    .await;
-}
 
 async fn create_nodepool(world: &World, name: &str) -> NodePool {
     let pool: NodePool = serde_json::from_value(json!({
@@ -68,7 +48,7 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
     };
     world.create_nodeclass(json!({})).await;
     world.start_replica("prov-a").await;
-    ready_nodeclass(&world).await;
+    world.ready_nodeclass().await;
     let pool_name = format!("prov-{}", &world.namespace[world.namespace.len() - 6..]);
     create_nodepool(&world, &pool_name).await;
 

@@ -10,11 +10,9 @@ mod support;
 use std::process::Stdio;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use karpenter_exoscale::exoscale;
 use karpenter_exoscale::kubelet_sim::{self, Follower, InstanceShape, KubeletBehaviour};
 use karpenter_exoscale::sim::ExoscaleSim;
-use kube::api::{Api, Patch, PatchParams};
 
 #[tokio::main]
 async fn main() {
@@ -33,33 +31,7 @@ async fn main() {
     let config = plane.config().await;
     let client = kube::Client::try_from(config.clone()).expect("client");
 
-    // What kube-controller-manager's root-CA publisher would provide: the CA nodes join with.
-    use base64::Engine;
-    let der = config
-        .root_cert
-        .as_ref()
-        .and_then(|c| c.first())
-        .expect("kubeconfig CA");
-    let body = base64::engine::general_purpose::STANDARD.encode(der);
-    let lines: Vec<&str> = body
-        .as_bytes()
-        .chunks(64)
-        .map(|c| std::str::from_utf8(c).unwrap())
-        .collect();
-    let pem = format!(
-        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
-        lines.join("\n")
-    );
-    let map = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": pem}});
-    Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
-        .patch(
-            "kube-root-ca.crt",
-            &PatchParams::apply("sandbox").force(),
-            &Patch::Apply(&map),
-        )
-        .await
-        .expect("publish the cluster CA");
+    support::control_plane::publish_cluster_ca(&client, &config).await;
 
     let sim = ExoscaleSim::start().await.expect("simulated cloud");
     let exo = exoscale::Client::new(sim.client_config()).expect("sim client");

@@ -44,7 +44,8 @@ fn being_disrupted(node: &k8s_openapi::api::core::v1::Node) -> bool {
             .is_some_and(|t| t.iter().any(|t| t.key == DISRUPTED_TAINT_KEY))
 }
 
-fn usage_of(index: &ClusterIndex, pool: &str) -> Resources {
+/// What a NodePool's nodes and in-flight NodeClaims hold, as scheduler resources (plus `nodes`).
+pub fn usage_of(index: &ClusterIndex, pool: &str) -> Resources {
     let usage = index.nodepool_usage(pool);
     let mut r = Resources::new();
     for (name, q) in &usage.resources {

@@ -96,37 +96,6 @@ fn instance_shape(types: &[exoscale::models::InstanceType], id: &str) -> Instanc
     }
 }
 
-/// What kubeadm or kube-controller-manager's root-CA publisher would provide: the cluster CA
-/// in `kube-system/kube-root-ca.crt`, which user data embeds.
-async fn publish_cluster_ca(client: &Client, config: &kube::Config) {
-    use base64::Engine;
-    let der = config
-        .root_cert
-        .as_ref()
-        .and_then(|c| c.first())
-        .expect("the test kubeconfig has a CA");
-    let body = base64::engine::general_purpose::STANDARD.encode(der);
-    let lines: Vec<&str> = body
-        .as_bytes()
-        .chunks(64)
-        .map(|c| std::str::from_utf8(c).unwrap())
-        .collect();
-    let pem = format!(
-        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
-        lines.join("\n")
-    );
-    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(client.clone(), "kube-system");
-    let map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": pem}});
-    maps.patch(
-        "kube-root-ca.crt",
-        &PatchParams::apply("e2e").force(),
-        &Patch::Apply(&map),
-    )
-    .await
-    .expect("publish the cluster CA");
-}
-
 impl World {
     /// Starts the sim, kubelets and pod "kubelet"; `None` when the control plane is not built
     /// (outside CI; see tests/support).
@@ -139,7 +108,7 @@ impl World {
         let plane = support::shared()?;
         let client = plane.client_without_retries().await;
         let namespace = plane.namespace(&client, test).await;
-        publish_cluster_ca(&client, &plane.config().await).await;
+        support::control_plane::publish_cluster_ca(&client, &plane.config().await).await;
         let sim = Arc::new(ExoscaleSim::start().await.expect("simulated cloud starts"));
         let exo = exoscale::Client::new(sim.client_config()).expect("sim client");
         let types = exo.list_instance_types().await.expect("instance types");
@@ -347,6 +316,22 @@ impl World {
             .create(&PostParams::default(), &claim)
             .await
             .expect("create NodeClaim")
+    }
+
+    /// Waits until the test's ExoscaleNodeClass reports Ready.
+    pub async fn ready_nodeclass(&self) {
+        let classes: Api<ExoscaleNodeClass> = Api::all(self.client.clone());
+        let name = self.nodeclass.clone();
+        eventually("NodeClass Ready", || {
+            let classes = classes.clone();
+            let name = name.clone();
+            async move {
+                use karpenter_exoscale::apis::ConditionsExt;
+                let nc = classes.get_opt(&name).await.ok()??;
+                nc.status?.conditions.is_true("Ready").then_some(())
+            }
+        })
+        .await;
     }
 
     pub fn nodeclaims(&self) -> Api<NodeClaim> {

@@ -577,3 +577,37 @@ pub fn shared() -> Option<&'static ControlPlane> {
         Err(e) => panic!("starting the control plane failed: {e}"),
     }
 }
+
+/// What kubeadm or kube-controller-manager's root-CA publisher would provide: the cluster CA in
+/// `kube-system/kube-root-ca.crt`, which node user data embeds. Used by the e2e tests and the
+/// sandbox.
+pub async fn publish_cluster_ca(client: &kube::Client, config: &kube::Config) {
+    use base64::Engine;
+    use kube::api::{Api, Patch, PatchParams};
+    let der = config
+        .root_cert
+        .as_ref()
+        .and_then(|c| c.first())
+        .expect("the kubeconfig has a CA");
+    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    let lines: Vec<&str> = body
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    let pem = format!(
+        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+        lines.join("\n")
+    );
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "kube-system");
+    let map = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": pem}});
+    maps.patch(
+        "kube-root-ca.crt",
+        &PatchParams::apply("karpenter-exoscale-tests").force(),
+        &Patch::Apply(&map),
+    )
+    .await
+    .expect("publish the cluster CA");
+}

@@ -18,6 +18,7 @@ use crate::disruption::model::{
     ClusterView, NOMINATION_WINDOW, NodePod, Pdb, PodOwner, PoolState, StateNode,
 };
 use crate::provisioning::eligibility;
+use crate::provisioning::input::usage_of;
 use crate::provisioning::template::{nodepool_template, taint};
 use crate::scheduling::{
     ExistingNode, InstanceType, Quantity, Resources, SchedulerOptions, Taint, TaintEffect, convert,
@@ -124,18 +125,6 @@ pub fn build_view(index: &ClusterIndex, mut inputs: ViewInputs<'_>) -> ClusterVi
         queued: inputs.queued,
         scheduler_options: inputs.options,
     }
-}
-
-fn usage_of(index: &ClusterIndex, pool: &str) -> Resources {
-    let usage = index.nodepool_usage(pool);
-    let mut r = Resources::new();
-    for (name, q) in &usage.resources {
-        if let Ok(q) = Quantity::parse(&q.0) {
-            r.set(name, q);
-        }
-    }
-    r.set("nodes", Quantity::from_units(usage.nodes as i128));
-    r
 }
 
 fn condition_true(claim: Option<&NodeClaim>, type_: &str) -> bool {
