@@ -1,6 +1,7 @@
 //! Provisioning end to end on the real control plane with the simulated Exoscale cloud: pending
 //! pods → one batch → NodeClaims → simulated instances → Nodes registered and Ready →
-//! kube-scheduler binds the pods. Also prints the latencies the issue asks to measure.
+//! kube-scheduler binds the pods (and prints the latencies the issue asks to measure); an expired
+//! node is replaced.
 
 // Shared with tests/e2e.rs; this target uses only part of it.
 #[allow(dead_code)]
@@ -21,12 +22,17 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
 async fn create_nodepool(world: &World, name: &str) -> NodePool {
+    create_nodepool_expiring(world, name, "720h").await
+}
+
+async fn create_nodepool_expiring(world: &World, name: &str, expire_after: &str) -> NodePool {
     let pool: NodePool = serde_json::from_value(json!({
         "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
         "spec": {
             "template": {"spec": {
                 "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
-                "requirements": [{"key": "karpenter.exoscale.com/instance-family", "operator": "In", "values": ["standard"]}]
+                "requirements": [{"key": "karpenter.exoscale.com/instance-family", "operator": "In", "values": ["standard"]}],
+                "expireAfter": expire_after
             }},
             "disruption": {"consolidateAfter": "Never"},
             "limits": {"cpu": "64"}
@@ -158,6 +164,96 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
 
     deployments
         .delete("web", &DeleteParams::default())
+        .await
+        .expect("delete Deployment");
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(&pool_name, &DeleteParams::default())
+        .await;
+    world.finish().await;
+}
+
+/// `expireAfter` replaces a node regardless of budgets: its NodeClaim is deleted, the node drained,
+/// and provisioning launches a new node on which kube-scheduler binds the pod again.
+#[tokio::test]
+async fn an_expired_node_is_replaced() {
+    let Some(world) = World::start(
+        "e2e-expire",
+        Arc::new(|_: &str| KubeletBehaviour::default()),
+    )
+    .await
+    else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("expire-a").await;
+    world.ready_nodeclass().await;
+    let pool_name = format!("exp-{}", &world.namespace[world.namespace.len() - 6..]);
+    create_nodepool_expiring(&world, &pool_name, "40s").await;
+
+    let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "expiring"}},
+            "template": {"metadata": {"labels": {"app": "expiring"}},
+                "spec": {"containers": [{"name": "c", "image": "registry.example.com/app:1",
+                    "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}]}}}
+    }))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("create Deployment");
+
+    let pods = world.pods();
+    let first_node = eventually("the pod is bound", || {
+        let pods = pods.clone();
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels("app=expiring"))
+                .await
+                .ok()?;
+            list.items.first()?.spec.as_ref()?.node_name.clone()
+        }
+    })
+    .await;
+
+    // After expiry the first node goes away and the pod runs on a new one.
+    let nodes = world.nodes();
+    harness::eventually_within(
+        "the expired node is replaced",
+        Duration::from_secs(240),
+        || {
+            let pods = pods.clone();
+            let nodes = nodes.clone();
+            let first_node = first_node.clone();
+            async move {
+                let gone = nodes.get_opt(&first_node).await.ok()?.is_none();
+                let list = pods
+                    .list(&ListParams::default().labels("app=expiring"))
+                    .await
+                    .ok()?;
+                let rebound = list.items.iter().any(|p| {
+                    p.metadata.deletion_timestamp.is_none()
+                        && p.spec
+                            .as_ref()
+                            .and_then(|s| s.node_name.as_deref())
+                            .is_some_and(|n| n != first_node)
+                });
+                (gone && rebound).then_some(())
+            }
+        },
+    )
+    .await;
+    let expired = world
+        .sim
+        .instances()
+        .iter()
+        .filter(|i| i.instance.name.ends_with(&first_node))
+        .count();
+    assert_eq!(expired, 0, "the expired node's instance was deleted");
+
+    deployments
+        .delete("app", &DeleteParams::default())
         .await
         .expect("delete Deployment");
     let _ = Api::<NodePool>::all(world.client.clone())
