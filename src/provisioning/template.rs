@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 use thiserror::Error;
@@ -135,18 +134,9 @@ pub fn crd_requirements(reqs: &Requirements) -> Vec<NodeSelectorRequirementWithM
     out
 }
 
-/// Kubernetes quantities for a resource set (`cpu: 1500m`, `memory: 2Gi`).
-pub fn resource_list(resources: &Resources) -> BTreeMap<String, K8sQuantity> {
-    let rendered = resources.to_string();
-    // Resources' Display prints `{k: v, ...}` with memory-like values in binary units; reuse it so
-    // NodeClaims show the same numbers as `simulate`.
-    let inner = rendered.trim_start_matches('{').trim_end_matches('}');
-    inner
-        .split(", ")
-        .filter_map(|pair| pair.split_once(": "))
-        .map(|(k, v)| (k.to_string(), K8sQuantity(v.to_string())))
-        .collect()
-}
+/// Kubernetes quantities for a resource set (`cpu: 1500m`, `memory: 2Gi`): the same
+/// conversion the cloud provider uses for NodeClaim capacity.
+pub use crate::providers::instance_types::to_resource_list as resource_list;
 
 /// Builds the NodeClaim to create for one scheduler result: labels from the template and the
 /// resolved requirements, hash annotations, owner reference and termination finalizer.
