@@ -436,6 +436,23 @@ async fn only_the_leader_acts_and_a_standby_takes_over_when_it_stops() {
         reporters.iter().all(|r| *r == first),
         "{reporters:?} vs leader {first}"
     );
+    // `karpenter_exoscale_leader` tells operators which replica acts.
+    let standby = if first == "replica-a" {
+        "replica-b"
+    } else {
+        "replica-a"
+    };
+    let leading = |identity: &str| {
+        world
+            .replica_metrics(identity)
+            .lines()
+            .any(|l| l.starts_with("karpenter_exoscale_leader{") && l.ends_with(" 1.0"))
+    };
+    assert!(
+        leading(&first),
+        "the leader exports karpenter_exoscale_leader 1"
+    );
+    assert!(!leading(standby), "the standby does not claim to lead");
 
     world.stop_replica(&first).await;
     let second = eventually("the standby leads", || async {

@@ -25,6 +25,7 @@ use karpenter_exoscale::exoscale::{Clock, SystemClock};
 use karpenter_exoscale::kubelet_sim::KubeletBehaviour;
 use karpenter_exoscale::operator::config::{Config, RunArgs};
 use karpenter_exoscale::operator::leader::LeaseTimings;
+use karpenter_exoscale::operator::metrics::Metrics;
 use karpenter_exoscale::operator::run::{
     ExoscaleCloud, ExtraController, Runtime, build_cloud, serve,
 };
@@ -101,6 +102,7 @@ impl Operator {
                 duration: Duration::from_secs(4),
                 grace: Duration::from_secs(1),
             },
+            metrics: Arc::new(Metrics::new()),
         };
         let task = tokio::spawn(serve(runtime, rx));
         Operator {

@@ -144,6 +144,41 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
         assert!(provider_id.starts_with("exoscale://"), "{provider_id}");
     }
 
+    // The state gauges describe the new nodes and the bound pods (refreshed every few seconds).
+    let exported = eventually("node and pod state metrics exported", || {
+        let text = world.replica_metrics("prov-a");
+        let complete = text.contains("karpenter_cluster_state_synced 1")
+            && bound_nodes.iter().all(|node| {
+                text.lines().any(|l| {
+                    l.starts_with("karpenter_nodes_allocatable{")
+                        && l.contains(&format!("node_name=\"{node}\""))
+                        && l.contains("resource_type=\"cpu\"")
+                }) && text.lines().any(|l| {
+                    l.starts_with("karpenter_nodes_total_pod_requests{")
+                        && l.contains(&format!("node_name=\"{node}\""))
+                        && l.contains(&format!("nodepool=\"{pool_name}\""))
+                })
+            })
+            && text
+                .lines()
+                .filter(|l| {
+                    l.starts_with("karpenter_pods_state{")
+                        && l.contains("owner=\"ReplicaSet/web-")
+                        && l.contains("scheduled=\"true\"")
+                        && l.contains("managed=\"true\"")
+                })
+                .count()
+                == 5;
+        async move { complete.then_some(text) }
+    })
+    .await;
+    assert!(
+        exported
+            .lines()
+            .any(|l| l.starts_with("karpenter_cluster_state_node_count ") && !l.ends_with(" 0.0")),
+        "node count exported"
+    );
+
     // One batch: the five one-CPU pods needed no more than two instances (FFD packing), and no
     // instance was launched twice.
     let ours = claims.list(&selector).await.unwrap().items;

@@ -6,6 +6,7 @@
 pub mod bootstrap_token;
 pub mod disruption;
 pub mod garbage_collection;
+pub mod metrics;
 pub mod node;
 pub mod nodeclaim;
 pub mod nodeclass;
@@ -337,6 +338,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     } else {
         Box::pin(std::future::pending())
     });
+    let state_metrics = until_shutdown(Box::pin(metrics::run(ctx.clone())));
     futures::join!(
         nodeclaims,
         nodes,
@@ -344,7 +346,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         nodeclasses,
         gc,
         tokens,
-        repair
+        repair,
+        state_metrics
     );
 }
 

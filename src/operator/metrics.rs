@@ -16,6 +16,8 @@ pub type Labels = Vec<(String, String)>;
 type CounterFamily = Family<Labels, Counter>;
 type GaugeFamily = Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>;
 type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+/// An unlabelled gauge with a fractional value.
+pub type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 /// controller-runtime style buckets, 5 ms to 10 min.
 const DURATION_BUCKETS: [f64; 16] = [
@@ -32,6 +34,65 @@ pub fn labels<const N: usize>(pairs: [(&str, &str); N]) -> Labels {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+/// The per-node resource gauges (upstream `karpenter_nodes_*`), one family each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NodeGauge {
+    Allocatable,
+    TotalPodRequests,
+    TotalPodLimits,
+    TotalDaemonRequests,
+    TotalDaemonLimits,
+    SystemOverhead,
+    CurrentLifetime,
+}
+
+impl NodeGauge {
+    pub const ALL: [NodeGauge; 7] = [
+        NodeGauge::Allocatable,
+        NodeGauge::TotalPodRequests,
+        NodeGauge::TotalPodLimits,
+        NodeGauge::TotalDaemonRequests,
+        NodeGauge::TotalDaemonLimits,
+        NodeGauge::SystemOverhead,
+        NodeGauge::CurrentLifetime,
+    ];
+
+    pub fn metric_name(self) -> &'static str {
+        match self {
+            NodeGauge::Allocatable => "karpenter_nodes_allocatable",
+            NodeGauge::TotalPodRequests => "karpenter_nodes_total_pod_requests",
+            NodeGauge::TotalPodLimits => "karpenter_nodes_total_pod_limits",
+            NodeGauge::TotalDaemonRequests => "karpenter_nodes_total_daemon_requests",
+            NodeGauge::TotalDaemonLimits => "karpenter_nodes_total_daemon_limits",
+            NodeGauge::SystemOverhead => "karpenter_nodes_system_overhead",
+            NodeGauge::CurrentLifetime => "karpenter_nodes_current_lifetime_seconds",
+        }
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            NodeGauge::Allocatable => "Node allocatable, by resource type.",
+            NodeGauge::TotalPodRequests => {
+                "Requests of the pods bound to a node (DaemonSet pods included)."
+            }
+            NodeGauge::TotalPodLimits => {
+                "Limits of the pods bound to a node (DaemonSet pods included)."
+            }
+            NodeGauge::TotalDaemonRequests => "Requests of the DaemonSet pods bound to a node.",
+            NodeGauge::TotalDaemonLimits => "Limits of the DaemonSet pods bound to a node.",
+            NodeGauge::SystemOverhead => {
+                "Node capacity minus allocatable (kubelet and system reservations, eviction thresholds)."
+            }
+            NodeGauge::CurrentLifetime => "Seconds since the node was created.",
+        }
+    }
+
+    /// Where this gauge lives in [`Metrics::node_gauges`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 /// All metrics this process exports.
@@ -53,8 +114,15 @@ pub struct Metrics {
     pub pods_disruption_initiated: CounterFamily,
     pub nodepools_usage: GaugeFamily,
     pub nodepools_limit: GaugeFamily,
-    pub cluster_state_synced: GaugeFamily,
-    pub cluster_state_node_count: GaugeFamily,
+    pub cluster_state_synced: FloatGauge,
+    pub cluster_state_node_count: FloatGauge,
+    pub cluster_state_unsynced_time: FloatGauge,
+    pub cluster_utilization_percent: GaugeFamily,
+    /// Per-node resource gauges, in [`NodeGauge`] order.
+    pub node_gauges: [GaugeFamily; NodeGauge::ALL.len()],
+    pub pods_state: GaugeFamily,
+    pub pods_startup_duration: Histogram,
+    pub pods_bound_duration: Histogram,
     pub cloudprovider_duration: HistogramFamily,
     pub cloudprovider_errors: CounterFamily,
     pub reconcile_errors: CounterFamily,
@@ -77,18 +145,28 @@ impl Metrics {
         let counter = |registry: &mut Registry, name: &str, help: &str| {
             let family = CounterFamily::default();
             // prometheus-client appends `_total` to counters.
-            registry.register(name, help, family.clone());
+            registry.register(name, help.trim_end_matches('.'), family.clone());
             family
         };
         let gauge = |registry: &mut Registry, name: &str, help: &str| {
             let family = GaugeFamily::default();
-            registry.register(name, help, family.clone());
+            registry.register(name, help.trim_end_matches('.'), family.clone());
             family
+        };
+        let plain_gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let gauge = FloatGauge::default();
+            registry.register(name, help.trim_end_matches('.'), gauge.clone());
+            gauge
+        };
+        let plain_histogram = |registry: &mut Registry, name: &str, help: &str| {
+            let histogram = duration_histogram();
+            registry.register(name, help.trim_end_matches('.'), histogram.clone());
+            histogram
         };
         let histogram = |registry: &mut Registry, name: &str, help: &str| {
             let family: HistogramFamily =
                 Family::new_with_constructor(duration_histogram as fn() -> Histogram);
-            registry.register(name, help, family.clone());
+            registry.register(name, help.trim_end_matches('.'), family.clone());
             family
         };
         let r = &mut registry;
@@ -169,15 +247,41 @@ impl Metrics {
                 "karpenter_nodepools_limit",
                 "Resource limits of a NodePool.",
             ),
-            cluster_state_synced: gauge(
+            cluster_state_synced: plain_gauge(
                 r,
                 "karpenter_cluster_state_synced",
                 "1 when the cluster state cache is synced.",
             ),
-            cluster_state_node_count: gauge(
+            cluster_state_node_count: plain_gauge(
                 r,
                 "karpenter_cluster_state_node_count",
                 "Nodes known to the cluster state.",
+            ),
+            cluster_state_unsynced_time: plain_gauge(
+                r,
+                "karpenter_cluster_state_unsynced_time_seconds",
+                "How long the cluster state cache has been unsynced (0 when synced).",
+            ),
+            cluster_utilization_percent: gauge(
+                r,
+                "karpenter_cluster_utilization_percent",
+                "Pod requests as a percentage of allocatable, over all nodes, by resource type.",
+            ),
+            node_gauges: NodeGauge::ALL.map(|g| gauge(r, g.metric_name(), g.help())),
+            pods_state: gauge(
+                r,
+                "karpenter_pods_state",
+                "1 per pod, labelled with its node, NodePool, zone, phase and readiness.",
+            ),
+            pods_startup_duration: plain_histogram(
+                r,
+                "karpenter_pods_startup_duration_seconds",
+                "Time from pod creation until the pod is Ready.",
+            ),
+            pods_bound_duration: plain_histogram(
+                r,
+                "karpenter_pods_bound_duration_seconds",
+                "Time from pod creation until the pod is bound to a node.",
             ),
             cloudprovider_duration: histogram(
                 r,
@@ -232,7 +336,7 @@ impl Metrics {
         metric: impl prometheus_client::registry::Metric,
     ) {
         let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-        registry.register(name, help, metric);
+        registry.register(name, help.trim_end_matches('.'), metric);
     }
 
     /// The text exposition format served on `/metrics`.

@@ -63,6 +63,8 @@ pub struct Runtime {
     pub extra_controllers: Vec<ExtraController>,
     /// Lease timings (tests shorten them).
     pub lease: LeaseTimings,
+    /// What `/metrics` serves; tests keep a handle to read what a replica exported.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Builds the Exoscale cloud provider from the configuration and runs until `shutdown` turns
@@ -119,6 +121,7 @@ pub async fn run(
             bind_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             extra_controllers,
             lease: LeaseTimings::default(),
+            metrics: Arc::new(Metrics::new()),
         },
         shutdown,
     )
@@ -206,9 +209,9 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
         bind_ip,
         extra_controllers,
         lease,
+        metrics,
     } = runtime;
     let stop = shutdown_signal(shutdown.clone());
-    let metrics = Arc::new(Metrics::new());
     let cluster = Cluster::new();
     let feeds = state::feed(client.clone(), cluster.clone());
 

@@ -155,6 +155,41 @@ pub fn pod_requests(object: &str, spec: &core::PodSpec) -> Result<Resources, Con
     Ok(total)
 }
 
+/// Effective pod limits, by the same rule as requests (containers + sidecars against the
+/// init-container peak, pod-level override, overhead) but without defaulting from requests and
+/// without a `pods` entry. A resource no container limits is absent.
+pub fn pod_limits(object: &str, spec: &core::PodSpec) -> Result<Resources, ConvertError> {
+    let limits_of = |c: &core::Container| {
+        resource_list(object, c.resources.as_ref().and_then(|r| r.limits.as_ref()))
+    };
+    let mut containers = Resources::new();
+    for c in &spec.containers {
+        containers += &limits_of(c)?;
+    }
+    let mut sidecars = Resources::new();
+    let mut init_peak = Resources::new();
+    for c in spec.init_containers.iter().flatten() {
+        let r = limits_of(c)?;
+        if c.restart_policy.as_deref() == Some("Always") {
+            sidecars += &r;
+            init_peak = max_resources(&init_peak, &sidecars);
+        } else {
+            init_peak = max_resources(&init_peak, &sidecars.clone().plus(&r));
+        }
+    }
+    let mut total = max_resources(&containers.plus(&sidecars), &init_peak);
+    if let Some(pod_level) = spec.resources.as_ref() {
+        let pod_level = resource_list(object, pod_level.limits.as_ref())?;
+        for (k, v) in pod_level.iter() {
+            total.set(k, v);
+        }
+    }
+    if !total.is_empty() {
+        total += &resource_list(object, spec.overhead.as_ref())?;
+    }
+    Ok(total)
+}
+
 fn taint(object: &str, t: &core::Taint) -> Result<Taint, ConvertError> {
     Ok(Taint {
         key: t.key.clone(),

@@ -18,6 +18,7 @@ use karpenter_exoscale::exoscale::{self, Clock, SystemClock};
 use karpenter_exoscale::kubelet_sim::{self, InstanceShape, KubeletBehaviour, RunningInstance};
 use karpenter_exoscale::operator::config::{Config, RunArgs};
 use karpenter_exoscale::operator::leader::LeaseTimings;
+use karpenter_exoscale::operator::metrics::Metrics;
 use karpenter_exoscale::operator::run::{ExoscaleCloud, Runtime, build_cloud, serve};
 use karpenter_exoscale::sim::{ExoscaleSim, InstanceEvent};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -80,6 +81,7 @@ pub struct Replica {
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), karpenter_exoscale::operator::RunError>>,
     _cloud: ExoscaleCloud,
+    pub metrics: Arc<Metrics>,
 }
 
 fn instance_shape(types: &[exoscale::models::InstanceType], id: &str) -> InstanceShape {
@@ -211,6 +213,7 @@ impl World {
         .await
         .expect("cloud provider against the sim");
         let (stop, rx) = watch::channel(false);
+        let metrics = Arc::new(Metrics::new());
         let runtime = Runtime {
             config,
             client: self.client.clone(),
@@ -223,6 +226,7 @@ impl World {
                 duration: Duration::from_secs(4),
                 grace: Duration::from_secs(1),
             },
+            metrics: metrics.clone(),
         };
         let task = tokio::spawn(serve(runtime, rx));
         self.replicas.lock().unwrap().push(Replica {
@@ -230,7 +234,18 @@ impl World {
             stop,
             task,
             _cloud: cloud,
+            metrics,
         });
+    }
+
+    /// What replica `identity` serves on `/metrics` right now.
+    pub fn replica_metrics(&self, identity: &str) -> String {
+        let replicas = self.replicas.lock().unwrap();
+        let replica = replicas
+            .iter()
+            .find(|r| r.identity == identity)
+            .expect("replica exists");
+        replica.metrics.render()
     }
 
     /// Stops a replica gracefully (it releases the Lease) and waits for it.

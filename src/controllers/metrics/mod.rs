@@ -1,0 +1,190 @@
+//! Publishes the node, pod and cluster-state gauges (`karpenter_nodes_*`, `karpenter_pods_state`,
+//! `karpenter_cluster_state_*`) from the cluster index whenever it changes, at most every few
+//! seconds. Series of nodes and pods that are gone are removed, not left at their last value.
+
+pub mod state;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use self::state::{PodTransitions, Sample, StateSnapshot, snapshot};
+use super::Context;
+use crate::operator::metrics::{Labels, Metrics, NodeGauge};
+
+/// Changes are coalesced: at most one refresh per interval (a busy cluster changes constantly).
+const MIN_REFRESH: Duration = Duration::from_secs(5);
+/// Refresh at least this often so lifetimes and the unsynced time keep moving.
+const MAX_REFRESH: Duration = Duration::from_secs(30);
+/// Unsynced this long is worth an error log (upstream: 30 s, then every 10 s).
+const UNSYNCED_ERROR_AFTER: Duration = Duration::from_secs(30);
+
+type GaugeFamily = prometheus_client::metrics::family::Family<
+    Labels,
+    prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
+>;
+
+/// The label sets last written to one family, so vanished series can be removed.
+#[derive(Default)]
+struct Published(BTreeSet<Labels>);
+
+impl Published {
+    fn replace(&mut self, family: &GaugeFamily, samples: &[Sample]) {
+        let current: BTreeSet<Labels> = samples.iter().map(|(l, _)| l.clone()).collect();
+        for (labels, value) in samples {
+            family.get_or_create(labels).set(*value);
+        }
+        for gone in self.0.difference(&current) {
+            family.remove(gone);
+        }
+        self.0 = current;
+    }
+}
+
+/// Tracks how long the cluster state has been unsynced.
+#[derive(Debug, Default)]
+pub struct UnsyncedClock {
+    since: Option<Timestamp>,
+}
+
+impl UnsyncedClock {
+    /// Seconds unsynced as of `now` (0 when synced).
+    pub fn update(&mut self, synced: bool, now: Timestamp) -> f64 {
+        if synced {
+            self.since = None;
+            return 0.0;
+        }
+        let since = *self.since.get_or_insert(now);
+        now.duration_since(since).as_secs_f64().max(0.0)
+    }
+}
+
+#[derive(Default)]
+struct Publisher {
+    nodes: [Published; NodeGauge::ALL.len()],
+    utilization: Published,
+    pods: Published,
+    transitions: PodTransitions,
+    unsynced: UnsyncedClock,
+}
+
+impl Publisher {
+    fn publish(&mut self, metrics: &Metrics, snapshot: &StateSnapshot, unsynced_seconds: f64) {
+        for gauge in NodeGauge::ALL {
+            let i = gauge.index();
+            self.nodes[i].replace(&metrics.node_gauges[i], &snapshot.nodes[i]);
+        }
+        self.utilization
+            .replace(&metrics.cluster_utilization_percent, &snapshot.utilization);
+        let pods: Vec<Sample> = snapshot.pods.iter().map(|l| (l.clone(), 1.0)).collect();
+        self.pods.replace(&metrics.pods_state, &pods);
+        metrics
+            .cluster_state_synced
+            .set(if snapshot.synced { 1.0 } else { 0.0 });
+        metrics
+            .cluster_state_node_count
+            .set(snapshot.node_count as f64);
+        metrics.cluster_state_unsynced_time.set(unsynced_seconds);
+    }
+
+    fn refresh(&mut self, ctx: &Context) {
+        let now = ctx.now();
+        let (snapshot, observed) = {
+            let index = ctx.cluster.read();
+            let observed = self.transitions.observe(&index.pods());
+            (snapshot(&index, now), observed)
+        };
+        for seconds in observed.bound {
+            ctx.metrics.pods_bound_duration.observe(seconds);
+        }
+        for seconds in observed.started {
+            ctx.metrics.pods_startup_duration.observe(seconds);
+        }
+        let unsynced = self.unsynced.update(snapshot.synced, now);
+        if unsynced >= UNSYNCED_ERROR_AFTER.as_secs_f64() {
+            tracing::error!(
+                unsynced_seconds = unsynced,
+                "cluster state has not synced; provisioning and disruption are paused"
+            );
+        }
+        self.publish(&ctx.metrics, &snapshot, unsynced);
+    }
+}
+
+/// Refreshes the state gauges until dropped.
+pub async fn run(ctx: Arc<Context>) {
+    let mut revisions = ctx.cluster.subscribe();
+    let mut publisher = Publisher::default();
+    loop {
+        publisher.refresh(&ctx);
+        tokio::time::sleep(MIN_REFRESH).await;
+        // Either the state changed since the last refresh, or it is time anyway.
+        let _ = tokio::time::timeout(MAX_REFRESH - MIN_REFRESH, revisions.changed()).await;
+        revisions.borrow_and_update();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::metrics::labels;
+
+    #[test]
+    fn vanished_series_are_removed_and_current_ones_updated() {
+        let metrics = Metrics::new();
+        let mut published = Published::default();
+        let family = &metrics.pods_state;
+        published.replace(
+            family,
+            &[
+                (labels([("name", "a")]), 1.0),
+                (labels([("name", "b")]), 1.0),
+            ],
+        );
+        published.replace(family, &[(labels([("name", "b")]), 1.0)]);
+        let text = metrics.render();
+        assert!(
+            text.contains("karpenter_pods_state{name=\"b\"} 1"),
+            "{text}"
+        );
+        assert!(!text.contains("name=\"a\""), "{text}");
+    }
+
+    #[test]
+    fn unsynced_time_counts_from_the_first_unsynced_observation() {
+        let mut clock = UnsyncedClock::default();
+        let at = |s: i64| Timestamp::from_second(s).unwrap();
+        assert_eq!(clock.update(false, at(100)), 0.0);
+        assert_eq!(clock.update(false, at(130)), 30.0);
+        assert_eq!(clock.update(true, at(131)), 0.0);
+        assert_eq!(clock.update(false, at(200)), 0.0);
+        assert_eq!(clock.update(false, at(205)), 5.0);
+    }
+
+    #[test]
+    fn publishing_sets_the_cluster_state_gauges() {
+        let metrics = Metrics::new();
+        let mut publisher = Publisher::default();
+        let snapshot = StateSnapshot {
+            node_count: 3,
+            synced: true,
+            ..StateSnapshot::default()
+        };
+        publisher.publish(&metrics, &snapshot, 0.0);
+        let text = metrics.render();
+        assert!(
+            text.contains("karpenter_cluster_state_synced 1.0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("karpenter_cluster_state_node_count 3.0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("karpenter_cluster_state_unsynced_time_seconds 0.0"),
+            "{text}"
+        );
+    }
+}

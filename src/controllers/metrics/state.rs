@@ -1,0 +1,597 @@
+//! What the node, pod and cluster-state gauges should read, computed from the cluster index.
+//! Pure: the caller passes the index and the clock, and publishes the result.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::apis::labels::{NODEPOOL_LABEL, WELL_KNOWN_LABELS};
+use crate::operator::metrics::{Labels, NodeGauge};
+use crate::scheduling::Resources;
+use crate::scheduling::convert::{pod_limits, pod_requests};
+use crate::state::{ClusterIndex, nodeclaim_provider_id};
+
+/// One gauge value.
+pub type Sample = (Labels, f64);
+
+/// Everything the state gauges should show at one instant.
+#[derive(Debug, Default, PartialEq)]
+pub struct StateSnapshot {
+    /// Samples per [`NodeGauge`], indexed by [`NodeGauge::index`].
+    pub nodes: [Vec<Sample>; NodeGauge::ALL.len()],
+    pub utilization: Vec<Sample>,
+    /// Label sets of `karpenter_pods_state` (each with value 1).
+    pub pods: Vec<Labels>,
+    /// Nodes and launched NodeClaims, merged by provider ID (upstream's state nodes).
+    pub node_count: usize,
+    pub synced: bool,
+}
+
+/// `topology.kubernetes.io/zone` → `zone`, `karpenter.sh/capacity-type` → `capacity_type`.
+fn metric_label_name(key: &str) -> String {
+    key.rsplit('/')
+        .next()
+        .unwrap_or(key)
+        .replace(['-', '.'], "_")
+}
+
+/// Well-known node label keys with their metric label names; the first key to claim a name
+/// wins, so deprecated aliases (`exoscale.com/instance-family`) do not clash with current ones.
+fn well_known_metric_labels() -> Vec<(&'static str, String)> {
+    let mut seen = BTreeSet::new();
+    WELL_KNOWN_LABELS
+        .iter()
+        .filter_map(|key| {
+            let name = metric_label_name(key);
+            seen.insert(name.clone()).then_some((*key, name))
+        })
+        .collect()
+}
+
+fn is_managed(node: &Node) -> bool {
+    node.labels().contains_key(NODEPOOL_LABEL)
+}
+
+fn node_labels(node: &Node, well_known: &[(&'static str, String)]) -> Labels {
+    let phase = node
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default();
+    let mut labels = vec![
+        ("node_name".to_string(), node.name_any()),
+        ("phase".to_string(), phase),
+        ("managed".to_string(), is_managed(node).to_string()),
+    ];
+    for (key, name) in well_known {
+        let value = node.labels().get(*key).cloned().unwrap_or_default();
+        labels.push((name.clone(), value));
+    }
+    labels
+}
+
+fn with_resource(labels: &Labels, resource: &str) -> Labels {
+    let mut out = labels.clone();
+    out.push(("resource_type".to_string(), resource.to_string()));
+    out
+}
+
+fn to_f64(q: crate::scheduling::Quantity) -> f64 {
+    q.milli() as f64 / 1000.0
+}
+
+fn parse_list(
+    list: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+) -> Resources {
+    let mut out = Resources::new();
+    for (name, q) in list.into_iter().flatten() {
+        // A node reporting an unparsable quantity is the kubelet's problem; skip the entry.
+        if let Ok(q) = crate::scheduling::Quantity::parse(&q.0) {
+            out.set(name, q);
+        }
+    }
+    out
+}
+
+fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn is_daemon_pod(pod: &Pod) -> bool {
+    pod.owner_references().iter().any(|o| o.kind == "DaemonSet")
+}
+
+fn condition_true(pod: &Pod, kind: &str) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == kind && c.status == "True")
+}
+
+/// Requests and limits of the non-terminal pods on a node, all and DaemonSet-only.
+#[derive(Default)]
+struct PodTotals {
+    requests: Resources,
+    limits: Resources,
+    daemon_requests: Resources,
+    daemon_limits: Resources,
+}
+
+fn pod_totals(pods: &[std::sync::Arc<Pod>]) -> PodTotals {
+    let mut totals = PodTotals::default();
+    for pod in pods.iter().filter(|p| !is_terminal(p)) {
+        let Some(spec) = pod.spec.as_ref() else {
+            continue;
+        };
+        let name = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+        // A malformed quantity would have been rejected by the API server; skip defensively.
+        let requests = pod_requests(&name, spec).unwrap_or_default();
+        let limits = pod_limits(&name, spec).unwrap_or_default();
+        if is_daemon_pod(pod) {
+            totals.daemon_requests += &requests;
+            totals.daemon_limits += &limits;
+        }
+        totals.requests += &requests;
+        totals.limits += &limits;
+    }
+    totals
+}
+
+fn samples(labels: &Labels, resources: &Resources) -> Vec<Sample> {
+    resources
+        .iter()
+        .map(|(name, q)| (with_resource(labels, name), to_f64(q)))
+        .collect()
+}
+
+fn pod_state_labels(pod: &Pod, node: Option<&Node>) -> Labels {
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .or_else(|| pod.owner_references().first())
+        .map(|o| format!("{}/{}", o.kind, o.name))
+        .unwrap_or_default();
+    let node_name = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    let node_label = |key: &str| {
+        node.and_then(|n| n.labels().get(key).cloned())
+            .unwrap_or_default()
+    };
+    let phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default();
+    use crate::apis::labels::{ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL};
+    [
+        ("name", pod.name_any()),
+        ("namespace", pod.namespace().unwrap_or_default()),
+        ("owner", owner),
+        ("scheduled", (!node_name.is_empty()).to_string()),
+        ("node", node_name),
+        ("nodepool", node_label(NODEPOOL_LABEL)),
+        ("zone", node_label(ZONE_LABEL)),
+        ("arch", node_label(ARCH_LABEL)),
+        ("capacity_type", node_label(CAPACITY_TYPE_LABEL)),
+        ("instance_type", node_label(INSTANCE_TYPE_LABEL)),
+        ("phase", phase),
+        ("ready", condition_true(pod, "Ready").to_string()),
+        ("managed", node.is_some_and(is_managed).to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The gauges' values for `index` at `now`.
+pub fn snapshot(index: &ClusterIndex, now: Timestamp) -> StateSnapshot {
+    let well_known = well_known_metric_labels();
+    let mut out = StateSnapshot {
+        synced: index.synced(),
+        ..StateSnapshot::default()
+    };
+    let mut cluster_requests = Resources::new();
+    let mut cluster_allocatable = Resources::new();
+    let nodes = index.nodes();
+    for node in &nodes {
+        let labels = node_labels(node, &well_known);
+        let status = node.status.as_ref();
+        let allocatable = parse_list(status.and_then(|s| s.allocatable.as_ref()));
+        let capacity = parse_list(status.and_then(|s| s.capacity.as_ref()));
+        let totals = pod_totals(&index.pods_on_node(&node.name_any()));
+        let overhead = capacity.saturating_minus(&allocatable);
+        for (gauge, resources) in [
+            (NodeGauge::Allocatable, &allocatable),
+            (NodeGauge::TotalPodRequests, &totals.requests),
+            (NodeGauge::TotalPodLimits, &totals.limits),
+            (NodeGauge::TotalDaemonRequests, &totals.daemon_requests),
+            (NodeGauge::TotalDaemonLimits, &totals.daemon_limits),
+            (NodeGauge::SystemOverhead, &overhead),
+        ] {
+            out.nodes[gauge.index()].extend(samples(&labels, resources));
+        }
+        if let Some(created) = node.metadata.creation_timestamp.as_ref() {
+            let age = now.duration_since(created.0).as_secs_f64().max(0.0);
+            out.nodes[NodeGauge::CurrentLifetime.index()].push((labels.clone(), age));
+        }
+        cluster_requests += &totals.requests;
+        cluster_allocatable += &allocatable;
+    }
+    for (resource, allocatable) in cluster_allocatable.iter() {
+        if allocatable.is_zero() {
+            continue;
+        }
+        let used = to_f64(cluster_requests.get(resource));
+        out.utilization.push((
+            vec![("resource_type".to_string(), resource.to_string())],
+            used / to_f64(allocatable) * 100.0,
+        ));
+    }
+    let by_name: BTreeMap<String, &Node> = nodes.iter().map(|n| (n.name_any(), &**n)).collect();
+    for pod in index.pods() {
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .and_then(|n| by_name.get(n).copied());
+        out.pods.push(pod_state_labels(&pod, node));
+    }
+    let node_provider_ids: BTreeSet<&str> = nodes
+        .iter()
+        .filter_map(|n| crate::state::node_provider_id(n))
+        .collect();
+    let claims = index.nodeclaims();
+    let unmatched_claims = claims
+        .iter()
+        .filter_map(|c| nodeclaim_provider_id(c))
+        .filter(|pid| !node_provider_ids.contains(pid))
+        .count();
+    out.node_count = nodes.len() + unmatched_claims;
+    out
+}
+
+/// Pods seen before they were bound / Ready, so the bound and startup durations are observed
+/// once per pod and only for transitions this process saw happen (a restart does not replay
+/// the age of every pod in the cluster).
+#[derive(Debug, Default)]
+pub struct PodTransitions {
+    unbound: BTreeSet<String>,
+    unready: BTreeSet<String>,
+}
+
+/// Durations to observe, in seconds.
+#[derive(Debug, Default, PartialEq)]
+pub struct Observed {
+    pub bound: Vec<f64>,
+    pub started: Vec<f64>,
+}
+
+fn transition_seconds(pod: &Pod, kind: &str) -> Option<f64> {
+    let created = pod.metadata.creation_timestamp.as_ref()?.0;
+    let at = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == kind && c.status == "True")?
+        .last_transition_time
+        .as_ref()?
+        .0;
+    Some(at.duration_since(created).as_secs_f64().max(0.0))
+}
+
+impl PodTransitions {
+    pub fn observe(&mut self, pods: &[std::sync::Arc<Pod>]) -> Observed {
+        let mut observed = Observed::default();
+        let mut present = BTreeSet::new();
+        for pod in pods {
+            let Some(uid) = pod.uid() else { continue };
+            present.insert(uid.clone());
+            let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+            if !bound {
+                self.unbound.insert(uid.clone());
+            } else if self.unbound.remove(&uid)
+                && let Some(s) = transition_seconds(pod, "PodScheduled")
+            {
+                observed.bound.push(s);
+            }
+            if !condition_true(pod, "Ready") {
+                if !is_terminal(pod) {
+                    self.unready.insert(uid);
+                }
+            } else if self.unready.remove(&uid)
+                && let Some(s) = transition_seconds(pod, "Ready")
+            {
+                observed.started.push(s);
+            }
+        }
+        self.unbound.retain(|uid| present.contains(uid));
+        self.unready.retain(|uid| present.contains(uid));
+        observed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::testing::*;
+    use k8s_openapi::api::core::v1::{
+        Container, PodCondition, PodSpec, PodStatus, ResourceRequirements,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn value(samples: &[Sample], node: &str, resource: &str) -> Option<f64> {
+        samples
+            .iter()
+            .find(|(labels, _)| {
+                labels.contains(&("node_name".into(), node.into()))
+                    && labels.contains(&("resource_type".into(), resource.into()))
+            })
+            .map(|(_, v)| *v)
+    }
+
+    fn with_container(mut pod: Pod, requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Pod {
+        pod.spec.get_or_insert_with(PodSpec::default).containers = vec![Container {
+            name: "c".into(),
+            resources: Some(ResourceRequirements {
+                requests: Some(resources(requests)),
+                limits: Some(resources(limits)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }];
+        pod
+    }
+
+    fn daemon(mut pod: Pod) -> Pod {
+        pod.metadata.owner_references = Some(vec![OwnerReference {
+            kind: "DaemonSet".into(),
+            name: "ds".into(),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        pod
+    }
+
+    fn managed_node(name: &str) -> Node {
+        let mut n = with_node_capacity(
+            node(name, Some("exoscale://1"), &[]),
+            &[("cpu", "4"), ("memory", "8Gi")],
+        );
+        let status = n.status.get_or_insert_with(Default::default);
+        status.allocatable = Some(resources(&[("cpu", "3500m"), ("memory", "7Gi")]));
+        n.metadata.labels = Some(
+            [
+                (NODEPOOL_LABEL.to_string(), "default".to_string()),
+                ("topology.kubernetes.io/zone".into(), "ch-gva-2".into()),
+                ("exoscale.com/instance-family".into(), "legacy".into()),
+                (
+                    "karpenter.exoscale.com/instance-family".into(),
+                    "standard".into(),
+                ),
+            ]
+            .into(),
+        );
+        n.metadata.creation_timestamp = Some(ts(1_000));
+        n
+    }
+
+    #[test]
+    fn node_gauges_sum_pods_and_daemons_and_derive_overhead() {
+        let mut index = ClusterIndex::default();
+        index.apply_node(managed_node("n1"));
+        index.apply_pod(with_container(
+            pod("default", "web", Some("n1")),
+            &[("cpu", "500m"), ("memory", "1Gi")],
+            &[("cpu", "1")],
+        ));
+        index.apply_pod(daemon(with_container(
+            pod("kube-system", "agent", Some("n1")),
+            &[("cpu", "100m")],
+            &[("cpu", "200m")],
+        )));
+        let mut done = with_container(pod("default", "job", Some("n1")), &[("cpu", "2")], &[]);
+        done.status = Some(PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        index.apply_pod(done);
+
+        let s = snapshot(&index, ts(1_060).0);
+        let gauge = |g: NodeGauge| &s.nodes[g.index()];
+        assert_eq!(value(gauge(NodeGauge::Allocatable), "n1", "cpu"), Some(3.5));
+        assert_eq!(
+            value(gauge(NodeGauge::TotalPodRequests), "n1", "cpu"),
+            Some(0.6)
+        );
+        assert_eq!(
+            value(gauge(NodeGauge::TotalPodRequests), "n1", "pods"),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(gauge(NodeGauge::TotalPodLimits), "n1", "cpu"),
+            Some(1.2)
+        );
+        assert_eq!(
+            value(gauge(NodeGauge::TotalDaemonRequests), "n1", "cpu"),
+            Some(0.1)
+        );
+        assert_eq!(
+            value(gauge(NodeGauge::TotalDaemonLimits), "n1", "cpu"),
+            Some(0.2)
+        );
+        assert_eq!(
+            value(gauge(NodeGauge::SystemOverhead), "n1", "cpu"),
+            Some(0.5)
+        );
+        assert_eq!(
+            value(gauge(NodeGauge::SystemOverhead), "n1", "memory"),
+            Some(1024.0 * 1024.0 * 1024.0)
+        );
+        let (labels, age) = &gauge(NodeGauge::CurrentLifetime)[0];
+        assert_eq!(*age, 60.0);
+        assert!(labels.contains(&("nodepool".into(), "default".into())));
+        assert!(labels.contains(&("zone".into(), "ch-gva-2".into())));
+        assert!(labels.contains(&("managed".into(), "true".into())));
+        // The current key wins over its deprecated alias.
+        assert!(labels.contains(&("instance_family".into(), "standard".into())));
+        assert_eq!(
+            labels
+                .iter()
+                .filter(|(k, _)| k == "instance_family")
+                .count(),
+            1
+        );
+
+        let cpu = s
+            .utilization
+            .iter()
+            .find(|(l, _)| l[0].1 == "cpu")
+            .map(|(_, v)| *v)
+            .unwrap();
+        assert!((cpu - 0.6 / 3.5 * 100.0).abs() < 1e-9, "{cpu}");
+    }
+
+    #[test]
+    fn pod_state_carries_node_labels_and_readiness() {
+        let mut index = ClusterIndex::default();
+        index.apply_node(managed_node("n1"));
+        let mut ready = pod("default", "web", Some("n1"));
+        ready.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        index.apply_pod(ready);
+        index.apply_pod(pod("default", "pending", None));
+        let s = snapshot(&index, ts(2_000).0);
+        let find = |name: &str| {
+            s.pods
+                .iter()
+                .find(|l| l.contains(&("name".into(), name.into())))
+                .unwrap()
+                .clone()
+        };
+        let web = find("web");
+        for pair in [
+            ("node", "n1"),
+            ("scheduled", "true"),
+            ("nodepool", "default"),
+            ("zone", "ch-gva-2"),
+            ("phase", "Running"),
+            ("ready", "true"),
+            ("managed", "true"),
+        ] {
+            assert!(
+                web.contains(&(pair.0.into(), pair.1.into())),
+                "{pair:?} in {web:?}"
+            );
+        }
+        let pending = find("pending");
+        assert!(pending.contains(&("scheduled".into(), "false".into())));
+        assert!(pending.contains(&("managed".into(), "false".into())));
+    }
+
+    #[test]
+    fn node_count_merges_nodes_and_claims_by_provider_id() {
+        let mut index = ClusterIndex::default();
+        index.apply_node(node("n1", Some("exoscale://1"), &[]));
+        index.apply_node(node("unmanaged", None, &[]));
+        index.apply_nodeclaim(nodeclaim("c1", "p", Some("exoscale://1")));
+        index.apply_nodeclaim(nodeclaim("c2", "p", Some("exoscale://2")));
+        index.apply_nodeclaim(nodeclaim("launching", "p", None));
+        let s = snapshot(&index, Timestamp::UNIX_EPOCH);
+        assert_eq!(s.node_count, 3, "n1 (= c1), unmanaged, c2");
+        assert!(!s.synced, "nothing was listed");
+    }
+
+    fn with_condition(mut pod: Pod, kind: &str, at: i64) -> Pod {
+        let status = pod.status.get_or_insert_with(Default::default);
+        status
+            .conditions
+            .get_or_insert_with(Vec::new)
+            .push(PodCondition {
+                type_: kind.into(),
+                status: "True".into(),
+                last_transition_time: Some(ts(at)),
+                ..Default::default()
+            });
+        pod
+    }
+
+    fn created(mut pod: Pod, uid: &str, at: i64) -> Pod {
+        pod.metadata.uid = Some(uid.into());
+        pod.metadata.creation_timestamp = Some(ts(at));
+        pod
+    }
+
+    #[test]
+    fn bound_and_startup_durations_are_observed_once_for_transitions_seen() {
+        use std::sync::Arc;
+        let mut transitions = PodTransitions::default();
+        let pending = created(pod("default", "p", None), "u1", 100);
+        let old = with_condition(
+            with_condition(
+                created(pod("default", "old", Some("n1")), "u2", 0),
+                "PodScheduled",
+                1,
+            ),
+            "Ready",
+            5,
+        );
+        let first = transitions.observe(&[Arc::new(pending.clone()), Arc::new(old.clone())]);
+        assert_eq!(
+            first,
+            Observed::default(),
+            "pods already running are not replayed"
+        );
+
+        let bound = with_condition(
+            {
+                let mut p = pending.clone();
+                p.spec.get_or_insert_with(Default::default).node_name = Some("n1".into());
+                p
+            },
+            "PodScheduled",
+            103,
+        );
+        let second = transitions.observe(&[Arc::new(bound.clone()), Arc::new(old.clone())]);
+        assert_eq!(second.bound, vec![3.0]);
+        assert!(second.started.is_empty());
+
+        let ready = with_condition(bound, "Ready", 110);
+        let third = transitions.observe(&[Arc::new(ready.clone())]);
+        assert_eq!(third.started, vec![10.0]);
+        assert!(third.bound.is_empty());
+        assert_eq!(transitions.observe(&[Arc::new(ready)]), Observed::default());
+    }
+
+    #[test]
+    fn metric_label_names_are_snake_cased_suffixes() {
+        assert_eq!(
+            metric_label_name("karpenter.sh/capacity-type"),
+            "capacity_type"
+        );
+        assert_eq!(metric_label_name("topology.kubernetes.io/zone"), "zone");
+        assert_eq!(
+            metric_label_name("node.kubernetes.io/windows-build"),
+            "windows_build"
+        );
+    }
+}
