@@ -56,6 +56,8 @@ pub struct MethodMetrics {
     pub eligible_nodes: usize,
     pub budgets: BTreeMap<String, PoolBudget>,
     pub timed_out: bool,
+    /// How long the method took to evaluate (`..._decision_evaluation_duration_seconds`).
+    pub evaluation: std::time::Duration,
 }
 
 /// The outcome of one method (or of a whole loop).
@@ -89,6 +91,7 @@ pub fn run_method(
     method: Method,
     should_stop: &dyn Fn() -> bool,
 ) -> Outcome {
+    let started = std::time::Instant::now();
     let view = base.view();
     let (eligible, mut events) = eligible_candidates(view, method);
     let any_balanced = view
@@ -110,6 +113,7 @@ pub fn run_method(
         eligible_nodes: eligible.len(),
         budgets: budgets.pools.clone(),
         timed_out: false,
+        evaluation: std::time::Duration::ZERO,
     };
     let command = match method {
         Method::Emptiness => emptiness(eligible, &mut budgets),
@@ -126,6 +130,7 @@ pub fn run_method(
             cmd
         }
     };
+    metrics.evaluation = started.elapsed();
     let key = match method {
         Method::Emptiness => "emptiness",
         Method::Drift => "drift",

@@ -59,6 +59,12 @@ pub enum Action {
         metric: &'static str,
         labels: Vec<(&'static str, String)>,
     },
+    /// Add `amount` to a counter with these labels.
+    Add {
+        metric: &'static str,
+        labels: Vec<(&'static str, String)>,
+        amount: u64,
+    },
 }
 
 /// What the controller saw of a replacement NodeClaim.
@@ -315,6 +321,16 @@ impl Orchestration {
                     ),
                 ],
             });
+            if !c.reschedulable.is_empty() {
+                actions.push(Action::Add {
+                    metric: names::PODS_DISRUPTION_INITIATED_TOTAL,
+                    labels: vec![
+                        (names::LABEL_REASON, title.to_lowercase()),
+                        (names::LABEL_NODEPOOL, c.node_pool.clone()),
+                    ],
+                    amount: c.reschedulable.len() as u64,
+                });
+            }
         }
         self.phase = Phase::Done;
         actions

@@ -730,6 +730,25 @@ mod validation_and_orchestration {
             if *metric == crate::disruption::names::NODECLAIMS_DISRUPTED_TOTAL
                 && labels.contains(&("reason", "underutilized".to_string()))))
         );
+        let moving: u64 = o
+            .command
+            .candidates
+            .iter()
+            .map(|c| c.reschedulable.len() as u64)
+            .sum();
+        let initiated: u64 = done
+            .iter()
+            .filter_map(|a| match a {
+                Action::Add { metric, amount, .. }
+                    if *metric == crate::disruption::names::PODS_DISRUPTION_INITIATED_TOTAL =>
+                {
+                    Some(*amount)
+                }
+                _ => None,
+            })
+            .sum();
+        assert!(moving > 0, "the under-used nodes host pods");
+        assert_eq!(initiated, moving, "every pod that must move is counted");
         assert_eq!(o.phase, Phase::Done);
     }
 

@@ -4,6 +4,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{Node, Taint as CoreTaint};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -31,6 +32,8 @@ pub struct InFlight {
     pub orchestration: Orchestration,
     /// Names of the replacement NodeClaims, in `command.replacements` order.
     pub replacements: Vec<String>,
+    /// The earliest instant the orchestration asked to be looked at again.
+    pub requeue_at: Option<DateTime<Utc>>,
 }
 
 impl InFlight {
@@ -38,6 +41,7 @@ impl InFlight {
         InFlight {
             orchestration,
             replacements: Vec::new(),
+            requeue_at: None,
         }
     }
 }
@@ -129,8 +133,9 @@ impl Executor {
         let mut queue: VecDeque<Action> = actions.into();
         while let Some(action) = queue.pop_front() {
             match action {
-                // The loop polls in-flight commands; the instant is implied by the phase.
-                Action::RequeueAt(_) => {}
+                Action::RequeueAt(at) => {
+                    in_flight.requeue_at = Some(in_flight.requeue_at.map_or(at, |t| t.min(at)));
+                }
                 Action::Taint { nodes } => {
                     for node in nodes {
                         if let Err(error) = self.update_taints(&node, with_disrupted_taint).await {
@@ -200,6 +205,11 @@ impl Executor {
                     }
                 },
                 Action::Count { metric, labels } => self.metrics.count(metric, &labels),
+                Action::Add {
+                    metric,
+                    labels,
+                    amount,
+                } => self.metrics.add(metric, &labels, amount),
             }
         }
     }

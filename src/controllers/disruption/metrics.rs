@@ -18,6 +18,8 @@ pub struct DisruptionMetrics {
     pub evaluation_duration: Family<Labels, Histogram, fn() -> Histogram>,
     /// `karpenter_nodeclaims_disrupted_total`, shared with expiration and repair.
     nodeclaims_disrupted: Family<Labels, Counter>,
+    /// `karpenter_pods_disruption_initiated_total`, shared with expiration.
+    pods_disruption_initiated: Family<Labels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -82,7 +84,7 @@ impl DisruptionMetrics {
             );
         metrics.register(
             names::DECISION_EVALUATION_DURATION_SECONDS,
-            "Duration of one disruption decision loop.",
+            "Time to evaluate one disruption method, by reason and consolidation type.",
             evaluation_duration.clone(),
         );
         DisruptionMetrics {
@@ -92,19 +94,28 @@ impl DisruptionMetrics {
             nodes_consuming_budgets,
             evaluation_duration,
             nodeclaims_disrupted: metrics.nodeclaims_disrupted.clone(),
+            pods_disruption_initiated: metrics.pods_disruption_initiated.clone(),
         }
     }
 
     /// Increments the counter `metric` (an upstream name from [`names`]).
     pub fn count(&self, metric: &str, labels: &[(&'static str, String)]) {
+        self.add(metric, labels, 1);
+    }
+
+    /// Adds `amount` to the counter `metric` (an upstream name from [`names`]).
+    pub fn add(&self, metric: &str, labels: &[(&'static str, String)], amount: u64) {
         let labels: Labels = labels
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect();
-        if metric == names::NODECLAIMS_DISRUPTED_TOTAL {
-            self.nodeclaims_disrupted.get_or_create(&labels).inc();
-        } else if let Some(family) = self.counters.get(metric) {
-            family.get_or_create(&labels).inc();
+        let family = match metric {
+            names::NODECLAIMS_DISRUPTED_TOTAL => Some(&self.nodeclaims_disrupted),
+            names::PODS_DISRUPTION_INITIATED_TOTAL => Some(&self.pods_disruption_initiated),
+            _ => self.counters.get(metric),
+        };
+        if let Some(family) = family {
+            family.get_or_create(&labels).inc_by(amount);
         } else {
             tracing::debug!(
                 metric,

@@ -66,10 +66,21 @@ impl Default for Settings {
     }
 }
 
-/// While a command waits, it is looked at this often (replacement progress, validation).
+/// A command in flight that named no instant to come back is looked at this often.
 const IN_FLIGHT_POLL: Duration = Duration::from_secs(1);
+/// The orchestration's instants (validation after 15 s) are honoured, but never slept past
+/// this: the loop must still notice shutdown and condition refreshes.
+const IN_FLIGHT_MAX_WAIT: Duration = Duration::from_secs(15);
 /// Repeats of other disruption events are held back this long.
 const EVENT_DEDUPE: Duration = Duration::from_secs(120);
+
+/// How long until `at` (zero when it has passed), capped at `IN_FLIGHT_MAX_WAIT`.
+fn until(now: DateTime<Utc>, at: DateTime<Utc>) -> Duration {
+    (at - now)
+        .to_std()
+        .unwrap_or(Duration::ZERO)
+        .min(IN_FLIGHT_MAX_WAIT)
+}
 
 /// Runs the disruption conditions controller and the disruption loop until `shutdown`. Works
 /// only while this replica leads; `nominations` are the provisioner's.
@@ -183,10 +194,19 @@ impl Disruption {
         self.executor.forget_deleted();
         if let Some(mut in_flight) = self.in_flight.take() {
             let now = self.now();
+            if let Some(at) = in_flight.requeue_at
+                && now < at
+            {
+                self.in_flight = Some(in_flight);
+                return until(now, at);
+            }
+            in_flight.requeue_at = None;
             match in_flight.orchestration.phase.clone() {
                 Phase::Validating { at } if now < at => {
+                    in_flight.requeue_at = Some(at);
+                    let wait = until(now, at);
                     self.in_flight = Some(in_flight);
-                    return IN_FLIGHT_POLL;
+                    return wait;
                 }
                 Phase::Validating { .. } => {
                     let fresh = self.view().await;
@@ -207,10 +227,13 @@ impl Disruption {
                 in_flight.orchestration.phase,
                 Phase::Validating { .. } | Phase::WaitingForReplacements { .. }
             );
+            let wait = in_flight
+                .requeue_at
+                .map_or(IN_FLIGHT_POLL, |at| until(self.now(), at));
             if active {
                 self.in_flight = Some(in_flight);
             }
-            return IN_FLIGHT_POLL;
+            return wait;
         }
         self.decide().await
     }
@@ -235,16 +258,6 @@ impl Disruption {
             tracing::warn!("disruption decision task failed");
             return self.settings.poll_interval;
         };
-        self.metrics
-            .evaluation_duration
-            .get_or_create(&labels([(
-                "method",
-                outcome
-                    .command
-                    .as_ref()
-                    .map_or("none", |c| c.method.consolidation_type()),
-            )]))
-            .observe(started.elapsed().as_secs_f64());
         self.publish(&outcome, view.now).await;
         self.memo.record(version, now, outcome.command.is_some());
         let Some(command) = outcome.command else {
@@ -255,13 +268,16 @@ impl Disruption {
         let (orchestration, actions) = Orchestration::new(command, view.now, 0);
         let mut in_flight = InFlight::new(orchestration);
         self.executor.execute(&mut in_flight, actions).await;
+        let wait = in_flight
+            .requeue_at
+            .map_or(IN_FLIGHT_POLL, |at| until(self.now(), at));
         if matches!(
             in_flight.orchestration.phase,
             Phase::Validating { .. } | Phase::WaitingForReplacements { .. }
         ) {
             self.in_flight = Some(in_flight);
         }
-        IN_FLIGHT_POLL
+        wait
     }
 
     /// Events (deduplicated) and gauges of one decision loop.
@@ -326,11 +342,19 @@ impl Disruption {
             }
         }
         for (method, m) in &outcome.metrics {
-            let reason = match *method {
-                "emptiness" => "empty",
-                "drift" => "drifted",
-                _ => "underutilized",
+            let (reason, consolidation_type) = match *method {
+                "emptiness" => ("empty", names::CONSOLIDATION_TYPE_EMPTY),
+                "drift" => ("drifted", ""),
+                "multi" => ("underutilized", names::CONSOLIDATION_TYPE_MULTI),
+                _ => ("underutilized", names::CONSOLIDATION_TYPE_SINGLE),
             };
+            self.metrics
+                .evaluation_duration
+                .get_or_create(&labels([
+                    ("reason", reason),
+                    ("consolidation_type", consolidation_type),
+                ]))
+                .observe(m.evaluation.as_secs_f64());
             self.metrics
                 .eligible_nodes
                 .get_or_create(&labels([("reason", reason)]))
@@ -364,6 +388,20 @@ impl Disruption {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waits_until_the_requested_instant_within_bounds() {
+        let now = DateTime::from_timestamp(1_000, 0).unwrap();
+        let at = |s: i64| DateTime::from_timestamp(1_000 + s, 0).unwrap();
+        assert_eq!(until(now, at(15)), Duration::from_secs(15));
+        assert_eq!(until(now, at(1)), Duration::from_secs(1));
+        assert_eq!(
+            until(now, at(-5)),
+            Duration::ZERO,
+            "a passed instant is due now"
+        );
+        assert_eq!(until(now, at(3_600)), IN_FLIGHT_MAX_WAIT);
+    }
 
     /// The operator spawns `run` on the multi-threaded runtime: its future must be `Send`.
     #[allow(dead_code)]
