@@ -122,7 +122,8 @@ impl RunningInstance {
     ) -> Result<Self, KubeletSimError> {
         let user_data = instance
             .user_data
-            .clone()
+            .as_ref()
+            .map(|ud| ud.0.clone())
             .ok_or_else(|| KubeletSimError::MissingUserData(instance.id.clone()))?;
         Ok(Self {
             id: instance.id.clone(),

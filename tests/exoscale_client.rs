@@ -203,9 +203,8 @@ async fn instance_lifecycle_round_trip() {
     let pn = sim.private_networks()[0].0.clone();
 
     let mut req = create_request(&sim, &client, "karpenter-default-abc12").await;
-    req.user_data = Some(gzip_base64(
-        "[settings.kubernetes]\ncloud-provider = \"external\"\n",
-    ));
+    req.user_data =
+        Some(gzip_base64("[settings.kubernetes]\ncloud-provider = \"external\"\n").into());
     req.security_groups = vec![IdRef::new(&sg)];
     req.anti_affinity_groups = vec![IdRef::new(&aag)];
     let op = client.create_instance(&req).await.unwrap();
@@ -520,7 +519,11 @@ async fn update_instance_replaces_name_and_user_data() {
     let update = UpdateInstanceRequest {
         name: Some("after".into()),
         labels: None,
-        user_data: Some(base64::engine::general_purpose::STANDARD.encode("plain = true")),
+        user_data: Some(
+            base64::engine::general_purpose::STANDARD
+                .encode("plain = true")
+                .into(),
+        ),
     };
     let op = client.update_instance(&id, &update).await.unwrap();
     assert_eq!(op.reference_id(), Some(id.as_str()));

@@ -92,6 +92,31 @@ pub struct Manager {
     pub kind: String,
 }
 
+/// Base64 (optionally of gzip) instance user data. It carries the node's bootstrap token, so
+/// `Debug` (and with it every log line and error that prints a request) shows only its size.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct UserData(pub String);
+
+impl std::fmt::Debug for UserData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<redacted user data, {} bytes>", self.0.len())
+    }
+}
+
+impl std::ops::Deref for UserData {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for UserData {
+    fn from(value: String) -> Self {
+        UserData(value)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct Instance {
@@ -108,7 +133,7 @@ pub struct Instance {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: Labels,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_data: Option<String>,
+    pub user_data: Option<UserData>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub security_groups: Vec<IdRef>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -144,9 +169,8 @@ pub struct CreateInstanceRequest {
     pub disk_size: u64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: Labels,
-    /// Base64 (optionally of gzip) user data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_data: Option<String>,
+    pub user_data: Option<UserData>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub security_groups: Vec<IdRef>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -186,7 +210,7 @@ pub struct UpdateInstanceRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<Labels>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_data: Option<String>,
+    pub user_data: Option<UserData>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -456,6 +480,18 @@ pub struct AntiAffinityGroupList {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_output_never_shows_user_data() {
+        let mut req = CreateInstanceRequest::new("type", "template", 50);
+        req.user_data = Some(UserData("c2VjcmV0LXRva2Vu".into()));
+        let shown = format!("{req:?}");
+        assert!(!shown.contains("c2VjcmV0LXRva2Vu"), "{shown}");
+        assert!(shown.contains("redacted user data, 16 bytes"), "{shown}");
+        // The wire format is unchanged: a plain string.
+        let json = serde_json::to_value(&req).unwrap();
+        assert_eq!(json["user-data"], "c2VjcmV0LXRva2Vu");
+    }
 
     #[test]
     fn instance_from_the_reference_example() {

@@ -234,7 +234,7 @@ impl InstanceProvider {
             CreateInstanceRequest::new(&spec.instance_type_id, &spec.template_id, spec.disk_size);
         req.name = Some(spec.name.clone());
         req.labels = instance_labels(&self.cluster_id, &spec.nodeclaim, spec.nodepool.as_deref());
-        req.user_data = Some(spec.user_data.clone());
+        req.user_data = Some(spec.user_data.clone().into());
         req.security_groups = spec.security_groups.iter().map(IdRef::new).collect();
         req.anti_affinity_groups = spec.anti_affinity_groups.iter().map(IdRef::new).collect();
         let identity = nodeclaim_filter(&self.cluster_id, &spec.nodeclaim);

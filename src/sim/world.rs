@@ -572,7 +572,7 @@ impl World {
             if ud.is_empty() || ud.len() >= 32768 {
                 return Err((400, "user-data must be 1 to 32767 base64 characters".into()));
             }
-            if BASE64.decode(ud).is_err() {
+            if BASE64.decode(ud.as_bytes()).is_err() {
                 return Err((400, "user-data must be base64-encoded".into()));
             }
         }

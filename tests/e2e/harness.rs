@@ -127,7 +127,11 @@ impl World {
                         name: instance.name.clone(),
                         zone: "ch-gva-2".into(),
                         shape: instance_shape(&types, &instance.instance_type.id),
-                        user_data: instance.user_data.clone().unwrap_or_default(),
+                        user_data: instance
+                            .user_data
+                            .as_ref()
+                            .map(|ud| ud.0.clone())
+                            .unwrap_or_default(),
                     };
                     let behaviour = policy(&instance.name);
                     drop(kubelet_sim::spawn(kube.clone(), running, behaviour));
