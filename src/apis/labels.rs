@@ -113,6 +113,8 @@ pub const NORMALIZED_LABELS: &[(&str, &str)] = &[
     ("beta.kubernetes.io/arch", ARCH_LABEL),
     ("beta.kubernetes.io/os", OS_LABEL),
     ("beta.kubernetes.io/instance-type", INSTANCE_TYPE_LABEL),
+    // The Exoscale block-storage CSI driver's topology key: its volumes are zonal.
+    ("topology.csi.exoscale.com/zone", ZONE_LABEL),
 ];
 
 /// Returns the canonical key for a possibly deprecated label key.

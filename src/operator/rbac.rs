@@ -140,6 +140,27 @@ pub const PERMISSIONS: &[Permission] = &[
         reason: "cluster state tracks PDBs for disruption decisions",
     },
     Permission {
+        target: resource("", "persistentvolumeclaims"),
+        verbs: &["list", "watch"],
+        scope: Scope::Cluster,
+        resource_names: &[],
+        reason: "pending pods' claims are checked before a node is launched for them",
+    },
+    Permission {
+        target: resource("", "persistentvolumes"),
+        verbs: &["list", "watch"],
+        scope: Scope::Cluster,
+        resource_names: &[],
+        reason: "a bound volume's node affinity narrows the node a pod gets",
+    },
+    Permission {
+        target: resource("storage.k8s.io", "storageclasses"),
+        verbs: &["list", "watch"],
+        scope: Scope::Cluster,
+        resource_names: &[],
+        reason: "binding mode and allowed topologies of unbound claims",
+    },
+    Permission {
         target: resource("events.k8s.io", "events"),
         verbs: &["create", "patch"],
         scope: Scope::Cluster,

@@ -15,8 +15,8 @@ use crate::scheduling::{
 };
 use crate::state::{ClusterIndex, nodeclaim_provider_id};
 
-use super::eligibility;
 use super::template::{nodepool_template, taint};
+use super::{eligibility, volumes};
 
 /// A pod the batch tries to place, with the object it came from (for events).
 #[derive(Debug, Clone)]
@@ -29,7 +29,8 @@ pub struct Pending {
 pub struct Prepared {
     pub input: SchedulerInput,
     pub pods: Vec<Pending>,
-    /// Pods that cannot be simulated (bad quantities, unsupported selectors), with the reason.
+    /// Pods that cannot be simulated (bad quantities, unsupported selectors) or whose volumes
+    /// no new node can satisfy (a missing claim…), with the reason.
     pub invalid: Vec<(Arc<K8sPod>, String)>,
     /// NodePools left out, with the reason (not ready, no instance types, bad template).
     pub skipped_pools: Vec<(String, String)>,
@@ -179,9 +180,14 @@ pub fn prepare(
         .filter(|p| eligibility::check(p).is_ok())
         .chain(disrupted_pods);
     for object in candidates {
-        match convert::pod_from_k8s(&object) {
-            Ok(pod) => pods.push(Pending { object, pod }),
-            Err(e) => invalid.push((object, e.to_string())),
+        let pod = convert::pod_from_k8s(&object).map_err(|e| e.to_string());
+        let volumes = volumes::volume_requirements(&object, index).map_err(|e| e.to_string());
+        match (pod, volumes) {
+            (Ok(mut pod), Ok(volume_requirements)) => {
+                pod.volume_requirements = volume_requirements;
+                pods.push(Pending { object, pod });
+            }
+            (Err(e), _) | (_, Err(e)) => invalid.push((object, e)),
         }
     }
     Prepared {
@@ -251,6 +257,49 @@ mod tests {
         let names: Vec<_> = prepared.pods.iter().map(|p| p.pod.name.clone()).collect();
         assert_eq!(names, ["a"]);
         assert_eq!(prepared.input.node_pools.len(), 1);
+    }
+
+    #[test]
+    fn pods_with_unusable_claims_are_invalid_and_zonal_volumes_narrow_the_node() {
+        let mut index = ClusterIndex::default();
+        let with_claim = |name: &str, claim: &str| {
+            let mut pod = pending(name, "1");
+            pod.spec.as_mut().unwrap().volumes = Some(vec![
+                serde_json::from_value(serde_json::json!(
+                    {"name": "data", "persistentVolumeClaim": {"claimName": claim}}))
+                .unwrap(),
+            ]);
+            pod
+        };
+        index.apply_pod(with_claim("orphan", "missing"));
+        index.apply_pod(with_claim("db", "data"));
+        index.apply_pvc(
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "data",
+                "namespace": "default", "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+                "spec": {"volumeName": "pv-1"}}))
+            .unwrap(),
+        );
+        index.apply_pv(
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "pv-1"},
+                "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "topology.csi.exoscale.com/zone", "operator": "In", "values": ["ch-gva-2"]}]}]}}}}))
+            .unwrap(),
+        );
+        let prepared = prepare(&index, vec![], SchedulerOptions::default());
+        assert_eq!(prepared.invalid.len(), 1);
+        assert_eq!(prepared.invalid[0].0.name_any(), "orphan");
+        assert!(
+            prepared.invalid[0].1.contains("\"missing\" not found"),
+            "{}",
+            prepared.invalid[0].1
+        );
+        let db = &prepared.pods[0].pod;
+        let zone = db
+            .volume_requirements
+            .as_ref()
+            .unwrap()
+            .get("topology.kubernetes.io/zone");
+        assert_eq!(zone.unwrap().values(), ["ch-gva-2"]);
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod controller;
 pub mod eligibility;
 pub mod input;
 pub mod template;
+pub mod volumes;
 
 use std::sync::Arc;
 

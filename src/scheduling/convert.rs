@@ -240,7 +240,7 @@ fn tolerations(
         .collect()
 }
 
-fn node_selector_term(
+pub fn node_selector_term(
     object: &str,
     term: &core::NodeSelectorTerm,
 ) -> Result<Requirements, ConvertError> {

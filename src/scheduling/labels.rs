@@ -28,16 +28,10 @@ pub const CORE_WELL_KNOWN: [&str; 8] = [
     WINDOWS_BUILD,
 ];
 
-/// Rewrites deprecated aliases to the stable key (`failure-domain.beta.kubernetes.io/zone` → zone…).
+/// Rewrites deprecated aliases to the stable key (`failure-domain.beta.kubernetes.io/zone` → zone…);
+/// the table lives with the other label keys in `apis::labels`.
 pub fn normalize_key(key: &str) -> &str {
-    match key {
-        "failure-domain.beta.kubernetes.io/zone" => ZONE,
-        "failure-domain.beta.kubernetes.io/region" => REGION,
-        "beta.kubernetes.io/arch" => ARCH,
-        "beta.kubernetes.io/os" => OS,
-        "beta.kubernetes.io/instance-type" => INSTANCE_TYPE,
-        other => other,
-    }
+    crate::apis::labels::normalize_label(key)
 }
 
 /// The set of well-known label keys: the core ones plus any a cloud provider adds.

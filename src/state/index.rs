@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 
 use crate::apis::labels::{CAPACITY_TYPE_LABEL, NODEPOOL_LABEL};
@@ -23,16 +24,22 @@ pub enum Kind {
     Pod,
     DaemonSet,
     PodDisruptionBudget,
+    PersistentVolumeClaim,
+    PersistentVolume,
+    StorageClass,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Node,
         Kind::NodeClaim,
         Kind::NodePool,
         Kind::Pod,
         Kind::DaemonSet,
         Kind::PodDisruptionBudget,
+        Kind::PersistentVolumeClaim,
+        Kind::PersistentVolume,
+        Kind::StorageClass,
     ];
 }
 
@@ -59,6 +66,9 @@ pub struct ClusterIndex {
     pods_by_node: BTreeMap<String, BTreeSet<NamespacedName>>,
     daemonsets: BTreeMap<NamespacedName, Arc<DaemonSet>>,
     pdbs: BTreeMap<NamespacedName, Arc<PodDisruptionBudget>>,
+    pvcs: BTreeMap<NamespacedName, Arc<PersistentVolumeClaim>>,
+    pvs: BTreeMap<String, Arc<PersistentVolume>>,
+    storage_classes: BTreeMap<String, Arc<StorageClass>>,
     listed: BTreeSet<Kind>,
     /// Names seen during a re-list in progress, per kind.
     relisting: BTreeMap<Kind, BTreeSet<String>>,
@@ -80,7 +90,11 @@ fn pod_node(pod: &Pod) -> Option<&str> {
 
 fn key_string(kind: Kind, key: &NamespacedName) -> String {
     match kind {
-        Kind::Node | Kind::NodeClaim | Kind::NodePool => key.1.clone(),
+        Kind::Node
+        | Kind::NodeClaim
+        | Kind::NodePool
+        | Kind::PersistentVolume
+        | Kind::StorageClass => key.1.clone(),
         _ => format!("{}/{}", key.0, key.1),
     }
 }
@@ -143,6 +157,29 @@ impl ClusterIndex {
     pub fn delete_pdb(&mut self, namespace: &str, name: &str) {
         self.pdbs.remove(&(namespace.to_string(), name.to_string()));
     }
+    pub fn apply_pvc(&mut self, pvc: PersistentVolumeClaim) {
+        let key = namespaced(&pvc);
+        self.seen(Kind::PersistentVolumeClaim, &key);
+        self.pvcs.insert(key, Arc::new(pvc));
+    }
+    pub fn delete_pvc(&mut self, namespace: &str, name: &str) {
+        self.pvcs.remove(&(namespace.to_string(), name.to_string()));
+    }
+    pub fn apply_pv(&mut self, pv: PersistentVolume) {
+        self.seen(Kind::PersistentVolume, &namespaced(&pv));
+        self.pvs.insert(pv.name_any(), Arc::new(pv));
+    }
+    pub fn delete_pv(&mut self, name: &str) {
+        self.pvs.remove(name);
+    }
+    pub fn apply_storage_class(&mut self, class: StorageClass) {
+        self.seen(Kind::StorageClass, &namespaced(&class));
+        self.storage_classes
+            .insert(class.name_any(), Arc::new(class));
+    }
+    pub fn delete_storage_class(&mut self, name: &str) {
+        self.storage_classes.remove(name);
+    }
 
     fn unbind(&mut self, key: &NamespacedName) {
         if let Some(old) = self.pods.get(key)
@@ -191,6 +228,11 @@ impl ClusterIndex {
             Kind::PodDisruptionBudget => {
                 self.pdbs.retain(|k, _| seen.contains(&key_string(kind, k)))
             }
+            Kind::PersistentVolumeClaim => {
+                self.pvcs.retain(|k, _| seen.contains(&key_string(kind, k)))
+            }
+            Kind::PersistentVolume => self.pvs.retain(|name, _| seen.contains(name)),
+            Kind::StorageClass => self.storage_classes.retain(|name, _| seen.contains(name)),
         }
         self.listed.insert(kind);
     }
@@ -241,6 +283,18 @@ impl ClusterIndex {
             .take_while(|((ns, _), _)| ns == namespace)
             .map(|(_, v)| v.clone())
             .collect()
+    }
+
+    pub fn pvc(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        self.pvcs
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+    pub fn pv(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        self.pvs.get(name).cloned()
+    }
+    pub fn storage_class(&self, name: &str) -> Option<Arc<StorageClass>> {
+        self.storage_classes.get(name).cloned()
     }
 
     /// Pods bound to a node (any phase).
@@ -379,7 +433,10 @@ mod tests {
             index.begin_list(kind);
         }
         index.apply_nodeclaim(nodeclaim("c1", "default", None));
-        for kind in Kind::ALL[..5].iter() {
+        for kind in Kind::ALL
+            .iter()
+            .filter(|k| **k != Kind::PodDisruptionBudget)
+        {
             index.finish_list(*kind);
         }
         assert!(!index.synced(), "PDB list not finished");

@@ -1,6 +1,7 @@
-//! Cluster state: an in-memory view of Nodes, NodeClaims, NodePools, Pods, DaemonSets and
-//! PodDisruptionBudgets fed by kube-rs watchers. Controllers read it instead of listing from
-//! the API server; decisions are computed from it by pure code.
+//! Cluster state: an in-memory view of Nodes, NodeClaims, NodePools, Pods, DaemonSets,
+//! PodDisruptionBudgets and volumes (claims, volumes, storage classes) fed by kube-rs watchers.
+//! Controllers read it instead of listing from the API server; decisions are computed from it by
+//! pure code.
 
 mod index;
 pub mod quantity;
@@ -12,8 +13,9 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
@@ -112,6 +114,9 @@ indexed!(NodePool, Kind::NodePool, apply_nodepool, cluster delete_nodepool);
 indexed!(Pod, Kind::Pod, apply_pod, namespaced delete_pod);
 indexed!(DaemonSet, Kind::DaemonSet, apply_daemonset, namespaced delete_daemonset);
 indexed!(PodDisruptionBudget, Kind::PodDisruptionBudget, apply_pdb, namespaced delete_pdb);
+indexed!(PersistentVolumeClaim, Kind::PersistentVolumeClaim, apply_pvc, namespaced delete_pvc);
+indexed!(PersistentVolume, Kind::PersistentVolume, apply_pv, cluster delete_pv);
+indexed!(StorageClass, Kind::StorageClass, apply_storage_class, cluster delete_storage_class);
 
 /// Applies one watcher event to the cluster.
 fn apply_event<K: Indexed>(cluster: &Cluster, event: Event<K>) {
@@ -152,7 +157,20 @@ pub fn feed(client: kube::Client, cluster: Arc<Cluster>) -> Vec<tokio::task::Joi
             Api::<DaemonSet>::all(client.clone()),
             cluster.clone(),
         )),
-        tokio::spawn(feed_kind(Api::<PodDisruptionBudget>::all(client), cluster)),
+        tokio::spawn(feed_kind(
+            Api::<PodDisruptionBudget>::all(client.clone()),
+            cluster.clone(),
+        )),
+        // Volumes: provisioning checks a pending pod's claims and follows their topology.
+        tokio::spawn(feed_kind(
+            Api::<PersistentVolumeClaim>::all(client.clone()),
+            cluster.clone(),
+        )),
+        tokio::spawn(feed_kind(
+            Api::<PersistentVolume>::all(client.clone()),
+            cluster.clone(),
+        )),
+        tokio::spawn(feed_kind(Api::<StorageClass>::all(client), cluster)),
     ]
 }
 

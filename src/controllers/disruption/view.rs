@@ -20,6 +20,7 @@ use crate::disruption::model::{
 use crate::provisioning::eligibility;
 use crate::provisioning::input::usage_of;
 use crate::provisioning::template::{nodepool_template, taint};
+use crate::provisioning::volumes::volume_requirements;
 use crate::scheduling::{
     ExistingNode, InstanceType, Quantity, Resources, SchedulerOptions, Taint, TaintEffect, convert,
 };
@@ -95,6 +96,7 @@ pub fn build_view(index: &ClusterIndex, mut inputs: ViewInputs<'_>) -> ClusterVi
             &pods,
             &inputs,
             provider_id,
+            index,
         ));
     }
     for claim in index.nodeclaims() {
@@ -107,7 +109,13 @@ pub fn build_view(index: &ClusterIndex, mut inputs: ViewInputs<'_>) -> ClusterVi
         .pods()
         .iter()
         .filter(|p| eligibility::check(p).is_ok())
-        .filter_map(|p| convert::pod_from_k8s(p).ok())
+        .filter_map(|p| {
+            // Provisioning ignores pods whose claims no node can satisfy; so does the view.
+            let volumes = volume_requirements(p, index).ok()?;
+            let mut pod = convert::pod_from_k8s(p).ok()?;
+            pod.volume_requirements = volumes;
+            Some(pod)
+        })
         .collect();
     let daemonsets = index
         .daemonsets()
@@ -170,6 +178,7 @@ fn registered_node(
     pods: &[Arc<K8sPod>],
     inputs: &ViewInputs<'_>,
     provider_id: String,
+    volumes: &ClusterIndex,
 ) -> StateNode {
     let name = node.name_any();
     let startup: Vec<Taint> = claim
@@ -184,7 +193,12 @@ fn registered_node(
     let node_pods: Vec<NodePod> = pods
         .iter()
         .filter_map(|p| {
-            let converted = node_pod(p);
+            let converted = node_pod(p).map(|mut np| {
+                // Moving a pod must keep it where its volumes can attach; a claim problem
+                // (already bound here) constrains nothing more than the node it is on.
+                np.pod.volume_requirements = volume_requirements(p, volumes).ok().flatten();
+                np
+            });
             convertible &= converted.is_some();
             converted
         })
