@@ -80,6 +80,9 @@ struct Entry {
     not_before: Option<Instant>,
     /// The last answer was a PDB refusal.
     blocked: bool,
+    /// The API accepted the eviction: never sent again, even while a stale cache still shows
+    /// the pod running. Dropped once the pod is terminating or gone from the drain plan.
+    evicted: bool,
 }
 
 /// Per-pod eviction state across reconciles of every terminating node.
@@ -108,6 +111,7 @@ impl EvictionQueue {
             failures: 0,
             not_before: None,
             blocked: false,
+            evicted: false,
         });
         entry.deadline = match (entry.deadline, deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -119,7 +123,7 @@ impl EvictionQueue {
     pub fn ready(&self, key: &PodKey, now: Instant) -> bool {
         self.entries
             .get(key)
-            .is_some_and(|e| e.not_before.is_none_or(|t| now >= t))
+            .is_some_and(|e| !e.evicted && e.not_before.is_none_or(|t| now >= t))
     }
 
     /// Decides, for one pod of a drain plan, whether to send an eviction now, and keeps the
@@ -156,7 +160,14 @@ impl EvictionQueue {
     /// Records the eviction API's answer; returns whether the pod stays queued.
     pub fn record(&mut self, key: &PodKey, response: EvictionResponse, now: Instant) -> bool {
         match response {
-            EvictionResponse::Evicted | EvictionResponse::Gone => {
+            EvictionResponse::Evicted => {
+                if let Some(entry) = self.entries.get_mut(key) {
+                    entry.evicted = true;
+                    entry.blocked = false;
+                }
+                false
+            }
+            EvictionResponse::Gone => {
                 self.forget(key);
                 false
             }
@@ -204,7 +215,7 @@ impl EvictionQueue {
     pub fn next_due(&self, node: &str, now: Instant) -> Option<Duration> {
         self.entries
             .values()
-            .filter(|e| e.node == node)
+            .filter(|e| e.node == node && !e.evicted)
             .map(|e| {
                 e.not_before
                     .map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
@@ -288,12 +299,22 @@ mod tests {
         }
         assert_eq!(q.backoff(&pod), Some(MAX_BACKOFF));
 
-        // The PDB finally allows it: the entry is done.
+        // The PDB finally allows it: the entry is done, and not re-sent while the cache
+        // still shows the pod running.
         at += MAX_BACKOFF;
         assert!(q.should_evict(&pod, "n1", &PodAction::Evict, None, at));
         assert!(!q.record(&pod, EvictionResponse::Evicted, at));
-        assert!(q.is_empty());
+        assert!(q.blocked_on("n1").is_empty());
         assert_eq!(q.next_due("n1", at), None);
+        assert!(!q.should_evict(&pod, "n1", &PodAction::Evict, None, at + MAX_BACKOFF));
+        assert!(!q.should_evict(
+            &pod,
+            "n1",
+            &PodAction::Wait(WaitReason::Terminating),
+            None,
+            at
+        ));
+        assert!(q.is_empty());
     }
 
     #[test]

@@ -194,7 +194,13 @@ pub async fn reconcile(
             "Draining the node",
         )
         .await?;
-        let requeue = drain_pass(&ctx, &state, &node, &pods, &drain, deadline).await?;
+        let reason = claim
+            .as_ref()
+            .and_then(|c| c.status.as_ref())
+            .and_then(|s| s.conditions.get_condition(conditions::DISRUPTION_REASON))
+            .map(|c| c.reason.clone())
+            .unwrap_or_default();
+        let requeue = drain_pass(&ctx, &state, &node, &pods, &drain, deadline, &reason).await?;
         return Ok(Action::requeue(requeue));
     }
     state.queue().forget_node(&name);
@@ -337,8 +343,15 @@ async fn drain_pass(
     pods: &[Arc<Pod>],
     drain: &DrainPlan,
     deadline: Option<Timestamp>,
+    disruption_reason: &str,
 ) -> Result<Duration> {
     let name = node.name_any();
+    let count_drained = || {
+        ctx.metrics
+            .pods_drained
+            .get_or_create(&labels([("reason", disruption_reason)]))
+            .inc();
+    };
     let key_of = |(ns, pod, uid, _): &(String, String, Option<String>, PodAction)| {
         PodKey::new(ns, pod, uid.as_deref())
     };
@@ -380,6 +393,7 @@ async fn drain_pass(
         sent = true;
         if ignore_not_found(api.delete(pod_name, &params).await)?.is_some() {
             tracing::info!(node = %name, pod = %pod_name, grace, "deleting pod: termination deadline reached");
+            count_drained();
             if let Some(pod) = by_key.get(&PodKey::new(namespace, pod_name, uid)) {
                 ctx.event(
                     pod.as_ref(),
@@ -423,7 +437,9 @@ async fn drain_pass(
         state.queue().record(key, response, Instant::now());
         let pod = by_key.get(key);
         match (response, pod) {
-            (EvictionResponse::Evicted, Some(pod)) => {
+            (EvictionResponse::Evicted, pod) => {
+                count_drained();
+                let Some(pod) = pod else { continue };
                 ctx.event(
                     pod.as_ref(),
                     Severity::Normal,
