@@ -449,7 +449,7 @@ fn secrets_are_reachable_only_in_kube_system() {
 
 /// The RBAC target of a Rust kind name, from the type's own `Resource` metadata.
 fn kind_target(kind: &str, subresource: Option<&str>) -> Option<Target> {
-    use k8s_openapi::api::{apps, coordination, core, policy};
+    use k8s_openapi::api::{apps, coordination, core, policy, storage};
     use karpenter_exoscale::apis::{ExoscaleNodeClass, NodeClaim, NodeOverlay, NodePool};
     fn of<K: kube::Resource<DynamicType = ()>>(sub: Option<&str>) -> Target {
         let plural = K::plural(&());
@@ -472,6 +472,7 @@ fn kind_target(kind: &str, subresource: Option<&str>) -> Option<Target> {
         "PersistentVolumeClaim" => of::<core::v1::PersistentVolumeClaim>(subresource),
         "DaemonSet" => of::<apps::v1::DaemonSet>(subresource),
         "PodDisruptionBudget" => of::<policy::v1::PodDisruptionBudget>(subresource),
+        "VolumeAttachment" => of::<storage::v1::VolumeAttachment>(subresource),
         "Lease" => of::<coordination::v1::Lease>(subresource),
         "NodeClaim" => of::<NodeClaim>(subresource),
         "NodePool" => of::<NodePool>(subresource),

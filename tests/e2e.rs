@@ -1,7 +1,8 @@
 //! Controller scenarios on a real control plane (etcd, kube-apiserver, kube-scheduler,
 //! kube-controller-manager from `hack/control-plane.sh`) with the simulated Exoscale cloud:
 //! teardown and drain, PDB-guarded drains until the deadline, the registration TTL, instance
-//! garbage collection, NodeClass readiness, leader election, and a restart mid-launch.
+//! garbage collection, NodeClass readiness, leader election, a restart mid-launch, and the wait
+//! for VolumeAttachments before an instance is deleted.
 //! TTLs are shortened through the same settings operators use.
 
 #[path = "e2e/harness.rs"]
@@ -15,8 +16,10 @@ use harness::{PREFIX, World, eventually, eventually_within};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use karpenter_exoscale::apis::labels::{
-    INSTANCE_CLUSTER_ID_LABEL, INSTANCE_NODECLAIM_LABEL, NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION,
+    INSTANCE_CLUSTER_ID_LABEL, INSTANCE_NODECLAIM_LABEL,
+    NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION, conditions,
 };
 use karpenter_exoscale::apis::{ConditionStatus, ConditionsExt, ExoscaleNodeClass, NodeClaim};
 use karpenter_exoscale::cloudprovider::CloudProvider;
@@ -508,5 +511,147 @@ async fn a_controller_restarted_mid_launch_neither_leaks_nor_duplicates_a_vm() {
         .map(|i| format!("exoscale://{}", i.id))
         .collect();
     assert!(ids.contains(&provider_id), "{provider_id} not in {ids:?}");
+    world.finish().await;
+}
+
+/// A VolumeAttachment on `node`, as a CSI attacher would leave it (no attach/detach
+/// controller runs in the test control plane, so nothing else touches it).
+async fn volume_attachment(world: &World, name: &str, node: &str) -> Api<VolumeAttachment> {
+    let attachments: Api<VolumeAttachment> = Api::all(world.client.clone());
+    let va: VolumeAttachment = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": name},
+        "spec": {
+            "attacher": "csi.example.com",
+            "nodeName": node,
+            "source": {"persistentVolumeName": format!("pv-{name}")}
+        }
+    }))
+    .unwrap();
+    attachments
+        .create(&PostParams::default(), &va)
+        .await
+        .expect("create VolumeAttachment");
+    attachments
+}
+
+/// The NodeClaim's `VolumesDetached` condition as (status, reason), while the claim exists.
+async fn volumes_detached(world: &World, claim: &str) -> Option<(ConditionStatus, String)> {
+    let claim = world.nodeclaims().get_opt(claim).await.ok()??;
+    let condition = claim
+        .status?
+        .conditions
+        .get_condition(conditions::VOLUMES_DETACHED)?
+        .clone();
+    Some((condition.status, condition.reason))
+}
+
+#[tokio::test]
+async fn termination_waits_for_volume_attachments_to_be_deleted() {
+    let Some(world) = World::start("e2e-volumes", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("a").await;
+    world.ready_nodeclass().await;
+    let claim = format!("volumes-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    let node_name = world.initialized_node(&claim).await.name_any();
+    let va_name = format!("{PREFIX}va-{}", suffix(&world));
+    let attachments = volume_attachment(&world, &va_name, &node_name).await;
+
+    world
+        .nodeclaims()
+        .delete(&claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("VolumesDetached Unknown, awaiting detachment", || async {
+        let (status, reason) = volumes_detached(&world, &claim).await?;
+        (status == ConditionStatus::Unknown
+            && reason == conditions::AWAITING_VOLUME_DETACHMENT_REASON)
+            .then_some(())
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(world.client.clone(), "default");
+    eventually(
+        "AwaitingVolumeDetachment event naming the attachment",
+        || {
+            let events = events.clone();
+            let (node_name, va_name) = (node_name.clone(), va_name.clone());
+            async move {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                list.items
+                    .into_iter()
+                    .any(|e| {
+                        e.reason.as_deref() == Some("AwaitingVolumeDetachment")
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                                == Some(node_name.as_str())
+                            && e.note.as_deref().is_some_and(|n| n.contains(&va_name))
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    // Drained, but held: the instance and the Node stay while the volume is attached.
+    let held = world.nodeclaims().get(&claim).await.unwrap();
+    assert!(held.status.unwrap().conditions.is_true(conditions::DRAINED));
+    assert_eq!(instances_of(&world, &claim), 1, "instance kept");
+    assert!(world.nodes().get_opt(&node_name).await.unwrap().is_some());
+    assert_eq!(
+        volumes_detached(&world, &claim).await.map(|c| c.0),
+        Some(ConditionStatus::Unknown),
+        "still waiting"
+    );
+
+    attachments
+        .delete(&va_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&world.nodes(), &node_name, "Node").await;
+    gone(&world.nodeclaims(), &claim, "NodeClaim").await;
+    eventually("instance deleted", || async {
+        (instances_of(&world, &claim) == 0).then_some(())
+    })
+    .await;
+    world.finish().await;
+}
+
+#[tokio::test]
+async fn the_termination_deadline_ends_the_wait_for_volume_detachment() {
+    let Some(world) = World::start("e2e-volumes-deadline", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("a").await;
+    world.ready_nodeclass().await;
+    let claim = format!("volumes-tgp-{}", suffix(&world));
+    world
+        .create_nodeclaim(&claim, json!({"terminationGracePeriod": "10s"}))
+        .await;
+    let node_name = world.initialized_node(&claim).await.name_any();
+    let va_name = format!("{PREFIX}va-tgp-{}", suffix(&world));
+    let attachments = volume_attachment(&world, &va_name, &node_name).await;
+
+    world
+        .nodeclaims()
+        .delete(&claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    // The attachment never goes; the deadline lets termination finish regardless.
+    gone(&world.nodes(), &node_name, "Node").await;
+    gone(&world.nodeclaims(), &claim, "NodeClaim").await;
+    eventually("instance deleted", || async {
+        (instances_of(&world, &claim) == 0).then_some(())
+    })
+    .await;
+    assert!(
+        attachments.get_opt(&va_name).await.unwrap().is_some(),
+        "the attachment was still there when the node went"
+    );
+    attachments
+        .delete(&va_name, &DeleteParams::default())
+        .await
+        .unwrap();
     world.finish().await;
 }

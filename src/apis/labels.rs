@@ -150,6 +150,10 @@ pub mod conditions {
     pub const INSTANCE_TERMINATING: &str = "InstanceTerminating";
     pub const CONSISTENT_STATE_FOUND: &str = "ConsistentStateFound";
     pub const DISRUPTION_REASON: &str = "DisruptionReason";
+    // NodeClaim condition reasons
+    pub const DRAINING_REASON: &str = "Draining";
+    pub const AWAITING_VOLUME_DETACHMENT_REASON: &str = "AwaitingVolumeDetachment";
+    pub const TERMINATION_GRACE_PERIOD_ELAPSED_REASON: &str = "TerminationGracePeriodElapsed";
     // NodePool
     pub const VALIDATION_SUCCEEDED: &str = "ValidationSucceeded";
     pub const NODECLASS_READY: &str = "NodeClassReady";

@@ -279,10 +279,11 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     )
     .for_each(drain("nodeclaim"));
 
+    let termination = Arc::new(node::termination::Termination::default());
     let nodes = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default())
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            node::termination::reconcile,
+            move |node, ctx| node::termination::reconcile(node, ctx, termination.clone()),
             error_policy("node.termination"),
             ctx.clone(),
         )

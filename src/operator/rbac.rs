@@ -126,6 +126,20 @@ pub const PERMISSIONS: &[Permission] = &[
         reason: "draining respects PodDisruptionBudgets through the Eviction API",
     },
     Permission {
+        target: resource("", "persistentvolumeclaims"),
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        resource_names: &[],
+        reason: "termination does not wait for the volumes of pods the drain leaves in place",
+    },
+    Permission {
+        target: resource("storage.k8s.io", "volumeattachments"),
+        verbs: &["list"],
+        scope: Scope::Cluster,
+        resource_names: &[],
+        reason: "termination waits for the node's volumes to be detached before deleting the instance",
+    },
+    Permission {
         target: resource("apps", "daemonsets"),
         verbs: &["list", "watch"],
         scope: Scope::Cluster,

@@ -157,15 +157,19 @@ pub fn tier(pod: &Pod) -> Tier {
     }
 }
 
-/// Pods the drain must wait for.
-pub fn drainable(pod: &Pod, now: Timestamp) -> bool {
-    if is_terminal(pod) || is_mirror(pod) || tolerates_disrupted_taint(pod) {
-        return false;
-    }
+/// Pods the drain never removes, whatever their phase: mirror pods (the kubelet owns them),
+/// pods tolerating the disrupted taint (they would come straight back) and pods stuck
+/// terminating. Their volumes are not waited for either.
+pub fn never_drained(pod: &Pod, now: Timestamp) -> bool {
     let stuck = deletion(pod).is_some_and(|d| {
         now.duration_since(d).as_secs() > STUCK_TERMINATING_AFTER.as_secs() as i64
     });
-    !stuck
+    is_mirror(pod) || tolerates_disrupted_taint(pod) || stuck
+}
+
+/// Pods the drain must wait for.
+pub fn drainable(pod: &Pod, now: Timestamp) -> bool {
+    !is_terminal(pod) && !never_drained(pod, now)
 }
 
 fn seconds_until(deadline: Timestamp, now: Timestamp) -> i64 {

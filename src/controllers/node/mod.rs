@@ -1,4 +1,7 @@
-//! Node controllers: termination (taint, drain, instance deletion, finalizer).
+//! Node controllers: termination (taint, drain through the eviction queue, volume detachment,
+//! instance deletion, finalizer).
 
 pub mod drain;
+pub mod eviction;
 pub mod termination;
+pub mod volumes;

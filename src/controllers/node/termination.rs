@@ -1,16 +1,19 @@
 //! Node termination (karpenter-core §4.2): a deleted Node with our finalizer gets its NodeClaim
 //! deleted, the `karpenter.sh/disrupted:NoSchedule` taint, a drain in upstream's order through
-//! the eviction API (PDBs answer 429 → `FailedDraining` and a requeue) until the NodeClaim's
-//! termination deadline forces deletion, then the instance is deleted until the provider reports
-//! it gone, and the finalizer is released.
+//! the eviction API — each pod paced by the [`EvictionQueue`]'s backoff while PDBs refuse it —
+//! until the NodeClaim's termination deadline forces deletion; then it waits for the node's
+//! VolumeAttachments to go (or the deadline), deletes the instance until the provider reports it
+//! gone, and releases the finalizer.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod, Taint as CoreTaint};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Taint as CoreTaint};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, Preconditions};
 use kube::runtime::controller::Action;
 
 use crate::apis::labels::{
@@ -26,11 +29,14 @@ use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
 use crate::state::node_provider_id;
 
-use super::drain::{PodAction, plan};
+use super::drain::{DrainPlan, PodAction, plan};
+use super::eviction::{self, EvictionQueue, EvictionResponse, PodKey};
+use super::volumes::{self, Detachment};
 
 /// Pods bound right after tainting are caught by waiting this long after draining starts.
 pub const MIN_DRAIN_TIME: Duration = Duration::from_secs(5);
 const DRAIN_REQUEUE: Duration = Duration::from_secs(1);
+const VOLUME_REQUEUE: Duration = Duration::from_secs(1);
 const INSTANCE_POLL: Duration = Duration::from_secs(5);
 
 /// Nodes Karpenter manages: labelled with our NodeClass or a NodePool.
@@ -85,7 +91,24 @@ fn claim_for(provider_id: &str, name: &str) -> NodeClaim {
     claim
 }
 
-pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
+/// What the termination controller remembers across reconciles of all nodes.
+#[derive(Debug, Default)]
+pub struct Termination {
+    evictions: Mutex<EvictionQueue>,
+}
+
+impl Termination {
+    fn queue(&self) -> MutexGuard<'_, EvictionQueue> {
+        // The queue holds no invariant a panicking holder could break half-way.
+        self.evictions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub async fn reconcile(
+    node: Arc<Node>,
+    ctx: Arc<Context>,
+    state: Arc<Termination>,
+) -> Result<Action> {
     if node.metadata.deletion_timestamp.is_none()
         || !node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER)
     {
@@ -95,12 +118,12 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     let claims: Api<NodeClaim> = Api::all(ctx.client.clone());
     let provider_id = node_provider_id(&node).map(str::to_string);
-    let claim = provider_id
+    let cached_claim = provider_id
         .as_deref()
         .and_then(|pid| ctx.cluster.read().nodeclaim_by_provider_id(pid));
 
     // 1. Deleting a Node deletes its NodeClaim.
-    if let Some(claim) = &claim
+    if let Some(claim) = &cached_claim
         && claim.metadata.deletion_timestamp.is_none()
     {
         ignore_not_found(
@@ -115,11 +138,11 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         && !node_ready(&node)
         && matches!(ctx.cloud.get(pid).await, Err(e) if e.is_not_found())
     {
-        return release(&ctx, &node).await;
+        return release(&ctx, &state, &node).await;
     }
 
     // 3-4. Deadline, taint, exclusion from load balancers.
-    let deadline: Option<Timestamp> = claim.as_deref().and_then(deadline_annotation);
+    let deadline: Option<Timestamp> = cached_claim.as_deref().and_then(deadline_annotation);
     let taints = node
         .spec
         .as_ref()
@@ -153,6 +176,10 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         .await?;
     }
 
+    // Each status patch returns the NodeClaim as written, so later conditions of this
+    // reconcile build on it instead of on the (older) cached copy.
+    let mut claim: Option<NodeClaim> = cached_claim.as_deref().cloned();
+
     // 5. Drain.
     let now = ctx.now();
     let pods: Vec<Arc<Pod>> = ctx.cluster.read().pods_on_node(&name);
@@ -160,93 +187,38 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     if !drain.is_drained() {
         set_claim_condition(
             &ctx,
-            claim.as_deref(),
+            &mut claim,
             conditions::DRAINED,
             ConditionStatus::Unknown,
-            "Draining",
+            conditions::DRAINING_REASON,
             "Draining the node",
         )
         .await?;
-        let mut blocked = Vec::new();
-        for (namespace, pod_name, uid, action) in &drain.pods {
-            let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-            let preconditions = Some(Preconditions {
-                uid: uid.clone(),
-                resource_version: None,
-            });
-            match action {
-                PodAction::ForceDelete {
-                    grace_period_seconds,
-                } => {
-                    let params = DeleteParams {
-                        grace_period_seconds: Some(*grace_period_seconds as u32),
-                        preconditions,
-                        ..Default::default()
-                    };
-                    if ignore_not_found(api.delete(pod_name, &params).await)?.is_some() {
-                        tracing::info!(node = %name, pod = %pod_name, grace = grace_period_seconds, "deleting pod: termination deadline reached");
-                    }
-                }
-                PodAction::Evict => {
-                    let params = EvictParams {
-                        delete_options: Some(DeleteParams {
-                            preconditions,
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    };
-                    let code = match api.evict(pod_name, &params).await {
-                        Ok(_) => 200,
-                        Err(kube::Error::Api(status)) => status.code,
-                        Err(e) => return Err(e.into()),
-                    };
-                    ctx.metrics
-                        .pods_eviction_requests
-                        .get_or_create(&labels([("code", &code.to_string())]))
-                        .inc();
-                    match code {
-                        200 | 201 | 404 | 409 => {}
-                        429 => blocked.push(format!("{namespace}/{pod_name}")),
-                        _ => tracing::warn!(node = %name, pod = %pod_name, code, "eviction failed"),
-                    }
-                }
-                PodAction::Wait(_) => {}
-            }
-        }
-        let message = if blocked.is_empty() {
-            format!(
-                "Failed to drain node, {} pods are waiting to be evicted",
-                drain.pods.len()
-            )
-        } else {
-            format!(
-                "Failed to drain node, eviction blocked by a PodDisruptionBudget for {}",
-                blocked.join(", ")
-            )
-        };
-        ctx.event(node.as_ref(), Severity::Warning, "FailedDraining", message)
-            .await;
-        return Ok(Action::requeue(DRAIN_REQUEUE));
-    }
-    if let Some(claim) = &claim {
-        let draining_since = claim
-            .status
+        let reason = claim
             .as_ref()
+            .and_then(|c| c.status.as_ref())
+            .and_then(|s| s.conditions.get_condition(conditions::DISRUPTION_REASON))
+            .map(|c| c.reason.clone())
+            .unwrap_or_default();
+        let requeue = drain_pass(&ctx, &state, &node, &pods, &drain, deadline, &reason).await?;
+        return Ok(Action::requeue(requeue));
+    }
+    state.queue().forget_node(&name);
+    if let Some(current) = &claim {
+        let status = current.status.as_ref();
+        let draining_since = status
             .and_then(|s| s.conditions.get_condition(conditions::DRAINED))
             .filter(|c| c.status == ConditionStatus::Unknown)
             .map(|c| c.last_transition_time.0);
+        let drained = status.is_some_and(|s| s.conditions.is_true(conditions::DRAINED));
         match draining_since {
-            None if !claim
-                .status
-                .as_ref()
-                .is_some_and(|s| s.conditions.is_true(conditions::DRAINED)) =>
-            {
+            None if !drained => {
                 set_claim_condition(
                     &ctx,
-                    Some(claim),
+                    &mut claim,
                     conditions::DRAINED,
                     ConditionStatus::Unknown,
-                    "Draining",
+                    conditions::DRAINING_REASON,
                     "Draining the node",
                 )
                 .await?;
@@ -261,7 +233,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
                 }
                 set_claim_condition(
                     &ctx,
-                    Some(claim),
+                    &mut claim,
                     conditions::DRAINED,
                     ConditionStatus::True,
                     conditions::DRAINED,
@@ -283,17 +255,70 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         }
     }
 
+    // 6. Volume detachment.
+    let settled = claim
+        .as_ref()
+        .and_then(|c| c.status.as_ref())
+        .and_then(|s| s.conditions.get_condition(conditions::VOLUMES_DETACHED))
+        .is_some_and(|c| c.status != ConditionStatus::Unknown);
+    if !settled {
+        match volume_detachment(&ctx, &name, &pods, now, deadline).await? {
+            Detachment::Detached => {
+                set_claim_condition(
+                    &ctx,
+                    &mut claim,
+                    conditions::VOLUMES_DETACHED,
+                    ConditionStatus::True,
+                    conditions::VOLUMES_DETACHED,
+                    "",
+                )
+                .await?;
+            }
+            Detachment::Awaiting(attachments) => {
+                set_claim_condition(
+                    &ctx,
+                    &mut claim,
+                    conditions::VOLUMES_DETACHED,
+                    ConditionStatus::Unknown,
+                    conditions::AWAITING_VOLUME_DETACHMENT_REASON,
+                    "Awaiting deletion of bound VolumeAttachments",
+                )
+                .await?;
+                ctx.event(
+                    node.as_ref(),
+                    Severity::Normal,
+                    conditions::AWAITING_VOLUME_DETACHMENT_REASON,
+                    format!(
+                        "Awaiting deletion of bound VolumeAttachments ({})",
+                        attachments.join(", ")
+                    ),
+                )
+                .await;
+                return Ok(Action::requeue(VOLUME_REQUEUE));
+            }
+            Detachment::DeadlinePassed(attachments) => {
+                tracing::info!(node = %name, attachments = %attachments.join(","), "termination grace period elapsed; not waiting for volume detachment");
+                set_claim_condition(
+                    &ctx,
+                    &mut claim,
+                    conditions::VOLUMES_DETACHED,
+                    ConditionStatus::False,
+                    conditions::TERMINATION_GRACE_PERIOD_ELAPSED_REASON,
+                    "Termination grace period elapsed before all VolumeAttachments were deleted",
+                )
+                .await?;
+            }
+        }
+    }
+
     // 7. Instance termination.
     if let Some(pid) = &provider_id {
-        let target = claim
-            .as_deref()
-            .cloned()
-            .unwrap_or_else(|| claim_for(pid, &name));
+        let target = claim.clone().unwrap_or_else(|| claim_for(pid, &name));
         match ctx.cloud.delete(&target).await {
             Ok(()) => {
                 set_claim_condition(
                     &ctx,
-                    claim.as_deref(),
+                    &mut claim,
                     conditions::INSTANCE_TERMINATING,
                     ConditionStatus::True,
                     conditions::INSTANCE_TERMINATING,
@@ -306,11 +331,200 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
             Err(e) => return Err(e.into()),
         }
     }
-    release(&ctx, &node).await
+    release(&ctx, &state, &node).await
+}
+
+/// One pass over a node still being drained: force-deletes what the deadline forces, sends
+/// the evictions whose backoff elapsed, and says when to look again.
+async fn drain_pass(
+    ctx: &Context,
+    state: &Termination,
+    node: &Node,
+    pods: &[Arc<Pod>],
+    drain: &DrainPlan,
+    deadline: Option<Timestamp>,
+    disruption_reason: &str,
+) -> Result<Duration> {
+    let name = node.name_any();
+    let count_drained = || {
+        ctx.metrics
+            .pods_drained
+            .get_or_create(&labels([("reason", disruption_reason)]))
+            .inc();
+    };
+    let key_of = |(ns, pod, uid, _): &(String, String, Option<String>, PodAction)| {
+        PodKey::new(ns, pod, uid.as_deref())
+    };
+    let due: Vec<PodKey> = {
+        let mut queue = state.queue();
+        let present: BTreeSet<PodKey> = drain.pods.iter().map(key_of).collect();
+        queue.retain_node(&name, |k| present.contains(k));
+        let started = Instant::now();
+        drain
+            .pods
+            .iter()
+            .filter(|p| queue.should_evict(&key_of(p), &name, &p.3, deadline, started))
+            .map(key_of)
+            .collect()
+    };
+    let by_key: BTreeMap<PodKey, &Arc<Pod>> = pods
+        .iter()
+        .map(|p| {
+            let key = PodKey::new(
+                p.metadata.namespace.as_deref().unwrap_or_default(),
+                &p.name_any(),
+                p.metadata.uid.as_deref(),
+            );
+            (key, p)
+        })
+        .collect();
+    let mut sent = false;
+
+    for (namespace, pod_name, uid, grace) in drain.force_deletions() {
+        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+        let params = DeleteParams {
+            grace_period_seconds: Some(grace.max(0) as u32),
+            preconditions: Some(Preconditions {
+                uid: uid.map(str::to_string),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        sent = true;
+        if ignore_not_found(api.delete(pod_name, &params).await)?.is_some() {
+            tracing::info!(node = %name, pod = %pod_name, grace, "deleting pod: termination deadline reached");
+            count_drained();
+            if let Some(pod) = by_key.get(&PodKey::new(namespace, pod_name, uid)) {
+                ctx.event(
+                    pod.as_ref(),
+                    Severity::Normal,
+                    "Disrupted",
+                    format!("Deleting the pod to accommodate the termination of node {name}: its termination grace period is up"),
+                )
+                .await;
+            }
+        }
+    }
+
+    for key in &due {
+        sent = true;
+        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        let params = EvictParams {
+            delete_options: Some(DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: (!key.uid.is_empty()).then(|| key.uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (code, message) = match api.evict(&key.name, &params).await {
+            Ok(_) => (200, String::new()),
+            Err(kube::Error::Api(status)) => (status.code, status.message.clone()),
+            Err(e) => {
+                state
+                    .queue()
+                    .record(key, EvictionResponse::Failed, Instant::now());
+                return Err(e.into());
+            }
+        };
+        ctx.metrics
+            .pods_eviction_requests
+            .get_or_create(&labels([("code", &code.to_string())]))
+            .inc();
+        let response = EvictionResponse::classify(code, &message);
+        state.queue().record(key, response, Instant::now());
+        let pod = by_key.get(key);
+        match (response, pod) {
+            (EvictionResponse::Evicted, pod) => {
+                count_drained();
+                let Some(pod) = pod else { continue };
+                ctx.event(
+                    pod.as_ref(),
+                    Severity::Normal,
+                    "Evicted",
+                    format!("Evicted pod: node {name} is terminating"),
+                )
+                .await;
+            }
+            (EvictionResponse::Blocked, Some(pod)) => {
+                ctx.event(
+                    pod.as_ref(),
+                    Severity::Warning,
+                    "FailedDraining",
+                    format!("Failed to evict pod: {message}"),
+                )
+                .await;
+            }
+            (EvictionResponse::Failed, _) => {
+                tracing::warn!(node = %name, pod = %key, code, %message, "eviction failed; retrying with backoff");
+            }
+            _ => {}
+        }
+    }
+
+    let (blocked, next_due) = {
+        let queue = state.queue();
+        let blocked: Vec<String> = queue
+            .blocked_on(&name)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        (blocked, queue.next_due(&name, Instant::now()))
+    };
+    // Only passes that called the API report, so a short requeue does not flood events.
+    if sent {
+        let message = if blocked.is_empty() {
+            format!(
+                "Failed to drain node, {} pods are waiting to be evicted",
+                drain.pods.len()
+            )
+        } else {
+            format!(
+                "Failed to drain node, eviction blocked by a PodDisruptionBudget for {}",
+                blocked.join(", ")
+            )
+        };
+        ctx.event(node, Severity::Warning, "FailedDraining", message)
+            .await;
+    }
+    Ok(next_due.map_or(DRAIN_REQUEUE, |d| {
+        d.clamp(eviction::INITIAL_BACKOFF, DRAIN_REQUEUE)
+    }))
+}
+
+/// Step 6: lists VolumeAttachments (the API offers no field selector on `spec.nodeName`),
+/// spares those of pods the drain leaves in place, and decides whether to keep waiting.
+async fn volume_detachment(
+    ctx: &Context,
+    node: &str,
+    pods: &[Arc<Pod>],
+    now: Timestamp,
+    deadline: Option<Timestamp>,
+) -> Result<Detachment> {
+    let attachments_api: Api<VolumeAttachment> = Api::all(ctx.client.clone());
+    let attachments = attachments_api.list(&ListParams::default()).await?.items;
+    if !attachments.iter().any(|va| va.spec.node_name == node) {
+        return Ok(Detachment::Detached);
+    }
+    let mut spared = BTreeSet::new();
+    for (namespace, claim) in volumes::claims_of_undrained_pods(pods, now) {
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+        if let Some(volume) = ignore_not_found(pvcs.get(&claim).await)?
+            .and_then(|pvc| pvc.spec)
+            .and_then(|spec| spec.volume_name)
+        {
+            spared.insert(volume);
+        }
+    }
+    let blocking = volumes::blocking_attachments(&attachments, node, &spared);
+    Ok(volumes::detachment(&blocking, now, deadline))
 }
 
 /// Removes the finalizer and counts the termination.
-async fn release(ctx: &Context, node: &Node) -> Result<Action> {
+async fn release(ctx: &Context, state: &Termination, node: &Node) -> Result<Action> {
+    state.queue().forget_node(&node.name_any());
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     if let Some(finalizers) = without_finalizer(node.finalizers(), TERMINATION_FINALIZER) {
         absent_ok(
@@ -349,26 +563,32 @@ async fn release(ctx: &Context, node: &Node) -> Result<Action> {
     Ok(Action::await_change())
 }
 
+/// Sets a condition on the NodeClaim (if any) and keeps `claim` at the version written.
 async fn set_claim_condition(
     ctx: &Context,
-    claim: Option<&NodeClaim>,
+    claim: &mut Option<NodeClaim>,
     type_: &str,
     status: ConditionStatus,
     reason: &str,
     message: &str,
 ) -> Result<()> {
-    let Some(claim) = claim else { return Ok(()) };
-    let mut new = claim.status.clone().unwrap_or_default();
+    let Some(current) = claim.as_mut() else {
+        return Ok(());
+    };
+    let mut new = current.status.clone().unwrap_or_default();
     if new.conditions.set_condition(
         type_,
         status,
         reason,
         message,
-        claim.metadata.generation,
+        current.metadata.generation,
         ctx.now(),
     ) {
         let api: Api<NodeClaim> = Api::all(ctx.client.clone());
-        absent_ok(patch_status(&api, &claim.name_any(), &new).await)?;
+        match absent_ok(patch_status(&api, &current.name_any(), &new).await)? {
+            Some(written) => *current = written,
+            None => current.status = Some(new),
+        }
     }
     Ok(())
 }
