@@ -473,6 +473,7 @@ fn kind_target(kind: &str, subresource: Option<&str>) -> Option<Target> {
         "DaemonSet" => of::<apps::v1::DaemonSet>(subresource),
         "PodDisruptionBudget" => of::<policy::v1::PodDisruptionBudget>(subresource),
         "VolumeAttachment" => of::<storage::v1::VolumeAttachment>(subresource),
+        "StorageClass" => of::<storage::v1::StorageClass>(subresource),
         "Lease" => of::<coordination::v1::Lease>(subresource),
         "NodeClaim" => of::<NodeClaim>(subresource),
         "NodePool" => of::<NodePool>(subresource),

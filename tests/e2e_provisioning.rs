@@ -296,3 +296,134 @@ async fn an_expired_node_is_replaced() {
         .await;
     world.finish().await;
 }
+
+/// Volume checks: a pod whose claim does not exist, or whose unbound claim's StorageClass binds
+/// Immediately, gets a `FailedScheduling` event naming the problem and no capacity; a pod whose
+/// claim waits for its first consumer gets a node (and only its requests are provisioned for).
+#[tokio::test]
+async fn pods_with_unusable_claims_get_no_node_and_an_event_naming_the_claim() {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+    use k8s_openapi::api::events::v1::Event;
+    use k8s_openapi::api::storage::v1::StorageClass;
+
+    let Some(world) = World::start(
+        "e2e-volumes",
+        Arc::new(|_: &str| KubeletBehaviour::default()),
+    )
+    .await
+    else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("vol-a").await;
+    world.ready_nodeclass().await;
+    let suffix = &world.namespace[world.namespace.len() - 6..];
+    let pool_name = format!("vol-{suffix}");
+    create_nodepool(&world, &pool_name).await;
+
+    let classes: Api<StorageClass> = Api::all(world.client.clone());
+    for (name, mode) in [
+        (format!("wffc-{suffix}"), "WaitForFirstConsumer"),
+        (format!("now-{suffix}"), "Immediate"),
+    ] {
+        let class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": name}, "provisioner": "csi.example.com",
+            "volumeBindingMode": mode
+        }))
+        .unwrap();
+        classes
+            .create(&PostParams::default(), &class)
+            .await
+            .expect("create StorageClass");
+    }
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(world.client.clone(), &world.namespace);
+    for (claim, class) in [
+        ("later", format!("wffc-{suffix}")),
+        ("now", format!("now-{suffix}")),
+    ] {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": claim},
+            "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}}}
+        }))
+        .unwrap();
+        claims
+            .create(&PostParams::default(), &pvc)
+            .await
+            .expect("create PVC");
+    }
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), &world.namespace);
+    for (pod, claim) in [("orphan", "missing"), ("immediate", "now"), ("db", "later")] {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": pod},
+            "spec": {
+                "containers": [{"name": "c", "image": "registry.example.com/db:1",
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
+            }
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .expect("create pod");
+    }
+
+    let events: Api<Event> = Api::namespaced(world.client.clone(), &world.namespace);
+    let ours = |pod: &'static str, needle: &'static str| {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("FailedScheduling")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
+                    && e.note.as_deref().is_some_and(|n| {
+                        n.starts_with("Failed to schedule pod,") && n.contains(needle)
+                    })
+            })
+        }
+    };
+    eventually("FailedScheduling naming the missing claim", || {
+        ours("orphan", "persistentvolumeclaim \"missing\" not found")
+    })
+    .await;
+    eventually("FailedScheduling naming the Immediate class", || {
+        ours("immediate", "binds Immediately")
+    })
+    .await;
+
+    // Only the pod whose claim can follow it got capacity: one NodeClaim sized for one pod.
+    let selector = ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}"));
+    let nodeclaims = world.nodeclaims();
+    let claim = eventually("a NodeClaim for the pod with a usable claim", || {
+        let nodeclaims = nodeclaims.clone();
+        let selector = selector.clone();
+        async move {
+            let list = nodeclaims.list(&selector).await.ok()?;
+            list.items.into_iter().next()
+        }
+    })
+    .await;
+    let requests = &claim.spec.resources.requests;
+    assert_eq!(
+        requests.get("cpu").map(|q| q.0.as_str()),
+        Some("1"),
+        "{requests:?}"
+    );
+    assert_eq!(
+        nodeclaims.list(&selector).await.unwrap().items.len(),
+        1,
+        "the pods with unusable claims got no capacity"
+    );
+
+    for name in ["orphan", "immediate", "db"] {
+        let _ = pods.delete(name, &DeleteParams::default()).await;
+    }
+    for name in [format!("wffc-{suffix}"), format!("now-{suffix}")] {
+        let _ = classes.delete(&name, &DeleteParams::default()).await;
+    }
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(&pool_name, &DeleteParams::default())
+        .await;
+    world.finish().await;
+}

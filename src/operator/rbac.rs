@@ -126,13 +126,6 @@ pub const PERMISSIONS: &[Permission] = &[
         reason: "draining respects PodDisruptionBudgets through the Eviction API",
     },
     Permission {
-        target: resource("", "persistentvolumeclaims"),
-        verbs: &["get"],
-        scope: Scope::Cluster,
-        resource_names: &[],
-        reason: "termination does not wait for the volumes of pods the drain leaves in place",
-    },
-    Permission {
         target: resource("storage.k8s.io", "volumeattachments"),
         verbs: &["list"],
         scope: Scope::Cluster,
@@ -158,7 +151,7 @@ pub const PERMISSIONS: &[Permission] = &[
         verbs: &["list", "watch"],
         scope: Scope::Cluster,
         resource_names: &[],
-        reason: "pending pods' claims are checked before a node is launched for them",
+        reason: "pending pods' claims are checked before a node is launched for them; termination does not wait for volumes of pods the drain leaves in place",
     },
     Permission {
         target: resource("", "persistentvolumes"),

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Taint as CoreTaint};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint as CoreTaint};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -510,10 +510,12 @@ async fn volume_detachment(
     }
     let mut spared = BTreeSet::new();
     for (namespace, claim) in volumes::claims_of_undrained_pods(pods, now) {
-        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-        if let Some(volume) = ignore_not_found(pvcs.get(&claim).await)?
-            .and_then(|pvc| pvc.spec)
-            .and_then(|spec| spec.volume_name)
+        // Claims are in cluster state (watched for provisioning's volume checks).
+        let pvc = ctx.cluster.read().pvc(&namespace, &claim);
+        if let Some(volume) = pvc
+            .as_ref()
+            .and_then(|pvc| pvc.spec.as_ref())
+            .and_then(|spec| spec.volume_name.clone())
         {
             spared.insert(volume);
         }
