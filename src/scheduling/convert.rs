@@ -125,17 +125,21 @@ fn max_resources(a: &Resources, b: &Resources) -> Resources {
     out
 }
 
-/// Kubernetes effective pod requests: max(containers + sidecars, init-container peaks),
-/// pod-level resources override, plus pod overhead, plus `pods: 1`.
-pub fn pod_requests(object: &str, spec: &core::PodSpec) -> Result<Resources, ConvertError> {
+/// The Kubernetes effective-resources rule over one per-container list (requests or limits):
+/// max(containers + sidecars, init-container peaks), then the pod-level list overrides.
+fn effective_resources(
+    spec: &core::PodSpec,
+    per_container: impl Fn(&core::Container) -> Result<Resources, ConvertError>,
+    pod_level: Resources,
+) -> Result<Resources, ConvertError> {
     let mut containers = Resources::new();
     for c in &spec.containers {
-        containers += &container_requests(object, c)?;
+        containers += &per_container(c)?;
     }
     let mut sidecars = Resources::new();
     let mut init_peak = Resources::new();
     for c in spec.init_containers.iter().flatten() {
-        let r = container_requests(object, c)?;
+        let r = per_container(c)?;
         if c.restart_policy.as_deref() == Some("Always") {
             sidecars += &r;
             init_peak = max_resources(&init_peak, &sidecars);
@@ -144,46 +148,35 @@ pub fn pod_requests(object: &str, spec: &core::PodSpec) -> Result<Resources, Con
         }
     }
     let mut total = max_resources(&containers.plus(&sidecars), &init_peak);
-    if let Some(pod_level) = spec.resources.as_ref() {
-        let pod_level = resource_list(object, pod_level.requests.as_ref())?;
-        for (k, v) in pod_level.iter() {
-            total.set(k, v);
-        }
+    for (k, v) in pod_level.iter() {
+        total.set(k, v);
     }
+    Ok(total)
+}
+
+/// Kubernetes effective pod requests: max(containers + sidecars, init-container peaks),
+/// pod-level resources override, plus pod overhead, plus `pods: 1`.
+pub fn pod_requests(object: &str, spec: &core::PodSpec) -> Result<Resources, ConvertError> {
+    let pod_level = spec.resources.as_ref().and_then(|r| r.requests.as_ref());
+    let mut total = effective_resources(
+        spec,
+        |c| container_requests(object, c),
+        resource_list(object, pod_level)?,
+    )?;
     total += &resource_list(object, spec.overhead.as_ref())?;
     total.set(PODS, total.pods() + Quantity::from_units(1));
     Ok(total)
 }
 
-/// Effective pod limits, by the same rule as requests (containers + sidecars against the
-/// init-container peak, pod-level override, overhead) but without defaulting from requests and
+/// Effective pod limits, by the same rule as requests but without defaulting from requests and
 /// without a `pods` entry. A resource no container limits is absent.
 pub fn pod_limits(object: &str, spec: &core::PodSpec) -> Result<Resources, ConvertError> {
-    let limits_of = |c: &core::Container| {
-        resource_list(object, c.resources.as_ref().and_then(|r| r.limits.as_ref()))
-    };
-    let mut containers = Resources::new();
-    for c in &spec.containers {
-        containers += &limits_of(c)?;
-    }
-    let mut sidecars = Resources::new();
-    let mut init_peak = Resources::new();
-    for c in spec.init_containers.iter().flatten() {
-        let r = limits_of(c)?;
-        if c.restart_policy.as_deref() == Some("Always") {
-            sidecars += &r;
-            init_peak = max_resources(&init_peak, &sidecars);
-        } else {
-            init_peak = max_resources(&init_peak, &sidecars.clone().plus(&r));
-        }
-    }
-    let mut total = max_resources(&containers.plus(&sidecars), &init_peak);
-    if let Some(pod_level) = spec.resources.as_ref() {
-        let pod_level = resource_list(object, pod_level.limits.as_ref())?;
-        for (k, v) in pod_level.iter() {
-            total.set(k, v);
-        }
-    }
+    let pod_level = spec.resources.as_ref().and_then(|r| r.limits.as_ref());
+    let mut total = effective_resources(
+        spec,
+        |c| resource_list(object, c.resources.as_ref().and_then(|r| r.limits.as_ref())),
+        resource_list(object, pod_level)?,
+    )?;
     if !total.is_empty() {
         total += &resource_list(object, spec.overhead.as_ref())?;
     }
