@@ -580,8 +580,21 @@ pub async fn set_node_condition(
     condition_type: &str,
     status: bool,
 ) -> Result<Node, KubeletSimError> {
+    set_node_condition_since(client, node_name, condition_type, status, Timestamp::now()).await
+}
+
+/// Like [`set_node_condition`], for a condition that has held since `since` (a kubelet that
+/// went unhealthy while nobody was watching, e.g. during a controller outage).
+pub async fn set_node_condition_since(
+    client: &kube::Client,
+    node_name: &str,
+    condition_type: &str,
+    status: bool,
+    since: Timestamp,
+) -> Result<Node, KubeletSimError> {
     let healthy_status = condition_type == "Ready";
-    let update = condition(condition_type, healthy_status, status, Timestamp::now());
+    let mut update = condition(condition_type, healthy_status, status, Timestamp::now());
+    update.last_transition_time = Some(Time(since));
     let patch = serde_json::json!({ "status": { "conditions": [update] } });
     let nodes: Api<Node> = Api::all(client.clone());
     // Strategic merge keys node conditions by type, so the other conditions stay.

@@ -1,8 +1,8 @@
 //! Controller scenarios on a real control plane (etcd, kube-apiserver, kube-scheduler,
 //! kube-controller-manager from `hack/control-plane.sh`) with the simulated Exoscale cloud:
 //! teardown and drain, PDB-guarded drains until the deadline, the registration TTL, instance
-//! garbage collection, NodeClass readiness, leader election, a restart mid-launch, and the wait
-//! for VolumeAttachments before an instance is deleted.
+//! garbage collection, NodeClass readiness, leader election, a restart mid-launch, the wait
+//! for VolumeAttachments before an instance is deleted, and node repair.
 //! TTLs are shortened through the same settings operators use.
 
 #[path = "e2e/harness.rs"]
@@ -13,15 +13,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use harness::{PREFIX, World, eventually, eventually_within};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use karpenter_exoscale::apis::labels::{
     INSTANCE_CLUSTER_ID_LABEL, INSTANCE_NODECLAIM_LABEL,
-    NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION, conditions,
+    NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION, NODEPOOL_LABEL, conditions,
 };
-use karpenter_exoscale::apis::{ConditionStatus, ConditionsExt, ExoscaleNodeClass, NodeClaim};
+use karpenter_exoscale::apis::{
+    ConditionStatus, ConditionsExt, ExoscaleNodeClass, NodeClaim, NodePool,
+};
 use karpenter_exoscale::cloudprovider::CloudProvider;
 use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
 use karpenter_exoscale::exoscale::{Clock, SystemClock};
@@ -653,5 +656,126 @@ async fn the_termination_deadline_ends_the_wait_for_volume_detachment() {
         .delete(&va_name, &DeleteParams::default())
         .await
         .unwrap();
+    world.finish().await;
+}
+
+/// Node repair (feature gate `NodeRepair`): a node whose Ready condition has been False for
+/// longer than the provider's toleration (15 min) has its NodeClaim deleted at once, and
+/// provisioning replaces it for the pod it ran. The 20 % rule is covered by unit tests in
+/// `controllers::repair`.
+#[tokio::test]
+async fn an_unhealthy_node_is_repaired_and_replaced() {
+    let Some(mut world) = World::start("e2e-repair", joins()).await else {
+        return;
+    };
+    world
+        .env
+        .insert("FEATURE_GATES".into(), "NodeRepair=true".into());
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("repair-a").await;
+    world.ready_nodeclass().await;
+    let pool = format!("repair-{}", suffix(&world));
+    let nodepool: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": pool},
+        "spec": {
+            "template": {"spec": {
+                "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
+                "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
+                "expireAfter": "Never"
+            }},
+            "disruption": {"consolidateAfter": "Never"}
+        }
+    }))
+    .unwrap();
+    let nodepools: Api<NodePool> = Api::all(world.client.clone());
+    nodepools
+        .create(&PostParams::default(), &nodepool)
+        .await
+        .expect("create NodePool");
+    let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "repaired"}},
+            "template": {"metadata": {"labels": {"app": "repaired"}},
+                "spec": {"nodeSelector": {NODEPOOL_LABEL: pool},
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"requests": {"cpu": "200m", "memory": "64Mi"}}}]}}}
+    }))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("create Deployment");
+    let pods = world.pods();
+    let bound_to = |pods: Api<Pod>| async move {
+        let list = pods
+            .list(&ListParams::default().labels("app=repaired"))
+            .await
+            .ok()?;
+        let live: Vec<&Pod> = list
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        match live.as_slice() {
+            [pod] => pod.spec.as_ref()?.node_name.clone(),
+            _ => None,
+        }
+    };
+    let sick = eventually("the pod is bound", || bound_to(pods.clone())).await;
+    let sick_claim = world
+        .nodeclaims()
+        .list(&ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(sick.as_str()))
+        .expect("the NodeClaim of the pod's node")
+        .name_any();
+
+    // The kubelet reports Ready=False since 20 minutes ago: past the 15-minute toleration.
+    let since = k8s_openapi::jiff::Timestamp::now()
+        .checked_sub(k8s_openapi::jiff::SignedDuration::from_mins(20))
+        .unwrap();
+    karpenter_exoscale::kubelet_sim::set_node_condition_since(
+        &world.client,
+        &sick,
+        "Ready",
+        false,
+        since,
+    )
+    .await
+    .expect("report NotReady");
+
+    // Repair runs every 30 s: the NodeClaim, its Node and its VM go, and the pod is rebound on
+    // a new node of the pool.
+    gone(&world.nodeclaims(), &sick_claim, "NodeClaim").await;
+    gone(&world.nodes(), &sick, "Node").await;
+    eventually("the sick node's instance deleted", || async {
+        (instances_of(&world, &sick_claim) == 0).then_some(())
+    })
+    .await;
+    let healthy = eventually("the pod is bound to a new node", || async {
+        bound_to(pods.clone()).await.filter(|n| *n != sick)
+    })
+    .await;
+    let node = world.nodes().get(&healthy).await.expect("the new node");
+    assert_eq!(node.labels().get(NODEPOOL_LABEL), Some(&pool));
+    let ready = node
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready condition");
+    assert_eq!(ready.status, "True", "the replacement is healthy");
+
+    deployments
+        .delete("app", &DeleteParams::default())
+        .await
+        .expect("delete Deployment");
+    let _ = nodepools.delete(&pool, &DeleteParams::default()).await;
     world.finish().await;
 }

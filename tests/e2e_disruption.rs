@@ -1,7 +1,8 @@
 //! Disruption scenarios on the real control plane with the simulated Exoscale cloud: the
 //! provisioner launches nodes for Deployments, kube-scheduler binds the pods, and the
-//! disruption controller removes empty nodes, consolidates, replaces drifted nodes within the
-//! budget and leaves protected nodes alone. NodePools use short `consolidateAfter` values.
+//! disruption controller removes empty nodes, consolidates (one node, or two into one cheaper
+//! node), replaces drifted nodes within the budget, honours scheduled budgets and leaves protected
+//! nodes alone. NodePools use short `consolidateAfter` values.
 
 #[allow(dead_code)]
 #[path = "e2e/harness.rs"]
@@ -17,7 +18,7 @@ use harness::{PREFIX, World, eventually, eventually_within};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use karpenter_exoscale::apis::labels::NODEPOOL_LABEL;
+use karpenter_exoscale::apis::labels::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
 use karpenter_exoscale::apis::{ConditionsExt, NodeClaim, NodePool};
 use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
 use karpenter_exoscale::controllers::disruption;
@@ -128,6 +129,16 @@ async fn nodepool(
     disruption: serde_json::Value,
     labels: serde_json::Value,
 ) -> String {
+    nodepool_of(world, &["standard.small"], disruption, labels).await
+}
+
+/// A NodePool of on-demand nodes of `types` with the given disruption block and labels.
+async fn nodepool_of(
+    world: &World,
+    types: &[&str],
+    disruption: serde_json::Value,
+    labels: serde_json::Value,
+) -> String {
     let name = format!("dis-{}", suffix(world));
     let pool: NodePool = serde_json::from_value(json!({
         "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
@@ -138,7 +149,7 @@ async fn nodepool(
                 "metadata": {"labels": labels},
                 "spec": {
                     "requirements": [
-                        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]},
+                        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": types},
                         {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}
                     ],
                     "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
@@ -565,5 +576,245 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
         (bound_pods(&world, "guarded", 1).await == pinned_node).then_some(())
     })
     .await;
+    cleanup(world, operator, &pool).await;
+}
+
+/// Sets the NodePool's budgets (the list is replaced).
+async fn set_budgets(world: &World, pool: &str, budgets: serde_json::Value) {
+    Api::<NodePool>::all(world.client.clone())
+        .patch(
+            pool,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"disruption": {"budgets": budgets}}})),
+        )
+        .await
+        .expect("patch budgets");
+}
+
+async fn consolidatable(world: &World, claims: &BTreeSet<String>) {
+    eventually_within("the NodeClaims are Consolidatable", LONG, || async {
+        let all = world
+            .nodeclaims()
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let ready = claims.iter().all(|name| {
+            all.iter().any(|c| {
+                c.name_any() == *name
+                    && c.status
+                        .as_ref()
+                        .is_some_and(|s| s.conditions.is_true("Consolidatable"))
+            })
+        });
+        ready.then_some(())
+    })
+    .await;
+}
+
+/// On-demand price of an instance type (any currency will do for comparisons).
+fn price_of(instance_type: &str) -> f64 {
+    karpenter_exoscale::catalogue::Catalogue::embedded()
+        .price_by_name(instance_type, karpenter_exoscale::catalogue::Currency::Eur)
+        .unwrap_or_else(|| panic!("{instance_type} has a price"))
+}
+
+fn type_of(claim: &NodeClaim) -> String {
+    claim
+        .labels()
+        .get(INSTANCE_TYPE_LABEL)
+        .cloned()
+        .unwrap_or_else(|| panic!("{} has an instance type", claim.name_any()))
+}
+
+#[tokio::test]
+async fn two_under_used_nodes_become_one_cheaper_node() {
+    let Some(world) = World::start("dis-multi", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let operator = Operator::start(&world).await;
+    world.ready_nodeclass().await;
+    // A zero budget holds disruption while the two nodes are built, so that both are candidates
+    // at the same time once it opens.
+    let pool = nodepool_of(
+        &world,
+        &["standard.tiny", "standard.small"],
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s",
+               "budgets": [{"nodes": "0"}]}),
+        json!({}),
+    )
+    .await;
+    // standard.small allocates 1700m (300m reserved): a filler and a small pod leave 200m, so
+    // the second pair needs a second node and each node ends up with one small pod.
+    deployment(&world, "filler-a", &pool, 1, "1200m", json!({})).await;
+    deployment(&world, "small-a", &pool, 1, "300m", json!({})).await;
+    initialized_claims(&world, &pool, 1).await;
+    bound_pods(&world, "filler-a", 1).await;
+    let node_a = bound_pods(&world, "small-a", 1).await;
+    deployment(&world, "filler-b", &pool, 1, "1200m", json!({})).await;
+    deployment(&world, "small-b", &pool, 1, "300m", json!({})).await;
+    let old = initialized_claims(&world, &pool, 2).await;
+    bound_pods(&world, "filler-b", 1).await;
+    let node_b = bound_pods(&world, "small-b", 1).await;
+    assert_ne!(node_a, node_b, "one small pod per node");
+    let old_claims: Vec<NodeClaim> = claims_of(&world, &pool).await;
+    let old_price: f64 = old_claims.iter().map(|c| price_of(&type_of(c))).sum();
+
+    // Without the fillers both nodes are under-used: the two small pods fit one tiny node.
+    for filler in ["filler-a", "filler-b"] {
+        deployments(&world)
+            .delete(filler, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    consolidatable(&world, &old).await;
+    set_budgets(&world, &pool, json!([{"nodes": "2"}])).await;
+
+    // Both old NodeClaims go at once for one new NodeClaim: the small pods never move to the
+    // other old node (single-node consolidation would have moved one of them there first).
+    let (node_a, node_b) = (node_a[0].clone(), node_b[0].clone());
+    let new_claims: std::sync::Mutex<BTreeSet<String>> = Default::default();
+    let survivor = eventually_within("the two NodeClaims replaced by one", LONG, || {
+        let (world, pool) = (&world, &pool);
+        let (old, node_a, node_b) = (&old, &node_a, &node_b);
+        let new_claims = &new_claims;
+        async move {
+            let claims = claims_of(world, pool).await;
+            new_claims.lock().unwrap().extend(
+                claims
+                    .iter()
+                    .map(|c| c.name_any())
+                    .filter(|n| !old.contains(n)),
+            );
+            let pods = world.pods().list(&ListParams::default()).await;
+            for pod in pods.map(|l| l.items).unwrap_or_default() {
+                let app = pod.labels().get("app").cloned().unwrap_or_default();
+                let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+                let wrong = match app.as_str() {
+                    "small-a" => Some(node_b),
+                    "small-b" => Some(node_a),
+                    _ => None,
+                };
+                assert!(
+                    wrong.is_none() || node.as_ref() != wrong,
+                    "{} moved to the other old node {node:?}",
+                    pod.name_any()
+                );
+            }
+            let live: Vec<&NodeClaim> = claims
+                .iter()
+                .filter(|c| c.metadata.deletion_timestamp.is_none())
+                .collect();
+            let done = claims.len() == 1
+                && live.len() == 1
+                && !old.contains(&live[0].name_any())
+                && live[0]
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.conditions.is_true("Initialized"));
+            done.then(|| live[0].clone())
+        }
+    })
+    .await;
+    let new_claims = new_claims.into_inner().unwrap();
+    assert_eq!(
+        new_claims.len(),
+        1,
+        "exactly one replacement NodeClaim: {new_claims:?}"
+    );
+    let new_type = type_of(&survivor);
+    let new_price = price_of(&new_type);
+    assert!(
+        new_price < old_price,
+        "{new_type} at {new_price} is not cheaper than the two old nodes at {old_price}"
+    );
+    let node = node_of(&survivor).expect("the replacement has a node");
+    eventually_within("both small pods run on the new node", LONG, || async {
+        let a = bound_pods(&world, "small-a", 1).await;
+        let b = bound_pods(&world, "small-b", 1).await;
+        (a == [node.clone()] && b == [node.clone()]).then_some(())
+    })
+    .await;
+    cleanup(world, operator, &pool).await;
+}
+
+/// A 5-field UTC cron for `minutes_from_now` minutes from now (negative: in the past), daily.
+fn daily_cron_at(minutes_from_now: i64) -> String {
+    use chrono::Timelike;
+    let at = chrono::Utc::now() + chrono::Duration::minutes(minutes_from_now);
+    format!("{} {} * * *", at.minute(), at.hour())
+}
+
+#[tokio::test]
+async fn a_scheduled_zero_budget_blocks_disruption_only_inside_its_window() {
+    let Some(world) = World::start("dis-window", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let operator = Operator::start(&world).await;
+    world.ready_nodeclass().await;
+    // The window opened a minute ago and lasts two hours.
+    let pool = nodepool(
+        &world,
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "2s",
+               "budgets": [{"nodes": "0", "schedule": daily_cron_at(-1), "duration": "2h"}]}),
+        json!({}),
+    )
+    .await;
+    deployment(&world, "web", &pool, 1, "200m", json!({})).await;
+    let claims = initialized_claims(&world, &pool, 1).await;
+    bound_pods(&world, "web", 1).await;
+    let claim = claims.iter().next().unwrap().clone();
+    scale(&world, "web", 0).await;
+    consolidatable(&world, &claims).await;
+
+    // The empty node would go, but the budget reports the NodePool blocked instead.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(world.client.clone());
+    let blocked = eventually_within("DisruptionBlocked on the NodePool", LONG, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("DisruptionBlocked")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool.as_str())
+                && e.note.as_deref().is_some_and(|n| n.contains("Empty"))
+        })
+    })
+    .await;
+    assert!(
+        blocked.note.unwrap().contains("blocking budget"),
+        "the event names the budget"
+    );
+    // Several decision loops (2 s apart) later, the node is still there.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let c = world
+            .nodeclaims()
+            .get(&claim)
+            .await
+            .expect("NodeClaim kept");
+        assert!(
+            c.metadata.deletion_timestamp.is_none(),
+            "the empty node was disrupted inside the zero-budget window"
+        );
+    }
+
+    // The same budget scheduled twelve hours away is inactive: the empty node goes.
+    set_budgets(
+        &world,
+        &pool,
+        json!([{"nodes": "0", "schedule": daily_cron_at(12 * 60), "duration": "1h"}]),
+    )
+    .await;
+    let nodeclaims = world.nodeclaims();
+    eventually_within("the empty NodeClaim is deleted", LONG, || {
+        let nodeclaims = nodeclaims.clone();
+        let claim = claim.clone();
+        async move { matches!(nodeclaims.get_opt(&claim).await, Ok(None)).then_some(()) }
+    })
+    .await;
+    assert!(
+        claims_of(&world, &pool).await.is_empty(),
+        "no replacement for an empty node"
+    );
     cleanup(world, operator, &pool).await;
 }

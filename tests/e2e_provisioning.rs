@@ -1,7 +1,7 @@
 //! Provisioning end to end on the real control plane with the simulated Exoscale cloud: pending
 //! pods → one batch → NodeClaims → simulated instances → Nodes registered and Ready →
 //! kube-scheduler binds the pods (and prints the latencies the issue asks to measure); an expired
-//! node is replaced.
+//! node is replaced; a type out of capacity falls back to the next one.
 
 // Shared with tests/e2e.rs; this target uses only part of it.
 #[allow(dead_code)]
@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use harness::{World, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::events::v1::Event;
 use karpenter_exoscale::apis::NodePool;
-use karpenter_exoscale::apis::labels::NODEPOOL_LABEL;
+use karpenter_exoscale::apis::labels::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
 use karpenter_exoscale::kubelet_sim::KubeletBehaviour;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -422,6 +423,147 @@ async fn pods_with_unusable_claims_get_no_node_and_an_event_naming_the_claim() {
     for name in [format!("wffc-{suffix}"), format!("now-{suffix}")] {
         let _ = classes.delete(&name, &DeleteParams::default()).await;
     }
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(&pool_name, &DeleteParams::default())
+        .await;
+    world.finish().await;
+}
+
+/// The cheapest fitting type is out of capacity: its launch fails with an insufficient-capacity
+/// error, the NodeClaim is deleted (InsufficientCapacityError event), the offering is marked
+/// unavailable, and the next batch launches another type on which the pod is bound.
+#[tokio::test]
+async fn an_instance_type_out_of_capacity_falls_back_to_the_next_type() {
+    let Some(world) =
+        World::start("e2e-ice", Arc::new(|_: &str| KubeletBehaviour::default())).await
+    else {
+        return;
+    };
+    // 256Mi does not fit standard.micro (512 MiB minus 500 MiB overhead): tiny is the cheapest.
+    assert!(world.sim.set_capacity_exhausted("standard.tiny", true));
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("ice-a").await;
+    world.ready_nodeclass().await;
+    let pool_name = format!("ice-{}", &world.namespace[world.namespace.len() - 6..]);
+    create_nodepool(&world, &pool_name).await;
+
+    let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "ice"}},
+            "template": {"metadata": {"labels": {"app": "ice"}},
+                "spec": {"containers": [{"name": "c", "image": "registry.example.com/app:1",
+                    "resources": {"requests": {"cpu": "300m", "memory": "256Mi"}}}]}}}
+    }))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("create Deployment");
+
+    // The failed launch is reported on its NodeClaim, naming the exhausted type.
+    let events: Api<Event> = Api::namespaced(world.client.clone(), "default");
+    let failed = eventually(
+        "an InsufficientCapacityError event for standard.tiny",
+        || {
+            let events = events.clone();
+            async move {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                list.items.into_iter().find(|e| {
+                    e.reason.as_deref() == Some("InsufficientCapacityError")
+                        && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("NodeClaim")
+                        && e.note
+                            .as_deref()
+                            .is_some_and(|n| n.contains("standard.tiny"))
+                })
+            }
+        },
+    )
+    .await;
+    let failed_claim = failed
+        .regarding
+        .and_then(|r| r.name)
+        .expect("the event names its NodeClaim");
+
+    // The pod ends up on a node of another type of the pool.
+    let pods = world.pods();
+    let node_name = eventually("the pod is bound", || {
+        let pods = pods.clone();
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels("app=ice"))
+                .await
+                .ok()?;
+            list.items.first()?.spec.as_ref()?.node_name.clone()
+        }
+    })
+    .await;
+    let node = world.nodes().get(&node_name).await.expect("bound node");
+    let node_type = node
+        .labels()
+        .get(INSTANCE_TYPE_LABEL)
+        .cloned()
+        .expect("instance-type label");
+    assert_ne!(node_type, "standard.tiny");
+    assert!(node_type.starts_with("standard."), "{node_type}");
+    assert_eq!(node.labels().get(NODEPOOL_LABEL), Some(&pool_name));
+
+    // The failed NodeClaim is gone, and no VM of the exhausted type was left behind.
+    let claims = world.nodeclaims();
+    eventually("the failed NodeClaim is deleted", || {
+        let claims = claims.clone();
+        let failed_claim = failed_claim.clone();
+        async move { matches!(claims.get_opt(&failed_claim).await, Ok(None)).then_some(()) }
+    })
+    .await;
+    let live = claims
+        .list(&ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}")))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(live.len(), 1, "one NodeClaim serves the pod");
+    assert_eq!(
+        live[0].labels().get(INSTANCE_TYPE_LABEL),
+        Some(&node_type),
+        "the NodeClaim launched the fallback type"
+    );
+    // The next solve left the unavailable offering out of the NodeClaim's choices.
+    let choices: Vec<&String> = live[0]
+        .spec
+        .requirements
+        .iter()
+        .filter(|r| r.key == INSTANCE_TYPE_LABEL)
+        .flat_map(|r| &r.values)
+        .collect();
+    assert!(
+        !choices.is_empty(),
+        "the NodeClaim lists its instance types"
+    );
+    assert!(
+        !choices.iter().any(|t| *t == "standard.tiny"),
+        "{choices:?}"
+    );
+    let tiny = world
+        .exo
+        .list_instance_types()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|t| t.name() == "standard.tiny")
+        .unwrap();
+    assert!(
+        world
+            .live_instances()
+            .iter()
+            .all(|i| i.instance_type.id != tiny.id),
+        "no instance of the exhausted type exists"
+    );
+    assert!(world.sim.call_count("create-instance") >= 2);
+
+    deployments
+        .delete("app", &DeleteParams::default())
+        .await
+        .expect("delete Deployment");
     let _ = Api::<NodePool>::all(world.client.clone())
         .delete(&pool_name, &DeleteParams::default())
         .await;

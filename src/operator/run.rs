@@ -358,10 +358,19 @@ pub fn main(args: &super::config::RunArgs) -> std::process::ExitCode {
 /// sharing node nominations (a node just nominated for pods is not disrupted).
 pub fn core_controllers(config: &Config) -> Vec<ExtraController> {
     let nominations = Arc::new(crate::provisioning::controller::Nominations::default());
-    vec![crate::provisioning::plugin(
-        crate::provisioning::settings(config),
-        nominations,
-    )]
+    vec![
+        crate::provisioning::plugin(crate::provisioning::settings(config), nominations.clone()),
+        crate::controllers::disruption::plugin(disruption_settings(config), nominations),
+    ]
+}
+
+/// Disruption paces itself as upstream and simulates scheduling with the provisioner's policies.
+pub fn disruption_settings(config: &Config) -> crate::controllers::disruption::Settings {
+    crate::controllers::disruption::Settings {
+        preference_policy: config.preference_policy,
+        min_values_policy: config.min_values_policy,
+        ..crate::controllers::disruption::Settings::default()
+    }
 }
 
 async fn wait_for_signal() {
@@ -377,4 +386,43 @@ async fn wait_for_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::config::RunArgs;
+    use crate::scheduling::{MinValuesPolicy, PreferencePolicy};
+
+    fn config(env: &[(&str, &str)]) -> Config {
+        let mut vars: std::collections::BTreeMap<String, String> = [
+            ("EXOSCALE_API_KEY", "k"),
+            ("EXOSCALE_API_SECRET", "s"),
+            ("EXOSCALE_ZONE", "ch-gva-2"),
+            (
+                "EXOSCALE_SKS_CLUSTER_ID",
+                "5f0c9a58-1b8c-4a5e-9a43-3b1c1f2b6d11",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Config::resolve(&RunArgs::default(), &vars).expect("valid configuration")
+    }
+
+    #[test]
+    fn the_operator_runs_provisioning_and_disruption() {
+        assert_eq!(core_controllers(&config(&[])).len(), 2);
+    }
+
+    #[test]
+    fn disruption_simulates_with_the_configured_scheduling_policies() {
+        let settings = disruption_settings(&config(&[
+            ("PREFERENCE_POLICY", "Ignore"),
+            ("MIN_VALUES_POLICY", "BestEffort"),
+        ]));
+        assert_eq!(settings.preference_policy, PreferencePolicy::Ignore);
+        assert_eq!(settings.min_values_policy, MinValuesPolicy::BestEffort);
+    }
 }

@@ -312,6 +312,21 @@ impl ExoscaleSim {
         self.shared.world.lock().expect("lock").instance_quota = limit;
     }
 
+    /// Marks `family.size` as out of capacity (creates of it fail with a 412 capacity error) or
+    /// back in stock; false when the type is unknown.
+    pub fn set_capacity_exhausted(&self, type_name: &str, exhausted: bool) -> bool {
+        let mut world = self.shared.world.lock().expect("lock");
+        if !world.instance_types.iter().any(|t| t.name() == type_name) {
+            return false;
+        }
+        if exhausted {
+            world.exhausted_types.insert(type_name.to_string());
+        } else {
+            world.exhausted_types.remove(type_name);
+        }
+        true
+    }
+
     pub fn set_operation_delay(&self, delay: Duration) {
         *self.shared.operation_delay.lock().expect("lock") = delay;
     }

@@ -1,7 +1,7 @@
 //! The simulated account in one zone: catalogue, templates, SKS cluster, groups, networks,
 //! instances and operations. Plain data and synchronous methods; HTTP lives in `http.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -102,6 +102,8 @@ pub(crate) struct World {
     pub instances: Vec<Instance>,
     pub operations: BTreeMap<String, Operation>,
     pub instance_quota: Option<usize>,
+    /// Instance types (`family.size`) whose hosts are full: creates get a 412 capacity error.
+    pub exhausted_types: BTreeSet<String>,
     next_address: u32,
 }
 
@@ -144,6 +146,7 @@ impl World {
             instances: Vec::new(),
             operations: BTreeMap::new(),
             instance_quota: None,
+            exhausted_types: BTreeSet::new(),
             next_address: 10,
         };
         world.templates.push(Template {
@@ -595,6 +598,16 @@ impl World {
                 ),
             ));
         }
+        if self.exhausted_types.contains(&itype.name()) {
+            return Err((
+                412,
+                format!(
+                    "Insufficient capacity for instance type {} in zone {}",
+                    itype.name(),
+                    self.zone
+                ),
+            ));
+        }
         if !itype.zones.contains(&self.zone) {
             return Err((
                 400,
@@ -818,6 +831,28 @@ mod tests {
         let body = create_body(&w, json!({}));
         assert_eq!(w.create_instance(&body).status, 403);
         assert!(w.instances.is_empty());
+    }
+
+    #[test]
+    fn an_exhausted_instance_type_gets_a_capacity_error_and_others_still_launch() {
+        let mut w = world();
+        w.exhausted_types.insert("standard.small".into());
+        let body = create_body(&w, json!({}));
+        let reply = w.create_instance(&body);
+        assert_eq!(reply.status, 412);
+        let message = reply.body["message"].as_str().unwrap();
+        assert!(message.contains("Insufficient capacity"), "{message}");
+        assert!(message.contains("standard.small"), "{message}");
+        assert!(w.instances.is_empty());
+        let medium = w
+            .instance_types
+            .iter()
+            .find(|t| t.name() == "standard.medium")
+            .unwrap()
+            .id
+            .clone();
+        let body = create_body(&w, json!({"instance-type": {"id": medium}}));
+        assert_eq!(w.create_instance(&body).status, 200);
     }
 
     #[test]
