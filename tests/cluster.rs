@@ -867,3 +867,64 @@ async fn dropping_a_control_plane_kills_its_processes_and_removes_its_directory(
         );
     }
 }
+
+/// Two replicas starting at the same instant compete for one Lease: exactly one leads, and it
+/// is the one the Lease names. Repeated over fresh Leases because the race is in the start.
+#[tokio::test]
+async fn replicas_electing_at_the_same_time_never_both_lead() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use karpenter_exoscale::operator::leader::{LeaseTimings, elect};
+
+    let Some(plane) = support::shared() else {
+        return;
+    };
+    let client = plane.client().await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    for round in 0..8 {
+        let name = format!("election-{}-{round}", random_suffix());
+        let timings = LeaseTimings {
+            duration: Duration::from_secs(30),
+            grace: Duration::from_secs(10),
+        };
+        let (a, b) = tokio::join!(
+            elect(client.clone(), "default", &name, "replica-a", timings),
+            elect(client.clone(), "default", &name, "replica-b", timings),
+        );
+        let (a, b) = (a.expect("election a"), b.expect("election b"));
+        let holder = eventually("a Lease holder", || {
+            let leases = leases.clone();
+            let name = name.clone();
+            async move {
+                let lease = leases.get_opt(&name).await.ok()??;
+                lease.spec?.holder_identity
+            }
+        })
+        .await;
+        let leader = eventually("a replica that leads", || async {
+            match (a.leadership.is_leader(), b.leadership.is_leader()) {
+                (true, true) => panic!("round {round}: both replicas lead (Lease holder {holder})"),
+                (true, false) => Some("replica-a"),
+                (false, true) => Some("replica-b"),
+                (false, false) => None,
+            }
+        })
+        .await;
+        // Several renewals later, still one leader, and the one the Lease names.
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(
+                !(a.leadership.is_leader() && b.leadership.is_leader()),
+                "round {round}: both replicas lead"
+            );
+        }
+        let holder = leases
+            .get(&name)
+            .await
+            .unwrap()
+            .spec
+            .and_then(|s| s.holder_identity);
+        assert_eq!(holder.as_deref(), Some(leader), "round {round}");
+        a.release().await;
+        b.release().await;
+    }
+}

@@ -93,7 +93,10 @@ pub async fn elect(
         .with_identity(identity)
         .with_duration(timings.duration.as_secs().max(2))
         .with_grace(timings.grace.as_secs().max(1))
-        .with_field_manager("karpenter-exoscale")
+        // One field manager per replica: taking an unheld Lease is a server-side apply of
+        // `holderIdentity`, and only distinct managers make a simultaneous second claim a
+        // conflict instead of a silent overwrite that leaves two replicas leading.
+        .with_field_manager(format!("karpenter-exoscale/{identity}"))
         .build()
         .await
         .map_err(|source| LeaderError::Setup {

@@ -226,9 +226,11 @@ impl World {
             clock,
             bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
             extra_controllers,
+            // Short enough that a killed leader is replaced quickly, with 3 s of slack so a
+            // busy machine delaying one renewal does not hand the Lease over.
             lease: LeaseTimings {
-                duration: Duration::from_secs(4),
-                grace: Duration::from_secs(1),
+                duration: Duration::from_secs(6),
+                grace: Duration::from_secs(3),
             },
             metrics: metrics.clone(),
         };
