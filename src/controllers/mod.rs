@@ -339,7 +339,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     } else {
         Box::pin(std::future::pending())
     });
-    let state_metrics = until_shutdown(Box::pin(metrics::run(ctx.clone())));
     futures::join!(
         nodeclaims,
         nodes,
@@ -347,8 +346,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         nodeclasses,
         gc,
         tokens,
-        repair,
-        state_metrics
+        repair
     );
 }
 

@@ -261,6 +261,13 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
         (Some(election), leadership)
     };
 
+    // Cache health on every replica; node and pod series only while leading.
+    let state_metrics = tokio::spawn(controllers::metrics::run(
+        cluster.clone(),
+        metrics.clone(),
+        clock.clone(),
+        leadership.clone(),
+    ));
     let result = {
         let mut waiting = leadership.clone();
         let mut stop_wait = stop.clone();
@@ -302,6 +309,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
     if let Some(election) = election {
         election.release().await;
     }
+    state_metrics.abort();
     for feed in feeds {
         feed.abort();
     }

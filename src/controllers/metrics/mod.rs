@@ -1,6 +1,8 @@
 //! Publishes the node, pod and cluster-state gauges (`karpenter_nodes_*`, `karpenter_pods_state`,
 //! `karpenter_cluster_state_*`) from the cluster index whenever it changes, at most every few
 //! seconds. Series of nodes and pods that are gone are removed, not left at their last value.
+//! Every replica keeps a synced cache and says so; only the leader exports the per-node and
+//! per-pod series (as upstream), so summing them across replicas does not double count.
 
 pub mod state;
 
@@ -10,9 +12,11 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use self::state::{PodTransitions, Sample, StateSnapshot, snapshot};
-use super::Context;
+use self::state::{PodTransitions, Sample, StateInput, StateSnapshot, snapshot};
+use crate::exoscale::Clock;
+use crate::operator::leader::Leadership;
 use crate::operator::metrics::{Labels, Metrics, NodeGauge};
+use crate::state::Cluster;
 
 /// Changes are coalesced: at most one refresh per interval (a busy cluster changes constantly).
 const MIN_REFRESH: Duration = Duration::from_secs(5);
@@ -71,7 +75,17 @@ struct Publisher {
 }
 
 impl Publisher {
-    fn publish(&mut self, metrics: &Metrics, snapshot: &StateSnapshot, unsynced_seconds: f64) {
+    fn publish_cluster_state(&self, metrics: &Metrics, snapshot: &StateSnapshot, unsynced: f64) {
+        metrics
+            .cluster_state_synced
+            .set(if snapshot.synced { 1.0 } else { 0.0 });
+        metrics
+            .cluster_state_node_count
+            .set(snapshot.node_count as f64);
+        metrics.cluster_state_unsynced_time.set(unsynced);
+    }
+
+    fn publish_workload(&mut self, metrics: &Metrics, snapshot: &StateSnapshot) {
         for gauge in NodeGauge::ALL {
             let i = gauge.index();
             self.nodes[i].replace(&metrics.node_gauges[i], &snapshot.nodes[i]);
@@ -80,28 +94,11 @@ impl Publisher {
             .replace(&metrics.cluster_utilization_percent, &snapshot.utilization);
         let pods: Vec<Sample> = snapshot.pods.iter().map(|l| (l.clone(), 1.0)).collect();
         self.pods.replace(&metrics.pods_state, &pods);
-        metrics
-            .cluster_state_synced
-            .set(if snapshot.synced { 1.0 } else { 0.0 });
-        metrics
-            .cluster_state_node_count
-            .set(snapshot.node_count as f64);
-        metrics.cluster_state_unsynced_time.set(unsynced_seconds);
     }
 
-    fn refresh(&mut self, ctx: &Context) {
-        let now = ctx.now();
-        let (snapshot, observed) = {
-            let index = ctx.cluster.read();
-            let observed = self.transitions.observe(&index.pods());
-            (snapshot(&index, now), observed)
-        };
-        for seconds in observed.bound {
-            ctx.metrics.pods_bound_duration.observe(seconds);
-        }
-        for seconds in observed.started {
-            ctx.metrics.pods_startup_duration.observe(seconds);
-        }
+    fn refresh(&mut self, cluster: &Cluster, metrics: &Metrics, now: Timestamp, leading: bool) {
+        let input = StateInput::from_index(&cluster.read());
+        let snapshot = snapshot(&input, now);
         let unsynced = self.unsynced.update(snapshot.synced, now);
         if unsynced >= UNSYNCED_ERROR_AFTER.as_secs_f64() {
             tracing::error!(
@@ -109,16 +106,33 @@ impl Publisher {
                 "cluster state has not synced; provisioning and disruption are paused"
             );
         }
-        self.publish(&ctx.metrics, &snapshot, unsynced);
+        self.publish_cluster_state(metrics, &snapshot, unsynced);
+        if !leading {
+            return;
+        }
+        let observed = self.transitions.observe(&input.pods);
+        for seconds in observed.bound {
+            metrics.pods_bound_duration.observe(seconds);
+        }
+        for seconds in observed.started {
+            metrics.pods_startup_duration.observe(seconds);
+        }
+        self.publish_workload(metrics, &snapshot);
     }
 }
 
-/// Refreshes the state gauges until dropped.
-pub async fn run(ctx: Arc<Context>) {
-    let mut revisions = ctx.cluster.subscribe();
+/// Refreshes the state gauges until dropped. Runs on every replica.
+pub async fn run(
+    cluster: Arc<Cluster>,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+    leadership: Leadership,
+) {
+    let mut revisions = cluster.subscribe();
     let mut publisher = Publisher::default();
     loop {
-        publisher.refresh(&ctx);
+        let now = Timestamp::from_second(clock.now_unix()).unwrap_or(Timestamp::UNIX_EPOCH);
+        publisher.refresh(&cluster, &metrics, now, leadership.is_leader());
         tokio::time::sleep(MIN_REFRESH).await;
         // Either the state changed since the last refresh, or it is time anyway.
         let _ = tokio::time::timeout(MAX_REFRESH - MIN_REFRESH, revisions.changed()).await;
@@ -166,13 +180,13 @@ mod tests {
     #[test]
     fn publishing_sets_the_cluster_state_gauges() {
         let metrics = Metrics::new();
-        let mut publisher = Publisher::default();
+        let publisher = Publisher::default();
         let snapshot = StateSnapshot {
             node_count: 3,
             synced: true,
             ..StateSnapshot::default()
         };
-        publisher.publish(&metrics, &snapshot, 0.0);
+        publisher.publish_cluster_state(&metrics, &snapshot, 0.0);
         let text = metrics.render();
         assert!(
             text.contains("karpenter_cluster_state_synced 1.0"),
@@ -186,5 +200,28 @@ mod tests {
             text.contains("karpenter_cluster_state_unsynced_time_seconds 0.0"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn only_the_leader_exports_node_and_pod_series() {
+        use crate::state::testing::{node, pod};
+        let cluster = Cluster::default();
+        cluster.update(|index| {
+            index.apply_node(node("n1", Some("exoscale://1"), &[]));
+            index.apply_pod(pod("default", "web", Some("n1")));
+        });
+        let now = Timestamp::from_second(1_000).unwrap();
+        let standby = Metrics::new();
+        Publisher::default().refresh(&cluster, &standby, now, false);
+        let text = standby.render();
+        assert!(
+            text.contains("karpenter_cluster_state_node_count 1.0"),
+            "{text}"
+        );
+        assert!(!text.contains("karpenter_pods_state{"), "{text}");
+        let leader = Metrics::new();
+        Publisher::default().refresh(&cluster, &leader, now, true);
+        let text = leader.render();
+        assert!(text.contains("karpenter_pods_state{name=\"web\""), "{text}");
     }
 }

@@ -1,7 +1,9 @@
 //! What the node, pod and cluster-state gauges should read, computed from the cluster index.
-//! Pure: the caller passes the index and the clock, and publishes the result.
+//! Pure: the caller copies what it needs out of the index ([`StateInput`], cheap `Arc` clones,
+//! so the read lock is not held while requests are summed), passes the clock, and publishes.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -102,6 +104,13 @@ fn is_terminal(pod: &Pod) -> bool {
     )
 }
 
+fn is_pending(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        None | Some("Pending")
+    )
+}
+
 fn is_daemon_pod(pod: &Pod) -> bool {
     pod.owner_references().iter().any(|o| o.kind == "DaemonSet")
 }
@@ -124,7 +133,7 @@ struct PodTotals {
     daemon_limits: Resources,
 }
 
-fn pod_totals(pods: &[std::sync::Arc<Pod>]) -> PodTotals {
+fn pod_totals(pods: &[Arc<Pod>]) -> PodTotals {
     let mut totals = PodTotals::default();
     for pod in pods.iter().filter(|p| !is_terminal(p)) {
         let Some(spec) = pod.spec.as_ref() else {
@@ -194,22 +203,53 @@ fn pod_state_labels(pod: &Pod, node: Option<&Node>) -> Labels {
     .collect()
 }
 
-/// The gauges' values for `index` at `now`.
-pub fn snapshot(index: &ClusterIndex, now: Timestamp) -> StateSnapshot {
+/// What the snapshot reads from the cluster index.
+pub struct StateInput {
+    pub nodes: Vec<Arc<Node>>,
+    pub pods: Vec<Arc<Pod>>,
+    /// Provider IDs of NodeClaims that have one.
+    pub claim_provider_ids: Vec<String>,
+    pub synced: bool,
+}
+
+impl StateInput {
+    pub fn from_index(index: &ClusterIndex) -> Self {
+        StateInput {
+            nodes: index.nodes(),
+            pods: index.pods(),
+            claim_provider_ids: index
+                .nodeclaims()
+                .iter()
+                .filter_map(|c| nodeclaim_provider_id(c).map(str::to_string))
+                .collect(),
+            synced: index.synced(),
+        }
+    }
+}
+
+/// The gauges' values for `input` at `now`.
+pub fn snapshot(input: &StateInput, now: Timestamp) -> StateSnapshot {
     let well_known = well_known_metric_labels();
     let mut out = StateSnapshot {
-        synced: index.synced(),
+        synced: input.synced,
         ..StateSnapshot::default()
     };
+    let mut pods_by_node: BTreeMap<&str, Vec<Arc<Pod>>> = BTreeMap::new();
+    for pod in &input.pods {
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            pods_by_node.entry(node).or_default().push(pod.clone());
+        }
+    }
     let mut cluster_requests = Resources::new();
     let mut cluster_allocatable = Resources::new();
-    let nodes = index.nodes();
-    for node in &nodes {
+    let nodes = &input.nodes;
+    for node in nodes {
         let labels = node_labels(node, &well_known);
         let status = node.status.as_ref();
         let allocatable = parse_list(status.and_then(|s| s.allocatable.as_ref()));
         let capacity = parse_list(status.and_then(|s| s.capacity.as_ref()));
-        let totals = pod_totals(&index.pods_on_node(&node.name_any()));
+        let on_node = pods_by_node.get(node.name_any().as_str());
+        let totals = pod_totals(on_node.map(Vec::as_slice).unwrap_or_default());
         let overhead = capacity.saturating_minus(&allocatable);
         for (gauge, resources) in [
             (NodeGauge::Allocatable, &allocatable),
@@ -239,23 +279,22 @@ pub fn snapshot(index: &ClusterIndex, now: Timestamp) -> StateSnapshot {
         ));
     }
     let by_name: BTreeMap<String, &Node> = nodes.iter().map(|n| (n.name_any(), &**n)).collect();
-    for pod in index.pods() {
+    for pod in &input.pods {
         let node = pod
             .spec
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
             .and_then(|n| by_name.get(n).copied());
-        out.pods.push(pod_state_labels(&pod, node));
+        out.pods.push(pod_state_labels(pod, node));
     }
     let node_provider_ids: BTreeSet<&str> = nodes
         .iter()
         .filter_map(|n| crate::state::node_provider_id(n))
         .collect();
-    let claims = index.nodeclaims();
-    let unmatched_claims = claims
+    let unmatched_claims = input
+        .claim_provider_ids
         .iter()
-        .filter_map(|c| nodeclaim_provider_id(c))
-        .filter(|pid| !node_provider_ids.contains(pid))
+        .filter(|pid| !node_provider_ids.contains(pid.as_str()))
         .count();
     out.node_count = nodes.len() + unmatched_claims;
     out
@@ -293,7 +332,7 @@ fn transition_seconds(pod: &Pod, kind: &str) -> Option<f64> {
 }
 
 impl PodTransitions {
-    pub fn observe(&mut self, pods: &[std::sync::Arc<Pod>]) -> Observed {
+    pub fn observe(&mut self, pods: &[Arc<Pod>]) -> Observed {
         let mut observed = Observed::default();
         let mut present = BTreeSet::new();
         for pod in pods {
@@ -308,7 +347,9 @@ impl PodTransitions {
                 observed.bound.push(s);
             }
             if !condition_true(pod, "Ready") {
-                if !is_terminal(pod) {
+                // Only a pod still starting: a running pod failing its readiness probe and
+                // recovering has not started again.
+                if is_pending(pod) {
                     self.unready.insert(uid);
                 }
             } else if self.unready.remove(&uid)
@@ -409,7 +450,7 @@ mod tests {
         });
         index.apply_pod(done);
 
-        let s = snapshot(&index, ts(1_060).0);
+        let s = snapshot(&StateInput::from_index(&index), ts(1_060).0);
         let gauge = |g: NodeGauge| &s.nodes[g.index()];
         assert_eq!(value(gauge(NodeGauge::Allocatable), "n1", "cpu"), Some(3.5));
         assert_eq!(
@@ -480,7 +521,7 @@ mod tests {
         });
         index.apply_pod(ready);
         index.apply_pod(pod("default", "pending", None));
-        let s = snapshot(&index, ts(2_000).0);
+        let s = snapshot(&StateInput::from_index(&index), ts(2_000).0);
         let find = |name: &str| {
             s.pods
                 .iter()
@@ -516,7 +557,7 @@ mod tests {
         index.apply_nodeclaim(nodeclaim("c1", "p", Some("exoscale://1")));
         index.apply_nodeclaim(nodeclaim("c2", "p", Some("exoscale://2")));
         index.apply_nodeclaim(nodeclaim("launching", "p", None));
-        let s = snapshot(&index, Timestamp::UNIX_EPOCH);
+        let s = snapshot(&StateInput::from_index(&index), Timestamp::UNIX_EPOCH);
         assert_eq!(s.node_count, 3, "n1 (= c1), unmanaged, c2");
         assert!(!s.synced, "nothing was listed");
     }
@@ -579,7 +620,27 @@ mod tests {
         let third = transitions.observe(&[Arc::new(ready.clone())]);
         assert_eq!(third.started, vec![10.0]);
         assert!(third.bound.is_empty());
-        assert_eq!(transitions.observe(&[Arc::new(ready)]), Observed::default());
+        assert_eq!(
+            transitions.observe(&[Arc::new(ready.clone())]),
+            Observed::default()
+        );
+
+        // A running pod whose readiness probe fails and recovers has not started again.
+        let mut flapping = ready.clone();
+        let status = flapping.status.get_or_insert_with(Default::default);
+        status.phase = Some("Running".into());
+        status.conditions = Some(vec![]);
+        assert_eq!(
+            transitions.observe(&[Arc::new(flapping)]),
+            Observed::default()
+        );
+        let mut recovered = with_condition(ready, "Ready", 5_000);
+        recovered.status.as_mut().unwrap().phase = Some("Running".into());
+        assert_eq!(
+            transitions.observe(&[Arc::new(recovered)]),
+            Observed::default(),
+            "no second startup duration for a readiness flap"
+        );
     }
 
     #[test]
