@@ -100,8 +100,9 @@ impl InstanceShape {
     }
 }
 
-/// A simulated instance that reached the running state.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A simulated instance that reached the running state. `Debug` leaves out the user data: it
+/// carries the bootstrap token.
+#[derive(Clone, PartialEq, Eq)]
 pub struct RunningInstance {
     /// Exoscale instance UUID (lowercase); becomes `exoscale://<id>` and the system UUID.
     pub id: String,
@@ -111,6 +112,21 @@ pub struct RunningInstance {
     pub shape: InstanceShape,
     /// The `user-data` field as sent to `create-instance`.
     pub user_data: String,
+}
+
+impl std::fmt::Debug for RunningInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningInstance")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("zone", &self.zone)
+            .field("shape", &self.shape)
+            .field(
+                "user_data",
+                &format_args!("<{} bytes>", self.user_data.len()),
+            )
+            .finish()
+    }
 }
 
 impl RunningInstance {

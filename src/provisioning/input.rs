@@ -13,6 +13,7 @@ use crate::apis::{ConditionsExt, NodeClaim, NodePool};
 use crate::scheduling::{
     ExistingNode, InstanceType, Pod, Quantity, Resources, SchedulerInput, SchedulerOptions, convert,
 };
+use crate::state::pods::{is_reschedulable, is_terminal};
 use crate::state::{ClusterIndex, nodeclaim_provider_id};
 
 use super::template::{nodepool_template, taint};
@@ -147,7 +148,12 @@ pub fn prepare(
             .collect();
         if being_disrupted(&node) {
             // Their pods need a new home: upstream simulates them as pending.
-            disrupted_pods.extend(index.pods_on_node(&name).into_iter().filter(reschedulable));
+            disrupted_pods.extend(
+                index
+                    .pods_on_node(&name)
+                    .into_iter()
+                    .filter(|p| is_reschedulable(p)),
+            );
             continue;
         }
         let startup: Vec<_> = claim
@@ -196,24 +202,6 @@ pub fn prepare(
         invalid,
         skipped_pools,
     }
-}
-
-fn is_terminal(pod: &K8sPod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|p| p == "Succeeded" || p == "Failed")
-}
-
-/// Pods on a node being disrupted that need capacity elsewhere: not DaemonSet or mirror pods,
-/// not finished.
-fn reschedulable(pod: &Arc<K8sPod>) -> bool {
-    let owners = pod.metadata.owner_references.as_deref().unwrap_or_default();
-    let daemon = owners.iter().any(|o| o.kind == "DaemonSet");
-    let mirror = pod
-        .annotations()
-        .contains_key("kubernetes.io/config.mirror");
-    !daemon && !mirror && !is_terminal(pod) && pod.metadata.deletion_timestamp.is_none()
 }
 
 #[cfg(test)]

@@ -22,6 +22,27 @@ pub trait VolumeLookup {
     fn pvc(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>>;
     fn pv(&self, name: &str) -> Option<Arc<PersistentVolume>>;
     fn storage_class(&self, name: &str) -> Option<Arc<StorageClass>>;
+    /// The class marked `storageclass.kubernetes.io/is-default-class: "true"`.
+    fn default_storage_class(&self) -> Option<Arc<StorageClass>>;
+}
+
+/// Marks the class admission gives claims that name none.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "storageclass.kubernetes.io/is-default-class";
+
+/// The default class among `classes` (the newest wins when several claim it, as admission does).
+pub fn default_class<'a>(
+    classes: impl IntoIterator<Item = &'a Arc<StorageClass>>,
+) -> Option<Arc<StorageClass>> {
+    classes
+        .into_iter()
+        .filter(|c| {
+            c.annotations()
+                .get(DEFAULT_CLASS_ANNOTATION)
+                .map(String::as_str)
+                == Some("true")
+        })
+        .max_by_key(|c| c.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .cloned()
 }
 
 impl VolumeLookup for crate::state::ClusterIndex {
@@ -33,6 +54,9 @@ impl VolumeLookup for crate::state::ClusterIndex {
     }
     fn storage_class(&self, name: &str) -> Option<Arc<StorageClass>> {
         crate::state::ClusterIndex::storage_class(self, name)
+    }
+    fn default_storage_class(&self) -> Option<Arc<StorageClass>> {
+        default_class(&self.storage_classes())
     }
 }
 
@@ -72,8 +96,9 @@ pub enum VolumeError {
 /// A claim a pod uses, named as the pod names it.
 struct ClaimRef<'a> {
     name: String,
-    /// For generic ephemeral volumes: the class of the claim the pod will create.
-    ephemeral_class: Option<&'a str>,
+    /// For generic ephemeral volumes: the class the pod's claim template names (`Some(None)`:
+    /// none, so the cluster's default class).
+    ephemeral_class: Option<Option<&'a str>>,
 }
 
 fn claims_of(pod: &Pod) -> Vec<ClaimRef<'_>> {
@@ -93,7 +118,13 @@ fn claims_of(pod: &Pod) -> Vec<ClaimRef<'_>> {
             Some(ClaimRef {
                 // The ephemeral-volume controller names the claim `<pod>-<volume>`.
                 name: format!("{pod_name}-{}", v.name),
-                ephemeral_class: Some(template.spec.storage_class_name.as_deref().unwrap_or("")),
+                ephemeral_class: Some(
+                    template
+                        .spec
+                        .storage_class_name
+                        .as_deref()
+                        .filter(|c| !c.is_empty()),
+                ),
             })
         })
         .collect()
@@ -161,6 +192,14 @@ fn unbound_class_topology(
     let class_name = class_name
         .filter(|c| !c.is_empty())
         .ok_or_else(|| VolumeError::NoStorageClass(claim.to_string()))?;
+    claim_class_topology(claim, class_name, volumes)
+}
+
+fn claim_class_topology(
+    claim: &str,
+    class_name: &str,
+    volumes: &impl VolumeLookup,
+) -> Result<Alternatives, VolumeError> {
     let class =
         volumes
             .storage_class(class_name)
@@ -187,7 +226,12 @@ fn claim_topology(
         // An ephemeral claim is created by its controller once the pod exists; until then its
         // template's class decides.
         return match claim.ephemeral_class {
-            Some(class) => unbound_class_topology(name, Some(class), volumes),
+            // No class in the template: admission will give the claim the default class.
+            Some(None) => match volumes.default_storage_class() {
+                Some(class) => claim_class_topology(name, &class.name_any(), volumes),
+                None => Err(VolumeError::NoStorageClass(name.clone())),
+            },
+            Some(Some(class)) => unbound_class_topology(name, Some(class), volumes),
             None => Err(VolumeError::ClaimNotFound(name.clone())),
         };
     };
@@ -323,6 +367,9 @@ mod tests {
         }
         fn storage_class(&self, name: &str) -> Option<Arc<StorageClass>> {
             self.classes.get(name).cloned()
+        }
+        fn default_storage_class(&self) -> Option<Arc<StorageClass>> {
+            default_class(self.classes.values())
         }
     }
 
@@ -482,6 +529,30 @@ mod tests {
             .claim(bound_claim("db-0-scratch", "pv-9"))
             .volume(zonal_volume("pv-9", &["ch-gva-2"]));
         assert!(volume_requirements(&pod, &created).unwrap().is_some());
+    }
+
+    #[test]
+    fn an_ephemeral_claim_without_a_class_uses_the_default_class() {
+        let pod = pod_with(
+            json!([{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}}}}}}]),
+        );
+        assert_eq!(
+            volume_requirements(&pod, &Volumes::default()),
+            Err(VolumeError::NoStorageClass("db-0-scratch".into()))
+        );
+        let mut volumes =
+            Volumes::default().class("standard", "WaitForFirstConsumer", &["ch-gva-2"]);
+        let mut class = (*volumes.classes["standard"]).clone();
+        class
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(DEFAULT_CLASS_ANNOTATION.into(), "true".into());
+        volumes.classes.insert("standard".into(), Arc::new(class));
+        let reqs = volume_requirements(&pod, &volumes).unwrap().unwrap();
+        assert_eq!(zones_of(&reqs), ["ch-gva-2"]);
     }
 
     #[test]

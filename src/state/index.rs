@@ -296,6 +296,9 @@ impl ClusterIndex {
     pub fn storage_class(&self, name: &str) -> Option<Arc<StorageClass>> {
         self.storage_classes.get(name).cloned()
     }
+    pub fn storage_classes(&self) -> Vec<Arc<StorageClass>> {
+        self.storage_classes.values().cloned().collect()
+    }
 
     /// Pods bound to a node (any phase).
     pub fn pods_on_node(&self, node: &str) -> Vec<Arc<Pod>> {

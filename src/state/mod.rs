@@ -4,6 +4,7 @@
 //! pure code.
 
 mod index;
+pub mod pods;
 pub mod quantity;
 #[cfg(test)]
 pub mod testing;

@@ -68,8 +68,8 @@ impl Default for Settings {
 
 /// A command in flight that named no instant to come back is looked at this often.
 const IN_FLIGHT_POLL: Duration = Duration::from_secs(1);
-/// The orchestration's instants (validation after 15 s) are honoured, but never slept past
-/// this: the loop must still notice shutdown and condition refreshes.
+/// The orchestration's instants (validation after 15 s, replacement checks every second) are
+/// honoured up to this bound, a guard against a clock step making one far in the future.
 const IN_FLIGHT_MAX_WAIT: Duration = Duration::from_secs(15);
 /// Repeats of other disruption events are held back this long.
 const EVENT_DEDUPE: Duration = Duration::from_secs(120);

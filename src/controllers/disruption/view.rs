@@ -24,10 +24,10 @@ use crate::provisioning::volumes::volume_requirements;
 use crate::scheduling::{
     ExistingNode, InstanceType, Quantity, Resources, SchedulerOptions, Taint, TaintEffect, convert,
 };
+use crate::state::pods::{is_daemonset_pod, is_mirror, is_terminal};
 use crate::state::{ClusterIndex, nodeclaim_provider_id};
 
 const DELETION_COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletion-cost";
-const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// What the view needs besides the index.
 pub struct ViewInputs<'a> {
@@ -290,20 +290,10 @@ fn unregistered_claim(claim: &NodeClaim, inputs: &ViewInputs<'_>) -> StateNode {
     state
 }
 
-fn is_terminal(pod: &K8sPod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|p| p == "Succeeded" || p == "Failed")
-}
-
 fn owner(pod: &K8sPod) -> PodOwner {
-    let owners = pod.metadata.owner_references.as_deref().unwrap_or_default();
-    if owners.iter().any(|o| o.kind == "DaemonSet") {
+    if is_daemonset_pod(pod) {
         PodOwner::DaemonSet
-    } else if owners.iter().any(|o| o.kind == "Node")
-        || pod.annotations().contains_key(MIRROR_ANNOTATION)
-    {
+    } else if is_mirror(pod) {
         PodOwner::Node
     } else {
         PodOwner::Workload

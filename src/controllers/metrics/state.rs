@@ -13,6 +13,7 @@ use crate::apis::labels::{NODEPOOL_LABEL, WELL_KNOWN_LABELS};
 use crate::operator::metrics::{Labels, NodeGauge};
 use crate::scheduling::Resources;
 use crate::scheduling::convert::{pod_limits, pod_requests};
+use crate::state::pods::{is_daemonset_pod, is_terminal};
 use crate::state::{ClusterIndex, nodeclaim_provider_id};
 
 /// One gauge value.
@@ -97,22 +98,11 @@ fn parse_list(
     out
 }
 
-fn is_terminal(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
 fn is_pending(pod: &Pod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         None | Some("Pending")
     )
-}
-
-fn is_daemon_pod(pod: &Pod) -> bool {
-    pod.owner_references().iter().any(|o| o.kind == "DaemonSet")
 }
 
 fn condition_true(pod: &Pod, kind: &str) -> bool {
@@ -143,7 +133,7 @@ fn pod_totals(pods: &[Arc<Pod>]) -> PodTotals {
         // A malformed quantity would have been rejected by the API server; skip defensively.
         let requests = pod_requests(&name, spec).unwrap_or_default();
         let limits = pod_limits(&name, spec).unwrap_or_default();
-        if is_daemon_pod(pod) {
+        if is_daemonset_pod(pod) {
             totals.daemon_requests += &requests;
             totals.daemon_limits += &limits;
         }

@@ -133,6 +133,8 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
         Expiration::Expired => {
             tracing::info!(nodeclaim = %name, "NodeClaim expired");
             delete_claim(&ctx, &claim, "expired").await?;
+            // As disruption counts: the pods that must move, not DaemonSet, mirror or
+            // finished ones.
             let pods = ctx
                 .cluster
                 .read()
@@ -143,7 +145,9 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
                         .and_then(|s| s.node_name.as_deref())
                         .unwrap_or(""),
                 )
-                .len();
+                .iter()
+                .filter(|p| crate::state::pods::is_reschedulable(p))
+                .count();
             ctx.metrics
                 .pods_disruption_initiated
                 .get_or_create(&labels([
