@@ -1,11 +1,16 @@
 //! Kubernetes events with upstream Karpenter's reasons. Controllers talk to [`EventSink`] so
 //! tests can record events in memory; publishing failures are logged, never fatal.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 /// Severity of an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,41 +33,173 @@ pub trait EventSink: Send + Sync {
     fn publish(&self, event: Recorded) -> BoxFuture<'_, ()>;
 }
 
-/// Publishes through the `events.k8s.io` API.
+/// Publishes through the `events.k8s.io` API. A repeat of an event (same object, type, reason
+/// and message) within [`SERIES_TTL`] bumps the series of the first one instead of creating
+/// another. kube's `Recorder` keys its series without the message, so a later event with the
+/// same reason but a new message would only bump the old event and never be seen; hence our own.
 pub struct KubeEvents {
-    recorder: Recorder,
+    client: kube::Client,
+    controller: String,
+    instance: String,
+    series: tokio::sync::Mutex<SeriesCache>,
 }
 
 impl KubeEvents {
     pub fn new(client: kube::Client, instance: Option<String>) -> Self {
-        let reporter = Reporter {
-            controller: "karpenter".into(),
-            instance,
-        };
+        let controller = "karpenter".to_string();
         KubeEvents {
-            recorder: Recorder::new(client, reporter),
+            client,
+            instance: instance.unwrap_or_else(|| controller.clone()),
+            controller,
+            series: tokio::sync::Mutex::new(SeriesCache::default()),
         }
+    }
+
+    async fn send(&self, event: &Recorded, note: String) -> Result<(), kube::Error> {
+        let now = Timestamp::now();
+        let namespace = event
+            .object
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_string());
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        let key = SeriesKey::of(event, &note);
+        // The lock is not held across API calls: two racing identical events at worst start
+        // two series.
+        let repeat = self.series.lock().await.repeat(&key, now);
+        if let Some(repeat) = repeat {
+            let patch = serde_json::json!({"series": {
+                "count": repeat.count,
+                "lastObservedTime": MicroTime(now),
+            }});
+            match api
+                .patch(&repeat.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                // Expired or deleted by someone else: start a new series.
+                Err(kube::Error::Api(e)) if e.code == 404 => self.series.lock().await.forget(&key),
+                Err(e) => return Err(e),
+            }
+        }
+        let name = format!(
+            "{}.{:x}",
+            event.object.name.as_deref().unwrap_or(&self.controller),
+            now.as_nanosecond()
+        );
+        let k8s_event = K8sEvent {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(namespace),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            action: Some(event.reason.clone()),
+            reason: Some(event.reason.clone()),
+            note: Some(note),
+            type_: Some(
+                match event.severity {
+                    Severity::Normal => "Normal",
+                    Severity::Warning => "Warning",
+                }
+                .to_string(),
+            ),
+            regarding: Some(event.object.clone()),
+            reporting_controller: Some(self.controller.clone()),
+            reporting_instance: Some(self.instance.clone()),
+            ..K8sEvent::default()
+        };
+        api.create(&PostParams::default(), &k8s_event).await?;
+        self.series.lock().await.record(key, name, now);
+        Ok(())
     }
 }
 
 impl EventSink for KubeEvents {
     fn publish(&self, event: Recorded) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            let ev = Event {
-                type_: match event.severity {
-                    Severity::Normal => EventType::Normal,
-                    Severity::Warning => EventType::Warning,
-                },
-                reason: event.reason.clone(),
-                // The events API caps notes at 1 kB.
-                note: Some(truncate(&event.message, 1000)),
-                action: event.reason.clone(),
-                secondary: None,
-            };
-            if let Err(error) = self.recorder.publish(&ev, &event.object).await {
+            // The events API caps notes at 1 kB.
+            let note = truncate(&event.message, 1000);
+            if let Err(error) = self.send(&event, note).await {
                 tracing::warn!(reason = %event.reason, %error, "cannot publish event");
             }
         })
+    }
+}
+
+/// How long a published event collects repeats (kube's `Recorder` uses the same).
+pub const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
+
+/// What makes two events the same: the object, type, reason and message.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct SeriesKey {
+    object: (String, String, String, String, String),
+    severity: bool,
+    reason: String,
+    note: String,
+}
+
+impl SeriesKey {
+    fn of(event: &Recorded, note: &str) -> Self {
+        let o = &event.object;
+        let part = |v: &Option<String>| v.clone().unwrap_or_default();
+        SeriesKey {
+            object: (
+                part(&o.api_version),
+                part(&o.kind),
+                part(&o.namespace),
+                part(&o.name),
+                part(&o.uid),
+            ),
+            severity: event.severity == Severity::Warning,
+            reason: event.reason.clone(),
+            note: note.to_string(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Series {
+    name: String,
+    count: i32,
+    last: Timestamp,
+}
+
+/// Published events still collecting repeats; pure, time passed in.
+#[derive(Debug, Default)]
+struct SeriesCache {
+    entries: HashMap<SeriesKey, Series>,
+}
+
+impl SeriesCache {
+    fn expire(&mut self, now: Timestamp) {
+        let ttl = SignedDuration::try_from(SERIES_TTL).unwrap_or(SignedDuration::MAX);
+        self.entries
+            .retain(|_, s| s.last.checked_add(ttl).is_ok_and(|until| until > now));
+    }
+
+    /// The series to bump for a repeat of `key` (its count already incremented), if any.
+    fn repeat(&mut self, key: &SeriesKey, now: Timestamp) -> Option<Series> {
+        self.expire(now);
+        let series = self.entries.get_mut(key)?;
+        series.count += 1;
+        series.last = now;
+        Some(series.clone())
+    }
+
+    fn record(&mut self, key: SeriesKey, name: String, now: Timestamp) {
+        self.entries.insert(
+            key,
+            Series {
+                name,
+                count: 1,
+                last: now,
+            },
+        );
+    }
+
+    fn forget(&mut self, key: &SeriesKey) {
+        self.entries.remove(key);
     }
 }
 
@@ -129,6 +266,53 @@ mod tests {
             .await;
         }
         assert_eq!(sink.reasons(), vec!["Evicted", "FailedDraining"]);
+    }
+
+    fn recorded(reason: &str, message: &str) -> Recorded {
+        Recorded {
+            object: ObjectReference {
+                kind: Some("Node".into()),
+                name: Some("n1".into()),
+                ..ObjectReference::default()
+            },
+            severity: Severity::Normal,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(secs).unwrap()
+    }
+
+    #[test]
+    fn a_repeat_bumps_the_series_but_a_new_message_is_a_new_event() {
+        let mut cache = SeriesCache::default();
+        let blocked = recorded("DisruptionBlocked", "node is nominated");
+        let key = SeriesKey::of(&blocked, &blocked.message);
+        assert_eq!(cache.repeat(&key, at(0)), None);
+        cache.record(key.clone(), "n1.1".into(), at(0));
+        let repeat = cache.repeat(&key, at(10)).unwrap();
+        assert_eq!((repeat.name.as_str(), repeat.count), ("n1.1", 2));
+        assert_eq!(cache.repeat(&key, at(20)).unwrap().count, 3);
+        // Same object and reason, another message: not a repeat (kube's Recorder says it is).
+        let pdb = recorded("DisruptionBlocked", "pdb prevents pod evictions");
+        assert_eq!(
+            cache.repeat(&SeriesKey::of(&pdb, &pdb.message), at(30)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_series_ends_after_its_ttl_without_repeats() {
+        let mut cache = SeriesCache::default();
+        let e = recorded("Unconsolidatable", "x");
+        let key = SeriesKey::of(&e, &e.message);
+        cache.record(key.clone(), "n1.1".into(), at(0));
+        assert!(cache.repeat(&key, at(300)).is_some());
+        // The repeat at 300 s extended it; 6 minutes after that it is over.
+        assert!(cache.repeat(&key, at(300 + 360)).is_none());
+        assert!(cache.entries.is_empty());
     }
 
     #[test]
