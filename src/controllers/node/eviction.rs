@@ -80,9 +80,10 @@ struct Entry {
     not_before: Option<Instant>,
     /// The last answer was a PDB refusal.
     blocked: bool,
-    /// The API accepted the eviction: never sent again, even while a stale cache still shows
-    /// the pod running. Dropped once the pod is terminating or gone from the drain plan.
-    evicted: bool,
+    /// The API accepted an eviction or a forced deletion: neither is sent again while a stale
+    /// cache still shows the pod running. Dropped once the pod is terminating or gone from the
+    /// drain plan.
+    accepted: bool,
 }
 
 /// Per-pod eviction state across reconciles of every terminating node.
@@ -111,7 +112,7 @@ impl EvictionQueue {
             failures: 0,
             not_before: None,
             blocked: false,
-            evicted: false,
+            accepted: false,
         });
         entry.deadline = match (entry.deadline, deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -123,7 +124,7 @@ impl EvictionQueue {
     pub fn ready(&self, key: &PodKey, now: Instant) -> bool {
         self.entries
             .get(key)
-            .is_some_and(|e| !e.evicted && e.not_before.is_none_or(|t| now >= t))
+            .is_some_and(|e| !e.accepted && e.not_before.is_none_or(|t| now >= t))
     }
 
     /// Decides, for one pod of a drain plan, whether to send an eviction now, and keeps the
@@ -138,6 +139,11 @@ impl EvictionQueue {
         now: Instant,
     ) -> bool {
         match action {
+            // Deleted already; the cache has not caught up yet.
+            PodAction::ForceDelete {
+                already_deleting: false,
+                ..
+            } if self.accepted(key) => false,
             PodAction::ForceDelete { .. } | PodAction::Wait(WaitReason::Terminating) => {
                 self.forget(key);
                 false
@@ -157,12 +163,32 @@ impl EvictionQueue {
         }
     }
 
+    /// Whether a forced deletion of the pod should be sent: not when one (or an eviction) was
+    /// accepted while the cache still shows the pod running, so a stale cache neither re-sends
+    /// it nor counts the pod twice.
+    pub fn should_force_delete(&self, key: &PodKey, already_deleting: bool) -> bool {
+        already_deleting || !self.accepted(key)
+    }
+
+    /// Records a forced deletion the API accepted.
+    pub fn force_deleted(&mut self, key: &PodKey, node: &str) {
+        self.add(key, node, None);
+        if let Some(entry) = self.entries.get_mut(key) {
+            entry.accepted = true;
+            entry.blocked = false;
+        }
+    }
+
+    fn accepted(&self, key: &PodKey) -> bool {
+        self.entries.get(key).is_some_and(|e| e.accepted)
+    }
+
     /// Records the eviction API's answer; returns whether the pod stays queued.
     pub fn record(&mut self, key: &PodKey, response: EvictionResponse, now: Instant) -> bool {
         match response {
             EvictionResponse::Evicted => {
                 if let Some(entry) = self.entries.get_mut(key) {
-                    entry.evicted = true;
+                    entry.accepted = true;
                     entry.blocked = false;
                 }
                 false
@@ -215,7 +241,7 @@ impl EvictionQueue {
     pub fn next_due(&self, node: &str, now: Instant) -> Option<Duration> {
         self.entries
             .values()
-            .filter(|e| e.node == node && !e.evicted)
+            .filter(|e| e.node == node && !e.accepted)
             .map(|e| {
                 e.not_before
                     .map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
@@ -359,6 +385,7 @@ mod tests {
         q.record(&pod, EvictionResponse::Blocked, t0);
         let forced = PodAction::ForceDelete {
             grace_period_seconds: 1,
+            already_deleting: false,
         };
         assert!(!q.should_evict(&pod, "n1", &forced, None, t0));
         assert!(q.is_empty(), "a forced deletion drops the entry");
@@ -424,6 +451,52 @@ mod tests {
         q.forget_node("n1");
         assert_eq!(q.len(), 1);
         assert!(q.ready(&c, t0), "other nodes' entries stay");
+    }
+
+    #[test]
+    fn a_forced_deletion_is_sent_once_while_the_cache_still_shows_the_pod_running() {
+        let t0 = Instant::now();
+        let mut q = EvictionQueue::default();
+        let pod = key("slow");
+        let forced = |already_deleting| PodAction::ForceDelete {
+            grace_period_seconds: 30,
+            already_deleting,
+        };
+        assert!(!q.should_evict(&pod, "n1", &forced(false), None, t0));
+        assert!(q.should_force_delete(&pod, false));
+        q.force_deleted(&pod, "n1");
+        // Next pass, stale cache: the pod still looks untouched.
+        assert!(!q.should_evict(&pod, "n1", &forced(false), None, t0));
+        assert!(!q.should_force_delete(&pod, false));
+        assert!(q.blocked_on("n1").is_empty());
+        assert_eq!(q.next_due("n1", t0), None, "nothing to evict");
+        // The cache catches up: a deletion running past the deadline may be shortened again.
+        assert!(!q.should_evict(&pod, "n1", &forced(true), None, t0));
+        assert!(q.should_force_delete(&pod, true));
+        // Once terminating, the entry is dropped.
+        assert!(!q.should_evict(
+            &pod,
+            "n1",
+            &PodAction::Wait(WaitReason::Terminating),
+            None,
+            t0
+        ));
+        assert!(q.should_force_delete(&pod, false));
+    }
+
+    #[test]
+    fn an_accepted_eviction_is_not_followed_by_a_forced_deletion_on_a_stale_cache() {
+        let t0 = Instant::now();
+        let mut q = EvictionQueue::default();
+        let pod = key("web");
+        assert!(q.should_evict(&pod, "n1", &PodAction::Evict, None, t0));
+        assert!(!q.record(&pod, EvictionResponse::Evicted, t0));
+        let forced = PodAction::ForceDelete {
+            grace_period_seconds: 5,
+            already_deleting: false,
+        };
+        assert!(!q.should_evict(&pod, "n1", &forced, None, t0));
+        assert!(!q.should_force_delete(&pod, false));
     }
 
     #[test]

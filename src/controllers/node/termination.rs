@@ -380,7 +380,20 @@ async fn drain_pass(
         .collect();
     let mut sent = false;
 
-    for (namespace, pod_name, uid, grace) in drain.force_deletions() {
+    for forced in drain.force_deletions() {
+        let (namespace, pod_name, uid, grace) = (
+            forced.namespace,
+            forced.name,
+            forced.uid,
+            forced.grace_period_seconds,
+        );
+        let key = PodKey::new(namespace, pod_name, uid);
+        if !state
+            .queue()
+            .should_force_delete(&key, forced.already_deleting)
+        {
+            continue;
+        }
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
         let params = DeleteParams {
             grace_period_seconds: Some(grace.max(0) as u32),
@@ -393,8 +406,13 @@ async fn drain_pass(
         sent = true;
         if ignore_not_found(api.delete(pod_name, &params).await)?.is_some() {
             tracing::info!(node = %name, pod = %pod_name, grace, "deleting pod: termination deadline reached");
+            state.queue().force_deleted(&key, &name);
+            // A pod already deleting was counted (and told) when that deletion began.
+            if forced.already_deleting {
+                continue;
+            }
             count_drained();
-            if let Some(pod) = by_key.get(&PodKey::new(namespace, pod_name, uid)) {
+            if let Some(pod) = by_key.get(&key) {
                 ctx.event(
                     pod.as_ref(),
                     Severity::Normal,
