@@ -69,10 +69,6 @@ impl DrainPlan {
         self.pods.is_empty()
     }
 
-    pub fn evictions(&self) -> impl Iterator<Item = &(String, String, Option<String>, PodAction)> {
-        self.pods.iter().filter(|p| p.3 == PodAction::Evict)
-    }
-
     /// `(namespace, name, uid, grace period, already deleting)` of each forced deletion.
     pub fn force_deletions(&self) -> impl Iterator<Item = ForceDeletion<'_>> {
         self.pods
@@ -306,6 +302,14 @@ mod tests {
             .collect()
     }
 
+    fn evicted(plan: &DrainPlan) -> Vec<&str> {
+        plan.pods
+            .iter()
+            .filter(|p| p.3 == PodAction::Evict)
+            .map(|p| p.1.as_str())
+            .collect()
+    }
+
     #[test]
     fn evicts_one_tier_at_a_time_in_upstream_order() {
         let now = ts(0).0;
@@ -316,25 +320,13 @@ mod tests {
             pod("ns", "app", Some("n")),
         ];
         let first = plan(&pods, now, None);
-        assert_eq!(
-            first.evictions().map(|p| p.1.as_str()).collect::<Vec<_>>(),
-            vec!["app"]
-        );
+        assert_eq!(evicted(&first), vec!["app"]);
         let second = plan(&pods[..3], now, None);
-        assert_eq!(
-            second.evictions().map(|p| p.1.as_str()).collect::<Vec<_>>(),
-            vec!["ds"]
-        );
+        assert_eq!(evicted(&second), vec!["ds"]);
         let third = plan(&pods[..2], now, None);
-        assert_eq!(
-            third.evictions().map(|p| p.1.as_str()).collect::<Vec<_>>(),
-            vec!["crit"]
-        );
+        assert_eq!(evicted(&third), vec!["crit"]);
         let last = plan(&pods[..1], now, None);
-        assert_eq!(
-            last.evictions().map(|p| p.1.as_str()).collect::<Vec<_>>(),
-            vec!["crit-ds"]
-        );
+        assert_eq!(evicted(&last), vec!["crit-ds"]);
         assert!(plan(&Vec::<Pod>::new(), now, None).is_drained());
     }
 

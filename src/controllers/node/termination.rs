@@ -200,7 +200,7 @@ pub async fn reconcile(
             .and_then(|s| s.conditions.get_condition(conditions::DISRUPTION_REASON))
             .map(|c| c.reason.clone())
             .unwrap_or_default();
-        let requeue = drain_pass(&ctx, &state, &node, &pods, &drain, deadline, &reason).await?;
+        let requeue = drain_pass(&ctx, &state, &node, &pods, &drain, &reason).await?;
         return Ok(Action::requeue(requeue));
     }
     state.queue().forget_node(&name);
@@ -342,7 +342,6 @@ async fn drain_pass(
     node: &Node,
     pods: &[Arc<Pod>],
     drain: &DrainPlan,
-    deadline: Option<Timestamp>,
     disruption_reason: &str,
 ) -> Result<Duration> {
     let name = node.name_any();
@@ -363,7 +362,7 @@ async fn drain_pass(
         drain
             .pods
             .iter()
-            .filter(|p| queue.should_evict(&key_of(p), &name, &p.3, deadline, started))
+            .filter(|p| queue.should_evict(&key_of(p), &name, &p.3, started))
             .map(key_of)
             .collect()
     };
