@@ -213,6 +213,12 @@ impl EvictionQueue {
         self.entries.retain(|k, e| e.node != node || keep(k));
     }
 
+    /// Drops the entries of every node `keep` rejects: nodes gone from the cluster without a
+    /// finished termination here (someone else removed the finalizer) are never released.
+    pub fn retain_nodes(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.entries.retain(|_, e| keep(&e.node));
+    }
+
     /// Drops every entry of a node whose termination finished.
     pub fn forget_node(&mut self, node: &str) {
         self.retain_node(node, |_| false);
@@ -405,6 +411,22 @@ mod tests {
         assert_eq!(q.next_due("n1", t0), None);
         assert!(q.ready(&c, t0), "other nodes' entries stay");
         assert_eq!(q.next_due("n2", t0), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn entries_of_vanished_nodes_are_dropped() {
+        let t0 = Instant::now();
+        let mut q = EvictionQueue::default();
+        let (a, b) = (key("a"), key("b"));
+        assert!(q.should_evict(&a, "gone", &PodAction::Evict, t0));
+        assert!(q.record(&a, EvictionResponse::Blocked, t0));
+        assert!(q.should_evict(&b, "kept", &PodAction::Evict, t0));
+        assert!(q.record(&b, EvictionResponse::Blocked, t0));
+        q.retain_nodes(|node| node == "kept");
+        assert_eq!(q.next_due("gone", t0), None);
+        assert!(q.blocked_on("gone").is_empty());
+        assert_eq!(q.next_due("kept", t0), Some(INITIAL_BACKOFF));
+        assert_eq!(q.blocked_on("kept"), vec![&b]);
     }
 
     #[test]

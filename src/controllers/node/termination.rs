@@ -102,6 +102,15 @@ impl Termination {
         // The queue holds no invariant a panicking holder could break half-way.
         self.evictions.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Drops what is remembered about nodes no longer in cluster state (their finalizer was
+    /// removed elsewhere, so `release` never ran). `current` is kept: the controller's own
+    /// watch may see a node before cluster state does.
+    fn forget_vanished_nodes(&self, ctx: &Context, current: &str) {
+        let cluster = ctx.cluster.read();
+        self.queue()
+            .retain_nodes(|node| node == current || cluster.node(node).is_some());
+    }
 }
 
 pub async fn reconcile(
@@ -109,12 +118,13 @@ pub async fn reconcile(
     ctx: Arc<Context>,
     state: Arc<Termination>,
 ) -> Result<Action> {
+    let name = node.name_any();
+    state.forget_vanished_nodes(&ctx, &name);
     if node.metadata.deletion_timestamp.is_none()
         || !node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER)
     {
         return Ok(Action::await_change());
     }
-    let name = node.name_any();
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     let claims: Api<NodeClaim> = Api::all(ctx.client.clone());
     let provider_id = node_provider_id(&node).map(str::to_string);
