@@ -31,6 +31,7 @@ use crate::state::node_provider_id;
 
 use super::drain::{DrainPlan, PodAction, plan};
 use super::eviction::{self, EvictionQueue, EvictionResponse, PodKey};
+use super::throttle::EventThrottle;
 use super::volumes::{self, Detachment};
 
 /// Pods bound right after tainting are caught by waiting this long after draining starts.
@@ -95,6 +96,8 @@ fn claim_for(provider_id: &str, name: &str) -> NodeClaim {
 #[derive(Debug, Default)]
 pub struct Termination {
     evictions: Mutex<EvictionQueue>,
+    /// Node events repeated while a node is requeued (by node name and reason).
+    node_events: Mutex<EventThrottle<(String, &'static str)>>,
 }
 
 impl Termination {
@@ -103,13 +106,29 @@ impl Termination {
         self.evictions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn node_events(&self) -> MutexGuard<'_, EventThrottle<(String, &'static str)>> {
+        self.node_events.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a repeated event `reason` about `node` may go out at `now`.
+    fn node_event_due(&self, node: &str, reason: &'static str, now: Instant) -> bool {
+        self.node_events().allow((node.to_string(), reason), now)
+    }
+
+    /// Forgets everything about a node whose termination finished.
+    fn forget_node(&self, node: &str) {
+        self.queue().forget_node(node);
+        self.node_events().retain(|(n, _)| n != node);
+    }
+
     /// Drops what is remembered about nodes no longer in cluster state (their finalizer was
     /// removed elsewhere, so `release` never ran). `current` is kept: the controller's own
     /// watch may see a node before cluster state does.
     fn forget_vanished_nodes(&self, ctx: &Context, current: &str) {
         let cluster = ctx.cluster.read();
-        self.queue()
-            .retain_nodes(|node| node == current || cluster.node(node).is_some());
+        let keep = |node: &str| node == current || cluster.node(node).is_some();
+        self.queue().retain_nodes(keep);
+        self.node_events().retain(|(node, _)| keep(node));
     }
 }
 
@@ -500,8 +519,9 @@ async fn drain_pass(
             .collect();
         (blocked, queue.next_due(&name, Instant::now()))
     };
-    // Only passes that called the API report, so a short requeue does not flood events.
-    if sent {
+    // Only passes that called the API report, and at most every 10 s: early in the backoff a
+    // node is requeued several times a second.
+    if sent && state.node_event_due(&name, "FailedDraining", Instant::now()) {
         let message = if blocked.is_empty() {
             format!(
                 "Failed to drain node, {} pods are waiting to be evicted",
@@ -553,7 +573,7 @@ async fn volume_detachment(
 
 /// Removes the finalizer and counts the termination.
 async fn release(ctx: &Context, state: &Termination, node: &Node) -> Result<Action> {
-    state.queue().forget_node(&node.name_any());
+    state.forget_node(&node.name_any());
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     if let Some(finalizers) = without_finalizer(node.finalizers(), TERMINATION_FINALIZER) {
         absent_ok(
