@@ -10,10 +10,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint as CoreTaint};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, EvictParams, ListParams, Preconditions};
+use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
 use kube::runtime::controller::Action;
 
 use crate::apis::labels::{
@@ -27,7 +26,7 @@ use crate::controllers::{
 };
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
-use crate::state::node_provider_id;
+use crate::state::{Kind, node_provider_id};
 
 use super::drain::{DrainPlan, PodAction, plan};
 use super::eviction::{self, EvictionQueue, EvictionResponse, PodKey};
@@ -291,7 +290,12 @@ pub async fn reconcile(
         .and_then(|s| s.conditions.get_condition(conditions::VOLUMES_DETACHED))
         .is_some_and(|c| c.status != ConditionStatus::Unknown);
     if !settled {
-        match volume_detachment(&ctx, &name, &pods, now, deadline).await? {
+        // Before the first list of VolumeAttachments, no attachment does not mean none.
+        if !ctx.cluster.read().listed(Kind::VolumeAttachment) {
+            return Ok(Action::requeue(VOLUME_REQUEUE));
+        }
+        let detachment = volume_detachment(&ctx, &name, &pods, now, deadline);
+        match detachment {
             Detachment::Detached => {
                 set_claim_condition(
                     &ctx,
@@ -304,6 +308,16 @@ pub async fn reconcile(
                 .await?;
             }
             Detachment::Awaiting(attachments) => {
+                // Told once, when the wait begins, not on every requeue; without a NodeClaim
+                // to hold the condition, at most every 10 s.
+                let first_wait = match &claim {
+                    Some(claim) => awaiting_detachment_begins(claim),
+                    None => state.node_event_due(
+                        &name,
+                        conditions::AWAITING_VOLUME_DETACHMENT_REASON,
+                        Instant::now(),
+                    ),
+                };
                 set_claim_condition(
                     &ctx,
                     &mut claim,
@@ -313,16 +327,18 @@ pub async fn reconcile(
                     "Awaiting deletion of bound VolumeAttachments",
                 )
                 .await?;
-                ctx.event(
-                    node.as_ref(),
-                    Severity::Normal,
-                    conditions::AWAITING_VOLUME_DETACHMENT_REASON,
-                    format!(
-                        "Awaiting deletion of bound VolumeAttachments ({})",
-                        attachments.join(", ")
-                    ),
-                )
-                .await;
+                if first_wait {
+                    ctx.event(
+                        node.as_ref(),
+                        Severity::Normal,
+                        conditions::AWAITING_VOLUME_DETACHMENT_REASON,
+                        format!(
+                            "Awaiting deletion of bound VolumeAttachments ({})",
+                            attachments.join(", ")
+                        ),
+                    )
+                    .await;
+                }
                 return Ok(Action::requeue(VOLUME_REQUEUE));
             }
             Detachment::DeadlinePassed(attachments) => {
@@ -541,34 +557,43 @@ async fn drain_pass(
     }))
 }
 
-/// Step 6: lists VolumeAttachments (the API offers no field selector on `spec.nodeName`),
-/// spares those of pods the drain leaves in place, and decides whether to keep waiting.
-async fn volume_detachment(
+/// Step 6: the node's VolumeAttachments (watched in cluster state), sparing those of pods the
+/// drain leaves in place, and whether to keep waiting.
+fn volume_detachment(
     ctx: &Context,
     node: &str,
     pods: &[Arc<Pod>],
     now: Timestamp,
     deadline: Option<Timestamp>,
-) -> Result<Detachment> {
-    let attachments_api: Api<VolumeAttachment> = Api::all(ctx.client.clone());
-    let attachments = attachments_api.list(&ListParams::default()).await?.items;
-    if !attachments.iter().any(|va| va.spec.node_name == node) {
-        return Ok(Detachment::Detached);
+) -> Detachment {
+    let cluster = ctx.cluster.read();
+    let attachments = cluster.volume_attachments_on(node);
+    if attachments.is_empty() {
+        return Detachment::Detached;
     }
-    let mut spared = BTreeSet::new();
-    for (namespace, claim) in volumes::claims_of_undrained_pods(pods, now) {
-        // Claims are in cluster state (watched for provisioning's volume checks).
-        let pvc = ctx.cluster.read().pvc(&namespace, &claim);
-        if let Some(volume) = pvc
-            .as_ref()
-            .and_then(|pvc| pvc.spec.as_ref())
-            .and_then(|spec| spec.volume_name.clone())
-        {
-            spared.insert(volume);
-        }
-    }
+    let spared: BTreeSet<String> = volumes::claims_of_undrained_pods(pods, now)
+        .into_iter()
+        .filter_map(|(namespace, claim)| {
+            cluster
+                .pvc(&namespace, &claim)?
+                .spec
+                .as_ref()?
+                .volume_name
+                .clone()
+        })
+        .collect();
     let blocking = volumes::blocking_attachments(&attachments, node, &spared);
-    Ok(volumes::detachment(&blocking, now, deadline))
+    volumes::detachment(&blocking, now, deadline)
+}
+
+/// Whether the NodeClaim's `VolumesDetached` condition is not yet Unknown, i.e. setting it
+/// now starts the wait for volume detachment.
+fn awaiting_detachment_begins(claim: &NodeClaim) -> bool {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.get_condition(conditions::VOLUMES_DETACHED))
+        .is_none_or(|c| c.status != ConditionStatus::Unknown)
 }
 
 /// Removes the finalizer and counts the termination.
@@ -665,6 +690,27 @@ mod tests {
         assert_eq!(out[1].key, DISRUPTED_TAINT_KEY);
         assert_eq!(out[1].effect, "NoSchedule");
         assert_eq!(with_disrupted_taint(&out), None);
+    }
+
+    #[test]
+    fn the_volume_wait_is_announced_only_when_it_begins() {
+        use crate::state::testing::{nodeclaim, set_condition};
+        let claim = nodeclaim("c", "pool", Some("exoscale://1"));
+        assert!(awaiting_detachment_begins(&claim), "no condition yet");
+        let waiting = set_condition(
+            claim.clone(),
+            conditions::VOLUMES_DETACHED,
+            ConditionStatus::Unknown,
+            0,
+        );
+        assert!(!awaiting_detachment_begins(&waiting), "already waiting");
+        let settled = set_condition(
+            claim,
+            conditions::VOLUMES_DETACHED,
+            ConditionStatus::True,
+            0,
+        );
+        assert!(awaiting_detachment_begins(&settled));
     }
 
     #[test]
