@@ -127,10 +127,10 @@ pub const PERMISSIONS: &[Permission] = &[
     },
     Permission {
         target: resource("storage.k8s.io", "volumeattachments"),
-        verbs: &["list"],
+        verbs: &["list", "watch"],
         scope: Scope::Cluster,
         resource_names: &[],
-        reason: "termination waits for the node's volumes to be detached before deleting the instance",
+        reason: "cluster state watches VolumeAttachments: termination waits for the node's volumes to be detached before deleting the instance",
     },
     Permission {
         target: resource("apps", "daemonsets"),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::ResourceExt;
 
 use crate::apis::labels::{CAPACITY_TYPE_LABEL, NODEPOOL_LABEL};
@@ -27,10 +27,11 @@ pub enum Kind {
     PersistentVolumeClaim,
     PersistentVolume,
     StorageClass,
+    VolumeAttachment,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Node,
         Kind::NodeClaim,
         Kind::NodePool,
@@ -40,6 +41,7 @@ impl Kind {
         Kind::PersistentVolumeClaim,
         Kind::PersistentVolume,
         Kind::StorageClass,
+        Kind::VolumeAttachment,
     ];
 }
 
@@ -69,6 +71,7 @@ pub struct ClusterIndex {
     pvcs: BTreeMap<NamespacedName, Arc<PersistentVolumeClaim>>,
     pvs: BTreeMap<String, Arc<PersistentVolume>>,
     storage_classes: BTreeMap<String, Arc<StorageClass>>,
+    volume_attachments: BTreeMap<String, Arc<VolumeAttachment>>,
     listed: BTreeSet<Kind>,
     /// Names seen during a re-list in progress, per kind.
     relisting: BTreeMap<Kind, BTreeSet<String>>,
@@ -94,7 +97,8 @@ fn key_string(kind: Kind, key: &NamespacedName) -> String {
         | Kind::NodeClaim
         | Kind::NodePool
         | Kind::PersistentVolume
-        | Kind::StorageClass => key.1.clone(),
+        | Kind::StorageClass
+        | Kind::VolumeAttachment => key.1.clone(),
         _ => format!("{}/{}", key.0, key.1),
     }
 }
@@ -180,6 +184,14 @@ impl ClusterIndex {
     pub fn delete_storage_class(&mut self, name: &str) {
         self.storage_classes.remove(name);
     }
+    pub fn apply_volume_attachment(&mut self, attachment: VolumeAttachment) {
+        self.seen(Kind::VolumeAttachment, &namespaced(&attachment));
+        self.volume_attachments
+            .insert(attachment.name_any(), Arc::new(attachment));
+    }
+    pub fn delete_volume_attachment(&mut self, name: &str) {
+        self.volume_attachments.remove(name);
+    }
 
     fn unbind(&mut self, key: &NamespacedName) {
         if let Some(old) = self.pods.get(key)
@@ -233,6 +245,9 @@ impl ClusterIndex {
             }
             Kind::PersistentVolume => self.pvs.retain(|name, _| seen.contains(name)),
             Kind::StorageClass => self.storage_classes.retain(|name, _| seen.contains(name)),
+            Kind::VolumeAttachment => self
+                .volume_attachments
+                .retain(|name, _| seen.contains(name)),
         }
         self.listed.insert(kind);
     }
@@ -247,6 +262,11 @@ impl ClusterIndex {
                 .nodeclaims
                 .values()
                 .all(|c| nodeclaim_provider_id(c).is_some())
+    }
+
+    /// Whether the initial list of `kind` finished (its absence of objects means something).
+    pub fn listed(&self, kind: Kind) -> bool {
+        self.listed.contains(&kind)
     }
 
     pub fn node(&self, name: &str) -> Option<Arc<Node>> {
@@ -298,6 +318,16 @@ impl ClusterIndex {
     }
     pub fn storage_classes(&self) -> Vec<Arc<StorageClass>> {
         self.storage_classes.values().cloned().collect()
+    }
+
+    /// VolumeAttachments naming `node` (`spec.nodeName`). A node has few; a scan of every
+    /// attachment in memory is cheap next to the API list it replaces.
+    pub fn volume_attachments_on(&self, node: &str) -> Vec<Arc<VolumeAttachment>> {
+        self.volume_attachments
+            .values()
+            .filter(|va| va.spec.node_name == node)
+            .cloned()
+            .collect()
     }
 
     /// Pods bound to a node (any phase).
@@ -517,6 +547,41 @@ mod tests {
                 .unwrap()
                 .name_any(),
             "done"
+        );
+    }
+
+    #[test]
+    fn volume_attachments_are_found_by_node_and_dropped_on_delete_or_relist() {
+        let mut index = ClusterIndex::default();
+        index.apply_volume_attachment(volume_attachment("va-1", "n1", "pv-1"));
+        index.apply_volume_attachment(volume_attachment("va-2", "n1", "pv-2"));
+        index.apply_volume_attachment(volume_attachment("va-3", "n2", "pv-3"));
+        let names = |index: &ClusterIndex, node: &str| -> Vec<String> {
+            index
+                .volume_attachments_on(node)
+                .iter()
+                .map(|va| va.name_any())
+                .collect()
+        };
+        assert_eq!(names(&index, "n1"), vec!["va-1", "va-2"]);
+        assert_eq!(names(&index, "n2"), vec!["va-3"]);
+        assert!(names(&index, "n3").is_empty());
+        index.delete_volume_attachment("va-1");
+        assert_eq!(names(&index, "n1"), vec!["va-2"]);
+        // Moved to another node (a re-apply under the same name replaces it).
+        index.apply_volume_attachment(volume_attachment("va-2", "n2", "pv-2"));
+        assert!(names(&index, "n1").is_empty());
+        assert_eq!(names(&index, "n2"), vec!["va-2", "va-3"]);
+
+        assert!(!index.listed(Kind::VolumeAttachment));
+        index.begin_list(Kind::VolumeAttachment);
+        index.apply_volume_attachment(volume_attachment("va-3", "n2", "pv-3"));
+        index.finish_list(Kind::VolumeAttachment);
+        assert!(index.listed(Kind::VolumeAttachment));
+        assert_eq!(
+            names(&index, "n2"),
+            vec!["va-3"],
+            "va-2 vanished while disconnected"
         );
     }
 

@@ -1,5 +1,6 @@
 //! Cluster state: an in-memory view of Nodes, NodeClaims, NodePools, Pods, DaemonSets,
-//! PodDisruptionBudgets and volumes (claims, volumes, storage classes) fed by kube-rs watchers.
+//! PodDisruptionBudgets and volumes (claims, volumes, storage classes, attachments) fed by
+//! kube-rs watchers.
 //! Controllers read it instead of listing from the API server; decisions are computed from it by
 //! pure code.
 
@@ -16,7 +17,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
@@ -118,6 +119,7 @@ indexed!(PodDisruptionBudget, Kind::PodDisruptionBudget, apply_pdb, namespaced d
 indexed!(PersistentVolumeClaim, Kind::PersistentVolumeClaim, apply_pvc, namespaced delete_pvc);
 indexed!(PersistentVolume, Kind::PersistentVolume, apply_pv, cluster delete_pv);
 indexed!(StorageClass, Kind::StorageClass, apply_storage_class, cluster delete_storage_class);
+indexed!(VolumeAttachment, Kind::VolumeAttachment, apply_volume_attachment, cluster delete_volume_attachment);
 
 /// Applies one watcher event to the cluster.
 fn apply_event<K: Indexed>(cluster: &Cluster, event: Event<K>) {
@@ -171,7 +173,12 @@ pub fn feed(client: kube::Client, cluster: Arc<Cluster>) -> Vec<tokio::task::Joi
             Api::<PersistentVolume>::all(client.clone()),
             cluster.clone(),
         )),
-        tokio::spawn(feed_kind(Api::<StorageClass>::all(client), cluster)),
+        tokio::spawn(feed_kind(
+            Api::<StorageClass>::all(client.clone()),
+            cluster.clone(),
+        )),
+        // Termination waits for a node's VolumeAttachments to go before deleting its instance.
+        tokio::spawn(feed_kind(Api::<VolumeAttachment>::all(client), cluster)),
     ]
 }
 

@@ -139,3 +139,29 @@ pub fn pdb(namespace: &str, name: &str) -> PodDisruptionBudget {
         ..Default::default()
     }
 }
+
+/// A VolumeAttachment of a PersistentVolume to a node.
+pub fn volume_attachment(
+    name: &str,
+    node: &str,
+    pv: &str,
+) -> k8s_openapi::api::storage::v1::VolumeAttachment {
+    use k8s_openapi::api::storage::v1::{
+        VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec,
+    };
+    VolumeAttachment {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: VolumeAttachmentSpec {
+            attacher: "csi.example.com".into(),
+            node_name: node.into(),
+            source: VolumeAttachmentSource {
+                persistent_volume_name: Some(pv.into()),
+                ..Default::default()
+            },
+        },
+        status: None,
+    }
+}

@@ -26,8 +26,13 @@ pub enum Tier {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodAction {
     /// Delete now with this grace period: the termination deadline forces it; bypasses PDBs
-    /// and `karpenter.sh/do-not-disrupt`.
-    ForceDelete { grace_period_seconds: i64 },
+    /// and `karpenter.sh/do-not-disrupt`. `already_deleting`: the pod was evicted or deleted
+    /// before, with a grace period running past the deadline; this shortens it, and the pod
+    /// was counted as drained back then.
+    ForceDelete {
+        grace_period_seconds: i64,
+        already_deleting: bool,
+    },
     /// POST an eviction (respects PDBs).
     Evict,
     /// Still there, nothing to send: terminating, protected by do-not-disrupt, or in a later tier.
@@ -39,6 +44,16 @@ pub enum WaitReason {
     Terminating,
     DoNotDisrupt,
     LaterTier,
+}
+
+/// One pod the termination deadline forces out (see [`PodAction::ForceDelete`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForceDeletion<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: Option<&'a str>,
+    pub grace_period_seconds: i64,
+    pub already_deleting: bool,
 }
 
 /// The drain decision for a node.
@@ -54,22 +69,21 @@ impl DrainPlan {
         self.pods.is_empty()
     }
 
-    pub fn evictions(&self) -> impl Iterator<Item = &(String, String, Option<String>, PodAction)> {
-        self.pods.iter().filter(|p| p.3 == PodAction::Evict)
-    }
-
-    pub fn force_deletions(&self) -> impl Iterator<Item = (&str, &str, Option<&str>, i64)> {
+    /// `(namespace, name, uid, grace period, already deleting)` of each forced deletion.
+    pub fn force_deletions(&self) -> impl Iterator<Item = ForceDeletion<'_>> {
         self.pods
             .iter()
             .filter_map(|(ns, name, uid, action)| match action {
                 PodAction::ForceDelete {
                     grace_period_seconds,
-                } => Some((
-                    ns.as_str(),
-                    name.as_str(),
-                    uid.as_deref(),
-                    *grace_period_seconds,
-                )),
+                    already_deleting,
+                } => Some(ForceDeletion {
+                    namespace: ns,
+                    name,
+                    uid: uid.as_deref(),
+                    grace_period_seconds: *grace_period_seconds,
+                    already_deleting: *already_deleting,
+                }),
                 _ => None,
             })
     }
@@ -176,6 +190,16 @@ fn seconds_until(deadline: Timestamp, now: Timestamp) -> i64 {
     deadline.duration_since(now).as_secs()
 }
 
+/// The grace period of a forced deletion: what is left until the deadline, at least 1 s.
+fn forced_grace(deadline: Timestamp, now: Timestamp) -> i64 {
+    seconds_until(deadline, now).max(1)
+}
+
+/// The deletion timestamp a forced deletion sent now would give the pod.
+fn forced_deletion_time(deadline: Timestamp, now: Timestamp) -> Timestamp {
+    deadline.max(now + Duration::from_secs(1))
+}
+
 /// Plans the drain of a node given its pods, the time and the termination deadline.
 pub fn plan(
     pods: &[impl std::borrow::Borrow<Pod>],
@@ -190,10 +214,11 @@ pub fn plan(
     let mut forced = Vec::new();
     let mut rest = Vec::new();
     for pod in candidates {
-        let must_force = deadline.is_some_and(|deadline| {
-            let start_by = seconds_until(deadline, now) <= grace_seconds(pod);
-            let deleting_past_deadline = deletion(pod).is_some_and(|d| d > deadline);
-            start_by || deleting_past_deadline
+        let must_force = deadline.is_some_and(|deadline| match deletion(pod) {
+            // Already deleting: only a deletion that would outlive what a forced deletion now
+            // sets (the deadline, or 1 s once it is past) needs a new, shorter one.
+            Some(deleting_until) => deleting_until > forced_deletion_time(deadline, now),
+            None => seconds_until(deadline, now) <= grace_seconds(pod),
         });
         if must_force {
             forced.push(pod);
@@ -212,13 +237,14 @@ pub fn plan(
     };
     for pod in forced {
         let (ns, name, uid) = id(pod);
-        let grace = deadline.map(|d| seconds_until(d, now).max(1)).unwrap_or(1);
+        let grace = deadline.map(|d| forced_grace(d, now)).unwrap_or(1);
         plan.pods.push((
             ns,
             name,
             uid,
             PodAction::ForceDelete {
                 grace_period_seconds: grace,
+                already_deleting: deletion(pod).is_some(),
             },
         ));
     }
@@ -276,6 +302,14 @@ mod tests {
             .collect()
     }
 
+    fn evicted(plan: &DrainPlan) -> Vec<&str> {
+        plan.pods
+            .iter()
+            .filter(|p| p.3 == PodAction::Evict)
+            .map(|p| p.1.as_str())
+            .collect()
+    }
+
     #[test]
     fn evicts_one_tier_at_a_time_in_upstream_order() {
         let now = ts(0).0;
@@ -286,25 +320,13 @@ mod tests {
             pod("ns", "app", Some("n")),
         ];
         let first = plan(&pods, now, None);
-        assert_eq!(
-            first.evictions().map(|p| p.1.as_str()).collect::<Vec<_>>(),
-            vec!["app"]
-        );
+        assert_eq!(evicted(&first), vec!["app"]);
         let second = plan(&pods[..3], now, None);
-        assert_eq!(
-            second.evictions().map(|p| p.1.as_str()).collect::<Vec<_>>(),
-            vec!["ds"]
-        );
+        assert_eq!(evicted(&second), vec!["ds"]);
         let third = plan(&pods[..2], now, None);
-        assert_eq!(
-            third.evictions().map(|p| p.1.as_str()).collect::<Vec<_>>(),
-            vec!["crit"]
-        );
+        assert_eq!(evicted(&third), vec!["crit"]);
         let last = plan(&pods[..1], now, None);
-        assert_eq!(
-            last.evictions().map(|p| p.1.as_str()).collect::<Vec<_>>(),
-            vec!["crit-ds"]
-        );
+        assert_eq!(evicted(&last), vec!["crit-ds"]);
         assert!(plan(&Vec::<Pod>::new(), now, None).is_drained());
     }
 
@@ -362,13 +384,16 @@ mod tests {
             vec![(
                 "precious".into(),
                 PodAction::ForceDelete {
-                    grace_period_seconds: 600
+                    grace_period_seconds: 600,
+                    already_deleting: false,
                 }
             )]
         );
         let late = plan(std::slice::from_ref(&p), ts(4000).0, Some(deadline));
         assert_eq!(
-            late.force_deletions().map(|f| f.3).collect::<Vec<_>>(),
+            late.force_deletions()
+                .map(|f| f.grace_period_seconds)
+                .collect::<Vec<_>>(),
             vec![1],
             "past the deadline the grace period is clamped to 1 s"
         );
@@ -387,7 +412,8 @@ mod tests {
                 (
                     "slow".into(),
                     PodAction::ForceDelete {
-                        grace_period_seconds: 100
+                        grace_period_seconds: 100,
+                        already_deleting: false,
                     }
                 ),
                 ("ds".into(), PodAction::Evict),
@@ -402,6 +428,57 @@ mod tests {
         p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(10);
         p.metadata.deletion_timestamp = Some(ts(150));
         let out = plan(&[p], ts(50).0, Some(deadline));
-        assert_eq!(out.force_deletions().count(), 1);
+        assert_eq!(
+            out.force_deletions().collect::<Vec<_>>(),
+            vec![ForceDeletion {
+                namespace: "ns",
+                name: "late",
+                uid: Some("uid-ns-late"),
+                grace_period_seconds: 50,
+                already_deleting: true,
+            }]
+        );
+    }
+
+    #[test]
+    fn a_pod_deleting_by_the_deadline_is_waited_for_not_deleted_again() {
+        // Forced at t=50 with 50 s left: the pod now deletes at the deadline.
+        let deadline = ts(100).0;
+        let mut p = pod("ns", "forced", Some("n"));
+        p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(300);
+        let first = plan(std::slice::from_ref(&p), ts(50).0, Some(deadline));
+        assert_eq!(
+            actions(&first),
+            vec![(
+                "forced".into(),
+                PodAction::ForceDelete {
+                    grace_period_seconds: 50,
+                    already_deleting: false,
+                }
+            )]
+        );
+        p.metadata.deletion_timestamp = Some(ts(100));
+        for now in [51, 99, 100] {
+            let later = plan(std::slice::from_ref(&p), ts(now).0, Some(deadline));
+            assert_eq!(
+                actions(&later),
+                vec![("forced".into(), PodAction::Wait(WaitReason::Terminating))],
+                "at t={now}"
+            );
+        }
+    }
+
+    #[test]
+    fn past_the_deadline_a_pod_forced_with_one_second_is_not_forced_again() {
+        let deadline = ts(100).0;
+        let mut p = pod("ns", "late", Some("n"));
+        let first = plan(std::slice::from_ref(&p), ts(120).0, Some(deadline));
+        assert_eq!(first.force_deletions().count(), 1);
+        p.metadata.deletion_timestamp = Some(ts(121));
+        for now in [120, 121, 130] {
+            let later = plan(std::slice::from_ref(&p), ts(now).0, Some(deadline));
+            assert_eq!(later.force_deletions().count(), 0, "at t={now}");
+            assert!(!later.is_drained(), "still waited for at t={now}");
+        }
     }
 }

@@ -8,8 +8,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::jiff::Timestamp;
-
 use super::drain::{PodAction, WaitReason};
 
 /// First retry delay after a refused eviction.
@@ -72,17 +70,16 @@ impl EvictionResponse {
 #[derive(Clone, Debug)]
 struct Entry {
     node: String,
-    /// The earliest termination deadline any caller gave for this pod.
-    deadline: Option<Timestamp>,
     /// Consecutive attempts that did not evict (refusals or do-not-disrupt holds).
     failures: u32,
     /// No eviction is sent before this.
     not_before: Option<Instant>,
     /// The last answer was a PDB refusal.
     blocked: bool,
-    /// The API accepted the eviction: never sent again, even while a stale cache still shows
-    /// the pod running. Dropped once the pod is terminating or gone from the drain plan.
-    evicted: bool,
+    /// The API accepted an eviction or a forced deletion: neither is sent again while a stale
+    /// cache still shows the pod running. Dropped once the pod is terminating or gone from the
+    /// drain plan.
+    accepted: bool,
 }
 
 /// Per-pod eviction state across reconciles of every terminating node.
@@ -103,27 +100,22 @@ pub fn backoff_after(failures: u32) -> Duration {
 }
 
 impl EvictionQueue {
-    /// Enqueues a pod (no-op when present, except that the earlier deadline wins).
-    pub fn add(&mut self, key: &PodKey, node: &str, deadline: Option<Timestamp>) {
-        let entry = self.entries.entry(key.clone()).or_insert_with(|| Entry {
+    /// Enqueues a pod (no-op when present).
+    fn add(&mut self, key: &PodKey, node: &str) {
+        self.entries.entry(key.clone()).or_insert_with(|| Entry {
             node: node.into(),
-            deadline,
             failures: 0,
             not_before: None,
             blocked: false,
-            evicted: false,
+            accepted: false,
         });
-        entry.deadline = match (entry.deadline, deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
     }
 
     /// Whether an eviction for `key` may be sent at `now` (its backoff elapsed).
     pub fn ready(&self, key: &PodKey, now: Instant) -> bool {
         self.entries
             .get(key)
-            .is_some_and(|e| !e.evicted && e.not_before.is_none_or(|t| now >= t))
+            .is_some_and(|e| !e.accepted && e.not_before.is_none_or(|t| now >= t))
     }
 
     /// Decides, for one pod of a drain plan, whether to send an eviction now, and keeps the
@@ -134,27 +126,51 @@ impl EvictionQueue {
         key: &PodKey,
         node: &str,
         action: &PodAction,
-        deadline: Option<Timestamp>,
         now: Instant,
     ) -> bool {
         match action {
+            // Deleted already; the cache has not caught up yet.
+            PodAction::ForceDelete {
+                already_deleting: false,
+                ..
+            } if self.accepted(key) => false,
             PodAction::ForceDelete { .. } | PodAction::Wait(WaitReason::Terminating) => {
                 self.forget(key);
                 false
             }
             PodAction::Wait(WaitReason::LaterTier) => false,
             PodAction::Wait(WaitReason::DoNotDisrupt) => {
-                self.add(key, node, deadline);
+                self.add(key, node);
                 if self.ready(key, now) {
                     self.back_off(key, now);
                 }
                 false
             }
             PodAction::Evict => {
-                self.add(key, node, deadline);
+                self.add(key, node);
                 self.ready(key, now)
             }
         }
+    }
+
+    /// Whether a forced deletion of the pod should be sent: not when one (or an eviction) was
+    /// accepted while the cache still shows the pod running, so a stale cache neither re-sends
+    /// it nor counts the pod twice.
+    pub fn should_force_delete(&self, key: &PodKey, already_deleting: bool) -> bool {
+        already_deleting || !self.accepted(key)
+    }
+
+    /// Records a forced deletion the API accepted.
+    pub fn force_deleted(&mut self, key: &PodKey, node: &str) {
+        self.add(key, node);
+        if let Some(entry) = self.entries.get_mut(key) {
+            entry.accepted = true;
+            entry.blocked = false;
+        }
+    }
+
+    fn accepted(&self, key: &PodKey) -> bool {
+        self.entries.get(key).is_some_and(|e| e.accepted)
     }
 
     /// Records the eviction API's answer; returns whether the pod stays queued.
@@ -162,7 +178,7 @@ impl EvictionQueue {
         match response {
             EvictionResponse::Evicted => {
                 if let Some(entry) = self.entries.get_mut(key) {
-                    entry.evicted = true;
+                    entry.accepted = true;
                     entry.blocked = false;
                 }
                 false
@@ -197,6 +213,12 @@ impl EvictionQueue {
         self.entries.retain(|k, e| e.node != node || keep(k));
     }
 
+    /// Drops the entries of every node `keep` rejects: nodes gone from the cluster without a
+    /// finished termination here (someone else removed the finalizer) are never released.
+    pub fn retain_nodes(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.entries.retain(|_, e| keep(&e.node));
+    }
+
     /// Drops every entry of a node whose termination finished.
     pub fn forget_node(&mut self, node: &str) {
         self.retain_node(node, |_| false);
@@ -215,30 +237,12 @@ impl EvictionQueue {
     pub fn next_due(&self, node: &str, now: Instant) -> Option<Duration> {
         self.entries
             .values()
-            .filter(|e| e.node == node && !e.evicted)
+            .filter(|e| e.node == node && !e.accepted)
             .map(|e| {
                 e.not_before
                     .map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
             })
             .min()
-    }
-
-    /// The earliest deadline recorded for a pod.
-    pub fn deadline(&self, key: &PodKey) -> Option<Timestamp> {
-        self.entries.get(key).and_then(|e| e.deadline)
-    }
-
-    /// The delay imposed by the last refusal (zero before any).
-    pub fn backoff(&self, key: &PodKey) -> Option<Duration> {
-        self.entries.get(key).map(|e| backoff_after(e.failures))
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 }
 
@@ -281,7 +285,7 @@ mod tests {
         let t0 = Instant::now();
         let mut q = EvictionQueue::default();
         let pod = key("web");
-        assert!(q.should_evict(&pod, "n1", &PodAction::Evict, None, t0));
+        assert!(q.should_evict(&pod, "n1", &PodAction::Evict, t0));
         assert!(q.record(&pod, EvictionResponse::Blocked, t0));
         assert_eq!(q.blocked_on("n1"), vec![&pod]);
 
@@ -289,32 +293,28 @@ mod tests {
         let mut at = t0;
         let mut expected = INITIAL_BACKOFF;
         for _ in 0..12 {
-            assert_eq!(q.backoff(&pod), Some(expected));
-            assert!(!q.should_evict(&pod, "n1", &PodAction::Evict, None, at + expected - ms(1)));
+            assert!(!q.should_evict(&pod, "n1", &PodAction::Evict, at + expected - ms(1)));
             assert_eq!(q.next_due("n1", at), Some(expected));
             at += expected;
-            assert!(q.should_evict(&pod, "n1", &PodAction::Evict, None, at));
+            assert!(q.should_evict(&pod, "n1", &PodAction::Evict, at));
             assert!(q.record(&pod, EvictionResponse::Blocked, at));
             expected = (expected * 2).min(MAX_BACKOFF);
         }
-        assert_eq!(q.backoff(&pod), Some(MAX_BACKOFF));
+        assert_eq!(q.next_due("n1", at), Some(MAX_BACKOFF));
 
         // The PDB finally allows it: the entry is done, and not re-sent while the cache
         // still shows the pod running.
         at += MAX_BACKOFF;
-        assert!(q.should_evict(&pod, "n1", &PodAction::Evict, None, at));
+        assert!(q.should_evict(&pod, "n1", &PodAction::Evict, at));
         assert!(!q.record(&pod, EvictionResponse::Evicted, at));
         assert!(q.blocked_on("n1").is_empty());
         assert_eq!(q.next_due("n1", at), None);
-        assert!(!q.should_evict(&pod, "n1", &PodAction::Evict, None, at + MAX_BACKOFF));
-        assert!(!q.should_evict(
-            &pod,
-            "n1",
-            &PodAction::Wait(WaitReason::Terminating),
-            None,
-            at
-        ));
-        assert!(q.is_empty());
+        assert!(!q.should_evict(&pod, "n1", &PodAction::Evict, at + MAX_BACKOFF));
+        assert!(!q.should_evict(&pod, "n1", &PodAction::Wait(WaitReason::Terminating), at));
+        assert!(
+            q.should_evict(&pod, "n1", &PodAction::Evict, at),
+            "the entry is gone: a new incarnation would be evicted at once"
+        );
     }
 
     #[test]
@@ -340,14 +340,15 @@ mod tests {
         let t0 = Instant::now();
         let mut q = EvictionQueue::default();
         let (a, b) = (key("a"), key("b"));
-        assert!(q.should_evict(&a, "n1", &PodAction::Evict, None, t0));
-        assert!(q.should_evict(&b, "n1", &PodAction::Evict, None, t0));
+        assert!(q.should_evict(&a, "n1", &PodAction::Evict, t0));
+        assert!(q.should_evict(&b, "n1", &PodAction::Evict, t0));
         assert!(!q.record(&a, EvictionResponse::Gone, t0));
         assert!(q.record(&b, EvictionResponse::Failed, t0));
         assert!(q.blocked_on("n1").is_empty());
+        assert_eq!(q.next_due("n1", t0), Some(ms(100)), "only b is left");
+        assert!(!q.ready(&a, t0));
         assert!(!q.ready(&b, t0 + ms(99)));
         assert!(q.ready(&b, t0 + ms(100)));
-        assert_eq!(q.len(), 1);
     }
 
     #[test]
@@ -355,32 +356,25 @@ mod tests {
         let t0 = Instant::now();
         let mut q = EvictionQueue::default();
         let pod = key("web");
-        assert!(q.should_evict(&pod, "n1", &PodAction::Evict, None, t0));
+        assert!(q.should_evict(&pod, "n1", &PodAction::Evict, t0));
         q.record(&pod, EvictionResponse::Blocked, t0);
         let forced = PodAction::ForceDelete {
             grace_period_seconds: 1,
+            already_deleting: false,
         };
-        assert!(!q.should_evict(&pod, "n1", &forced, None, t0));
-        assert!(q.is_empty(), "a forced deletion drops the entry");
-
-        assert!(!q.should_evict(
-            &pod,
-            "n1",
-            &PodAction::Wait(WaitReason::LaterTier),
+        assert!(!q.should_evict(&pod, "n1", &forced, t0));
+        assert_eq!(
+            q.next_due("n1", t0),
             None,
-            t0
-        ));
-        assert!(q.is_empty(), "later tiers are not queued yet");
+            "a forced deletion drops the entry"
+        );
 
-        assert!(q.should_evict(&pod, "n1", &PodAction::Evict, None, t0));
-        assert!(!q.should_evict(
-            &pod,
-            "n1",
-            &PodAction::Wait(WaitReason::Terminating),
-            None,
-            t0
-        ));
-        assert!(q.is_empty(), "a terminating pod is dropped");
+        assert!(!q.should_evict(&pod, "n1", &PodAction::Wait(WaitReason::LaterTier), t0));
+        assert_eq!(q.next_due("n1", t0), None, "later tiers are not queued yet");
+
+        assert!(q.should_evict(&pod, "n1", &PodAction::Evict, t0));
+        assert!(!q.should_evict(&pod, "n1", &PodAction::Wait(WaitReason::Terminating), t0));
+        assert_eq!(q.next_due("n1", t0), None, "a terminating pod is dropped");
     }
 
     #[test]
@@ -389,41 +383,90 @@ mod tests {
         let mut q = EvictionQueue::default();
         let pod = key("precious");
         let hold = PodAction::Wait(WaitReason::DoNotDisrupt);
-        assert!(!q.should_evict(&pod, "n1", &hold, None, t0));
-        assert_eq!(q.backoff(&pod), Some(ms(100)));
+        assert!(!q.should_evict(&pod, "n1", &hold, t0));
+        assert_eq!(q.next_due("n1", t0), Some(ms(100)));
         // Not due yet: the backoff does not grow with every reconcile.
-        assert!(!q.should_evict(&pod, "n1", &hold, None, t0 + ms(50)));
-        assert_eq!(q.backoff(&pod), Some(ms(100)));
-        assert!(!q.should_evict(&pod, "n1", &hold, None, t0 + ms(100)));
-        assert_eq!(q.backoff(&pod), Some(ms(200)));
+        assert!(!q.should_evict(&pod, "n1", &hold, t0 + ms(50)));
+        assert_eq!(q.next_due("n1", t0), Some(ms(100)));
+        assert!(!q.should_evict(&pod, "n1", &hold, t0 + ms(100)));
+        assert_eq!(q.next_due("n1", t0 + ms(100)), Some(ms(200)));
         // The annotation is removed: the eviction waits out the current backoff.
-        assert!(!q.should_evict(&pod, "n1", &PodAction::Evict, None, t0 + ms(299)));
-        assert!(q.should_evict(&pod, "n1", &PodAction::Evict, None, t0 + ms(300)));
+        assert!(!q.should_evict(&pod, "n1", &PodAction::Evict, t0 + ms(299)));
+        assert!(q.should_evict(&pod, "n1", &PodAction::Evict, t0 + ms(300)));
     }
 
     #[test]
-    fn entries_remember_the_earliest_deadline_and_are_pruned_per_node() {
+    fn entries_are_pruned_per_node() {
         let t0 = Instant::now();
         let mut q = EvictionQueue::default();
         let (a, b, c) = (key("a"), key("b"), key("c"));
-        let early = Timestamp::from_second(100).unwrap();
-        let late = Timestamp::from_second(200).unwrap();
-        q.add(&a, "n1", Some(late));
-        q.add(&a, "n1", Some(early));
-        q.add(&a, "n1", None);
-        q.add(&a, "n1", Some(late));
-        assert_eq!(q.deadline(&a), Some(early));
-        q.add(&b, "n1", None);
-        assert_eq!(q.deadline(&b), None);
-        q.add(&b, "n1", Some(late));
-        assert_eq!(q.deadline(&b), Some(late));
-        q.add(&c, "n2", None);
+        q.add(&a, "n1");
+        q.add(&b, "n1");
+        q.add(&c, "n2");
 
         q.retain_node("n1", |k| k == &a);
         assert!(q.ready(&a, t0) && !q.ready(&b, t0) && q.ready(&c, t0));
         q.forget_node("n1");
-        assert_eq!(q.len(), 1);
+        assert!(!q.ready(&a, t0));
+        assert_eq!(q.next_due("n1", t0), None);
         assert!(q.ready(&c, t0), "other nodes' entries stay");
+        assert_eq!(q.next_due("n2", t0), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn entries_of_vanished_nodes_are_dropped() {
+        let t0 = Instant::now();
+        let mut q = EvictionQueue::default();
+        let (a, b) = (key("a"), key("b"));
+        assert!(q.should_evict(&a, "gone", &PodAction::Evict, t0));
+        assert!(q.record(&a, EvictionResponse::Blocked, t0));
+        assert!(q.should_evict(&b, "kept", &PodAction::Evict, t0));
+        assert!(q.record(&b, EvictionResponse::Blocked, t0));
+        q.retain_nodes(|node| node == "kept");
+        assert_eq!(q.next_due("gone", t0), None);
+        assert!(q.blocked_on("gone").is_empty());
+        assert_eq!(q.next_due("kept", t0), Some(INITIAL_BACKOFF));
+        assert_eq!(q.blocked_on("kept"), vec![&b]);
+    }
+
+    #[test]
+    fn a_forced_deletion_is_sent_once_while_the_cache_still_shows_the_pod_running() {
+        let t0 = Instant::now();
+        let mut q = EvictionQueue::default();
+        let pod = key("slow");
+        let forced = |already_deleting| PodAction::ForceDelete {
+            grace_period_seconds: 30,
+            already_deleting,
+        };
+        assert!(!q.should_evict(&pod, "n1", &forced(false), t0));
+        assert!(q.should_force_delete(&pod, false));
+        q.force_deleted(&pod, "n1");
+        // Next pass, stale cache: the pod still looks untouched.
+        assert!(!q.should_evict(&pod, "n1", &forced(false), t0));
+        assert!(!q.should_force_delete(&pod, false));
+        assert!(q.blocked_on("n1").is_empty());
+        assert_eq!(q.next_due("n1", t0), None, "nothing to evict");
+        // The cache catches up: a deletion running past the deadline may be shortened again.
+        assert!(!q.should_evict(&pod, "n1", &forced(true), t0));
+        assert!(q.should_force_delete(&pod, true));
+        // Once terminating, the entry is dropped.
+        assert!(!q.should_evict(&pod, "n1", &PodAction::Wait(WaitReason::Terminating), t0));
+        assert!(q.should_force_delete(&pod, false));
+    }
+
+    #[test]
+    fn an_accepted_eviction_is_not_followed_by_a_forced_deletion_on_a_stale_cache() {
+        let t0 = Instant::now();
+        let mut q = EvictionQueue::default();
+        let pod = key("web");
+        assert!(q.should_evict(&pod, "n1", &PodAction::Evict, t0));
+        assert!(!q.record(&pod, EvictionResponse::Evicted, t0));
+        let forced = PodAction::ForceDelete {
+            grace_period_seconds: 5,
+            already_deleting: false,
+        };
+        assert!(!q.should_evict(&pod, "n1", &forced, t0));
+        assert!(!q.should_force_delete(&pod, false));
     }
 
     #[test]
@@ -432,8 +475,8 @@ mod tests {
         let mut q = EvictionQueue::default();
         let old = PodKey::new("ns", "web-0", Some("uid-1"));
         let new = PodKey::new("ns", "web-0", Some("uid-2"));
-        assert!(q.should_evict(&old, "n1", &PodAction::Evict, None, t0));
+        assert!(q.should_evict(&old, "n1", &PodAction::Evict, t0));
         q.record(&old, EvictionResponse::Blocked, t0);
-        assert!(q.should_evict(&new, "n1", &PodAction::Evict, None, t0));
+        assert!(q.should_evict(&new, "n1", &PodAction::Evict, t0));
     }
 }

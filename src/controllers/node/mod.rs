@@ -4,4 +4,5 @@
 pub mod drain;
 pub mod eviction;
 pub mod termination;
+pub mod throttle;
 pub mod volumes;

@@ -10,10 +10,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint as CoreTaint};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, EvictParams, ListParams, Preconditions};
+use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
 use kube::runtime::controller::Action;
 
 use crate::apis::labels::{
@@ -27,10 +26,11 @@ use crate::controllers::{
 };
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
-use crate::state::node_provider_id;
+use crate::state::{Kind, node_provider_id};
 
 use super::drain::{DrainPlan, PodAction, plan};
 use super::eviction::{self, EvictionQueue, EvictionResponse, PodKey};
+use super::throttle::EventThrottle;
 use super::volumes::{self, Detachment};
 
 /// Pods bound right after tainting are caught by waiting this long after draining starts.
@@ -95,12 +95,39 @@ fn claim_for(provider_id: &str, name: &str) -> NodeClaim {
 #[derive(Debug, Default)]
 pub struct Termination {
     evictions: Mutex<EvictionQueue>,
+    /// Node events repeated while a node is requeued (by node name and reason).
+    node_events: Mutex<EventThrottle<(String, &'static str)>>,
 }
 
 impl Termination {
     fn queue(&self) -> MutexGuard<'_, EvictionQueue> {
         // The queue holds no invariant a panicking holder could break half-way.
         self.evictions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn node_events(&self) -> MutexGuard<'_, EventThrottle<(String, &'static str)>> {
+        self.node_events.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a repeated event `reason` about `node` may go out at `now`.
+    fn node_event_due(&self, node: &str, reason: &'static str, now: Instant) -> bool {
+        self.node_events().allow((node.to_string(), reason), now)
+    }
+
+    /// Forgets everything about a node whose termination finished.
+    fn forget_node(&self, node: &str) {
+        self.queue().forget_node(node);
+        self.node_events().retain(|(n, _)| n != node);
+    }
+
+    /// Drops what is remembered about nodes no longer in cluster state (their finalizer was
+    /// removed elsewhere, so `release` never ran). `current` is kept: the controller's own
+    /// watch may see a node before cluster state does.
+    fn forget_vanished_nodes(&self, ctx: &Context, current: &str) {
+        let cluster = ctx.cluster.read();
+        let keep = |node: &str| node == current || cluster.node(node).is_some();
+        self.queue().retain_nodes(keep);
+        self.node_events().retain(|(node, _)| keep(node));
     }
 }
 
@@ -109,12 +136,13 @@ pub async fn reconcile(
     ctx: Arc<Context>,
     state: Arc<Termination>,
 ) -> Result<Action> {
+    let name = node.name_any();
+    state.forget_vanished_nodes(&ctx, &name);
     if node.metadata.deletion_timestamp.is_none()
         || !node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER)
     {
         return Ok(Action::await_change());
     }
-    let name = node.name_any();
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     let claims: Api<NodeClaim> = Api::all(ctx.client.clone());
     let provider_id = node_provider_id(&node).map(str::to_string);
@@ -200,7 +228,7 @@ pub async fn reconcile(
             .and_then(|s| s.conditions.get_condition(conditions::DISRUPTION_REASON))
             .map(|c| c.reason.clone())
             .unwrap_or_default();
-        let requeue = drain_pass(&ctx, &state, &node, &pods, &drain, deadline, &reason).await?;
+        let requeue = drain_pass(&ctx, &state, &node, &pods, &drain, &reason).await?;
         return Ok(Action::requeue(requeue));
     }
     state.queue().forget_node(&name);
@@ -262,7 +290,12 @@ pub async fn reconcile(
         .and_then(|s| s.conditions.get_condition(conditions::VOLUMES_DETACHED))
         .is_some_and(|c| c.status != ConditionStatus::Unknown);
     if !settled {
-        match volume_detachment(&ctx, &name, &pods, now, deadline).await? {
+        // Before the first list of VolumeAttachments, no attachment does not mean none.
+        if !ctx.cluster.read().listed(Kind::VolumeAttachment) {
+            return Ok(Action::requeue(VOLUME_REQUEUE));
+        }
+        let detachment = volume_detachment(&ctx, &name, &pods, now, deadline);
+        match detachment {
             Detachment::Detached => {
                 set_claim_condition(
                     &ctx,
@@ -275,6 +308,16 @@ pub async fn reconcile(
                 .await?;
             }
             Detachment::Awaiting(attachments) => {
+                // Told once, when the wait begins, not on every requeue; without a NodeClaim
+                // to hold the condition, at most every 10 s.
+                let first_wait = match &claim {
+                    Some(claim) => awaiting_detachment_begins(claim),
+                    None => state.node_event_due(
+                        &name,
+                        conditions::AWAITING_VOLUME_DETACHMENT_REASON,
+                        Instant::now(),
+                    ),
+                };
                 set_claim_condition(
                     &ctx,
                     &mut claim,
@@ -284,16 +327,18 @@ pub async fn reconcile(
                     "Awaiting deletion of bound VolumeAttachments",
                 )
                 .await?;
-                ctx.event(
-                    node.as_ref(),
-                    Severity::Normal,
-                    conditions::AWAITING_VOLUME_DETACHMENT_REASON,
-                    format!(
-                        "Awaiting deletion of bound VolumeAttachments ({})",
-                        attachments.join(", ")
-                    ),
-                )
-                .await;
+                if first_wait {
+                    ctx.event(
+                        node.as_ref(),
+                        Severity::Normal,
+                        conditions::AWAITING_VOLUME_DETACHMENT_REASON,
+                        format!(
+                            "Awaiting deletion of bound VolumeAttachments ({})",
+                            attachments.join(", ")
+                        ),
+                    )
+                    .await;
+                }
                 return Ok(Action::requeue(VOLUME_REQUEUE));
             }
             Detachment::DeadlinePassed(attachments) => {
@@ -342,7 +387,6 @@ async fn drain_pass(
     node: &Node,
     pods: &[Arc<Pod>],
     drain: &DrainPlan,
-    deadline: Option<Timestamp>,
     disruption_reason: &str,
 ) -> Result<Duration> {
     let name = node.name_any();
@@ -363,7 +407,7 @@ async fn drain_pass(
         drain
             .pods
             .iter()
-            .filter(|p| queue.should_evict(&key_of(p), &name, &p.3, deadline, started))
+            .filter(|p| queue.should_evict(&key_of(p), &name, &p.3, started))
             .map(key_of)
             .collect()
     };
@@ -380,7 +424,20 @@ async fn drain_pass(
         .collect();
     let mut sent = false;
 
-    for (namespace, pod_name, uid, grace) in drain.force_deletions() {
+    for forced in drain.force_deletions() {
+        let (namespace, pod_name, uid, grace) = (
+            forced.namespace,
+            forced.name,
+            forced.uid,
+            forced.grace_period_seconds,
+        );
+        let key = PodKey::new(namespace, pod_name, uid);
+        if !state
+            .queue()
+            .should_force_delete(&key, forced.already_deleting)
+        {
+            continue;
+        }
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
         let params = DeleteParams {
             grace_period_seconds: Some(grace.max(0) as u32),
@@ -393,8 +450,13 @@ async fn drain_pass(
         sent = true;
         if ignore_not_found(api.delete(pod_name, &params).await)?.is_some() {
             tracing::info!(node = %name, pod = %pod_name, grace, "deleting pod: termination deadline reached");
+            state.queue().force_deleted(&key, &name);
+            // A pod already deleting was counted (and told) when that deletion began.
+            if forced.already_deleting {
+                continue;
+            }
             count_drained();
-            if let Some(pod) = by_key.get(&PodKey::new(namespace, pod_name, uid)) {
+            if let Some(pod) = by_key.get(&key) {
                 ctx.event(
                     pod.as_ref(),
                     Severity::Normal,
@@ -473,8 +535,9 @@ async fn drain_pass(
             .collect();
         (blocked, queue.next_due(&name, Instant::now()))
     };
-    // Only passes that called the API report, so a short requeue does not flood events.
-    if sent {
+    // Only passes that called the API report, and at most every 10 s: early in the backoff a
+    // node is requeued several times a second.
+    if sent && state.node_event_due(&name, "FailedDraining", Instant::now()) {
         let message = if blocked.is_empty() {
             format!(
                 "Failed to drain node, {} pods are waiting to be evicted",
@@ -494,39 +557,48 @@ async fn drain_pass(
     }))
 }
 
-/// Step 6: lists VolumeAttachments (the API offers no field selector on `spec.nodeName`),
-/// spares those of pods the drain leaves in place, and decides whether to keep waiting.
-async fn volume_detachment(
+/// Step 6: the node's VolumeAttachments (watched in cluster state), sparing those of pods the
+/// drain leaves in place, and whether to keep waiting.
+fn volume_detachment(
     ctx: &Context,
     node: &str,
     pods: &[Arc<Pod>],
     now: Timestamp,
     deadline: Option<Timestamp>,
-) -> Result<Detachment> {
-    let attachments_api: Api<VolumeAttachment> = Api::all(ctx.client.clone());
-    let attachments = attachments_api.list(&ListParams::default()).await?.items;
-    if !attachments.iter().any(|va| va.spec.node_name == node) {
-        return Ok(Detachment::Detached);
+) -> Detachment {
+    let cluster = ctx.cluster.read();
+    let attachments = cluster.volume_attachments_on(node);
+    if attachments.is_empty() {
+        return Detachment::Detached;
     }
-    let mut spared = BTreeSet::new();
-    for (namespace, claim) in volumes::claims_of_undrained_pods(pods, now) {
-        // Claims are in cluster state (watched for provisioning's volume checks).
-        let pvc = ctx.cluster.read().pvc(&namespace, &claim);
-        if let Some(volume) = pvc
-            .as_ref()
-            .and_then(|pvc| pvc.spec.as_ref())
-            .and_then(|spec| spec.volume_name.clone())
-        {
-            spared.insert(volume);
-        }
-    }
+    let spared: BTreeSet<String> = volumes::claims_of_undrained_pods(pods, now)
+        .into_iter()
+        .filter_map(|(namespace, claim)| {
+            cluster
+                .pvc(&namespace, &claim)?
+                .spec
+                .as_ref()?
+                .volume_name
+                .clone()
+        })
+        .collect();
     let blocking = volumes::blocking_attachments(&attachments, node, &spared);
-    Ok(volumes::detachment(&blocking, now, deadline))
+    volumes::detachment(&blocking, now, deadline)
+}
+
+/// Whether the NodeClaim's `VolumesDetached` condition is not yet Unknown, i.e. setting it
+/// now starts the wait for volume detachment.
+fn awaiting_detachment_begins(claim: &NodeClaim) -> bool {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.get_condition(conditions::VOLUMES_DETACHED))
+        .is_none_or(|c| c.status != ConditionStatus::Unknown)
 }
 
 /// Removes the finalizer and counts the termination.
 async fn release(ctx: &Context, state: &Termination, node: &Node) -> Result<Action> {
-    state.queue().forget_node(&node.name_any());
+    state.forget_node(&node.name_any());
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     if let Some(finalizers) = without_finalizer(node.finalizers(), TERMINATION_FINALIZER) {
         absent_ok(
@@ -618,6 +690,27 @@ mod tests {
         assert_eq!(out[1].key, DISRUPTED_TAINT_KEY);
         assert_eq!(out[1].effect, "NoSchedule");
         assert_eq!(with_disrupted_taint(&out), None);
+    }
+
+    #[test]
+    fn the_volume_wait_is_announced_only_when_it_begins() {
+        use crate::state::testing::{nodeclaim, set_condition};
+        let claim = nodeclaim("c", "pool", Some("exoscale://1"));
+        assert!(awaiting_detachment_begins(&claim), "no condition yet");
+        let waiting = set_condition(
+            claim.clone(),
+            conditions::VOLUMES_DETACHED,
+            ConditionStatus::Unknown,
+            0,
+        );
+        assert!(!awaiting_detachment_begins(&waiting), "already waiting");
+        let settled = set_condition(
+            claim,
+            conditions::VOLUMES_DETACHED,
+            ConditionStatus::True,
+            0,
+        );
+        assert!(awaiting_detachment_begins(&settled));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! (karpenter-core §4.2 step 6). Deleting the instance while a CSI driver still has a volume
 //! attached can leave the volume stuck "in use" for its next consumer.
 //!
-//! Pure: the caller lists the attachments, the node's pods and resolves PersistentVolumeClaims.
+//! Pure: the caller passes the attachments (from cluster state), the node's pods, and resolves
+//! PersistentVolumeClaims.
 
 use std::collections::BTreeSet;
 
@@ -50,12 +51,13 @@ pub fn claims_of_undrained_pods(
 /// The attachments on `node` to wait for: those of a PersistentVolume not in `spared`.
 /// Inline (non-PV) attachments are not waited for, as upstream does.
 pub fn blocking_attachments<'a>(
-    attachments: &'a [VolumeAttachment],
+    attachments: &'a [impl std::borrow::Borrow<VolumeAttachment>],
     node: &str,
     spared: &BTreeSet<String>,
 ) -> Vec<&'a VolumeAttachment> {
     attachments
         .iter()
+        .map(std::borrow::Borrow::borrow)
         .filter(|va| va.spec.node_name == node)
         .filter(|va| {
             va.spec
