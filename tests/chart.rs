@@ -474,6 +474,7 @@ fn kind_target(kind: &str, subresource: Option<&str>) -> Option<Target> {
         "PodDisruptionBudget" => of::<policy::v1::PodDisruptionBudget>(subresource),
         "VolumeAttachment" => of::<storage::v1::VolumeAttachment>(subresource),
         "StorageClass" => of::<storage::v1::StorageClass>(subresource),
+        "Event" => of::<k8s_openapi::api::events::v1::Event>(subresource),
         "Lease" => of::<coordination::v1::Lease>(subresource),
         "NodeClaim" => of::<NodeClaim>(subresource),
         "NodePool" => of::<NodePool>(subresource),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -62,7 +62,7 @@ impl KubeEvents {
             .namespace
             .clone()
             .unwrap_or_else(|| "default".to_string());
-        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         let key = SeriesKey::of(event, &note);
         // The lock is not held across API calls: two racing identical events at worst start
         // two series.
@@ -87,7 +87,7 @@ impl KubeEvents {
             event.object.name.as_deref().unwrap_or(&self.controller),
             now.as_nanosecond()
         );
-        let k8s_event = K8sEvent {
+        let k8s_event = Event {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 namespace: Some(namespace),
@@ -107,7 +107,7 @@ impl KubeEvents {
             regarding: Some(event.object.clone()),
             reporting_controller: Some(self.controller.clone()),
             reporting_instance: Some(self.instance.clone()),
-            ..K8sEvent::default()
+            ..Event::default()
         };
         api.create(&PostParams::default(), &k8s_event).await?;
         self.series.lock().await.record(key, name, now);

@@ -1,6 +1,7 @@
 //! Which pods a terminating node must get rid of, in what order, and how (karpenter-core §4.2).
 //! Pure: the caller passes the pods bound to the node, the clock and the termination deadline.
 
+use crate::state::pods::{is_daemonset_pod, is_mirror, is_terminal};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -89,28 +90,6 @@ impl DrainPlan {
     }
 }
 
-fn is_terminal(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded") | Some("Failed")
-    )
-}
-
-fn is_mirror(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
-}
-
-fn is_daemon(pod: &Pod) -> bool {
-    pod.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.kind == "DaemonSet")
-}
-
 fn is_critical(pod: &Pod) -> bool {
     matches!(
         pod.spec
@@ -163,7 +142,7 @@ fn grace_seconds(pod: &Pod) -> i64 {
 
 /// The eviction tier of a pod.
 pub fn tier(pod: &Pod) -> Tier {
-    match (is_critical(pod), is_daemon(pod)) {
+    match (is_critical(pod), is_daemonset_pod(pod)) {
         (false, false) => Tier::NonCriticalWorkload,
         (false, true) => Tier::NonCriticalDaemon,
         (true, false) => Tier::CriticalWorkload,
