@@ -553,9 +553,9 @@ mod tests {
     #[test]
     fn volume_attachments_are_found_by_node_and_dropped_on_delete_or_relist() {
         let mut index = ClusterIndex::default();
-        index.apply_volume_attachment(volume_attachment("va-1", "n1", "pv-1"));
-        index.apply_volume_attachment(volume_attachment("va-2", "n1", "pv-2"));
-        index.apply_volume_attachment(volume_attachment("va-3", "n2", "pv-3"));
+        index.apply_volume_attachment(volume_attachment("va-1", "n1", Some("pv-1")));
+        index.apply_volume_attachment(volume_attachment("va-2", "n1", Some("pv-2")));
+        index.apply_volume_attachment(volume_attachment("va-3", "n2", Some("pv-3")));
         let names = |index: &ClusterIndex, node: &str| -> Vec<String> {
             index
                 .volume_attachments_on(node)
@@ -569,13 +569,13 @@ mod tests {
         index.delete_volume_attachment("va-1");
         assert_eq!(names(&index, "n1"), vec!["va-2"]);
         // Moved to another node (a re-apply under the same name replaces it).
-        index.apply_volume_attachment(volume_attachment("va-2", "n2", "pv-2"));
+        index.apply_volume_attachment(volume_attachment("va-2", "n2", Some("pv-2")));
         assert!(names(&index, "n1").is_empty());
         assert_eq!(names(&index, "n2"), vec!["va-2", "va-3"]);
 
         assert!(!index.listed(Kind::VolumeAttachment));
         index.begin_list(Kind::VolumeAttachment);
-        index.apply_volume_attachment(volume_attachment("va-3", "n2", "pv-3"));
+        index.apply_volume_attachment(volume_attachment("va-3", "n2", Some("pv-3")));
         index.finish_list(Kind::VolumeAttachment);
         assert!(index.listed(Kind::VolumeAttachment));
         assert_eq!(

@@ -140,11 +140,11 @@ pub fn pdb(namespace: &str, name: &str) -> PodDisruptionBudget {
     }
 }
 
-/// A VolumeAttachment of a PersistentVolume to a node.
+/// A VolumeAttachment of a PersistentVolume (`None`: an inline volume) to a node.
 pub fn volume_attachment(
     name: &str,
     node: &str,
-    pv: &str,
+    pv: Option<&str>,
 ) -> k8s_openapi::api::storage::v1::VolumeAttachment {
     use k8s_openapi::api::storage::v1::{
         VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec,
@@ -158,7 +158,7 @@ pub fn volume_attachment(
             attacher: "csi.example.com".into(),
             node_name: node.into(),
             source: VolumeAttachmentSource {
-                persistent_volume_name: Some(pv.into()),
+                persistent_volume_name: pv.map(Into::into),
                 ..Default::default()
             },
         },

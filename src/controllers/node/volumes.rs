@@ -105,29 +105,10 @@ pub fn detachment(
 mod tests {
     use super::*;
     use crate::apis::labels::DISRUPTED_TAINT_KEY;
-    use crate::state::testing::{pod, ts};
+    use crate::state::testing::{pod, ts, volume_attachment as attachment};
     use k8s_openapi::api::core::v1::{
         EphemeralVolumeSource, PersistentVolumeClaimVolumeSource, Toleration, Volume,
     };
-    use k8s_openapi::api::storage::v1::{VolumeAttachmentSource, VolumeAttachmentSpec};
-
-    fn attachment(name: &str, node: &str, pv: Option<&str>) -> VolumeAttachment {
-        VolumeAttachment {
-            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            spec: VolumeAttachmentSpec {
-                attacher: "csi.example.com".into(),
-                node_name: node.into(),
-                source: VolumeAttachmentSource {
-                    persistent_volume_name: pv.map(Into::into),
-                    ..Default::default()
-                },
-            },
-            status: None,
-        }
-    }
 
     fn with_claim(mut p: Pod, volume: &str, claim: &str) -> Pod {
         p.spec
