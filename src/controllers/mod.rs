@@ -51,6 +51,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// A 409 from the API server: the object changed since it was read.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(status)) if status.code == 409)
+    }
+
     /// A stable label for `karpenter_exoscale_reconcile_errors_total{error}`.
     pub fn metric_label(&self) -> String {
         match self {
@@ -137,6 +142,12 @@ pub fn error_policy<K: Resource<DynamicType = ()>>(
             .get_or_create(&labels([("controller", controller), ("error", &label)]))
             .inc();
         let name = obj.meta().name.clone().unwrap_or_default();
+        if error.is_conflict() {
+            // Optimistic locking at work (another writer, e.g. the kubelet, updated the object
+            // first): expected, and retried at once with a fresh read.
+            tracing::debug!(controller, %name, %error, "reconcile conflicted; retrying");
+            return Action::requeue(Duration::from_secs(1));
+        }
         tracing::warn!(controller, %name, %error, "reconcile failed");
         Action::requeue(Duration::from_secs(5))
     }
@@ -364,6 +375,20 @@ mod tests {
         assert_eq!(with_finalizer(&list, "a"), None);
         assert_eq!(without_finalizer(&list, "a"), Some(vec![]));
         assert_eq!(without_finalizer(&list, "b"), None);
+    }
+
+    #[test]
+    fn conflicts_are_told_apart_from_other_api_errors() {
+        let api = |code: u16| {
+            Error::Kube(kube::Error::Api(
+                kube::core::Status::failure("x", "y")
+                    .with_code(code)
+                    .boxed(),
+            ))
+        };
+        assert!(api(409).is_conflict());
+        assert!(!api(404).is_conflict());
+        assert!(!Error::Invalid("x".into()).is_conflict());
     }
 
     #[test]
