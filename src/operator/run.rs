@@ -261,14 +261,16 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
         (Some(election), leadership)
     };
 
-    // Cache health on every replica; node and pod series only while leading.
-    let state_metrics = tokio::spawn(controllers::metrics::run(
+    // Cache health on every replica; node and pod series only while leading. Not spawned: it
+    // holds a Leadership receiver, and a task outliving an aborted `serve` would keep the Lease
+    // watcher from releasing (and so renewing) the Lease forever.
+    let state_metrics = controllers::metrics::run(
         cluster.clone(),
         metrics.clone(),
         clock.clone(),
         leadership.clone(),
-    ));
-    let result = {
+    );
+    let work = async {
         let mut waiting = leadership.clone();
         let mut stop_wait = stop.clone();
         tokio::select! {
@@ -305,11 +307,15 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
             _ = &mut stop_wait => Ok(()),
         }
     };
+    let result = tokio::select! {
+        result = work => result,
+        // Never ends; here so that it stops with everything else.
+        _ = state_metrics => Ok(()),
+    };
     drop(leadership);
     if let Some(election) = election {
         election.release().await;
     }
-    state_metrics.abort();
     for feed in feeds {
         feed.abort();
     }
