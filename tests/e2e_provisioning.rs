@@ -569,3 +569,112 @@ async fn an_instance_type_out_of_capacity_falls_back_to_the_next_type() {
         .await;
     world.finish().await;
 }
+
+/// The first instance never joins: after the registration TTL its NodeClaim is deleted (and its
+/// VM with it), and the next batch launches a replacement on which the pod is bound.
+#[tokio::test]
+async fn an_instance_that_never_joins_is_replaced_after_the_registration_ttl() {
+    use karpenter_exoscale::kubelet_sim::Join;
+    use std::sync::Mutex;
+
+    let first_instance: Arc<Mutex<Option<String>>> = Arc::default();
+    let policy: harness::KubeletPolicy = {
+        let first_instance = first_instance.clone();
+        Arc::new(move |name: &str| {
+            let mut first = first_instance.lock().unwrap();
+            let never = first.get_or_insert_with(|| name.to_string()) == name;
+            KubeletBehaviour {
+                join: if never {
+                    Join::Never
+                } else {
+                    Join::After(Duration::ZERO)
+                },
+                ..KubeletBehaviour::default()
+            }
+        })
+    };
+    let Some(world) = World::start("e2e-rejoin", policy).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("rejoin-a").await;
+    world.ready_nodeclass().await;
+    let pool_name = format!("rejoin-{}", &world.namespace[world.namespace.len() - 6..]);
+    create_nodepool(&world, &pool_name).await;
+    let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "app"}},
+            "template": {
+                "metadata": {"labels": {"app": "app"}},
+                "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1",
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}
+            }
+        }
+    }))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("create Deployment");
+
+    let nodeclaims = world.nodeclaims();
+    let selector = ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}"));
+    let lost = eventually("the first NodeClaim", || {
+        let (nodeclaims, selector) = (nodeclaims.clone(), selector.clone());
+        async move {
+            let list = nodeclaims.list(&selector).await.ok()?;
+            list.items.first().map(|c| c.name_any())
+        }
+    })
+    .await;
+    // Past the 20 s registration TTL the NodeClaim and its VM go…
+    eventually("the unregistered NodeClaim deleted", || {
+        let (nodeclaims, lost) = (nodeclaims.clone(), lost.clone());
+        async move { matches!(nodeclaims.get_opt(&lost).await, Ok(None)).then_some(()) }
+    })
+    .await;
+    let lost_instance = first_instance
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("an instance started");
+    eventually("the VM that never joined deleted", || {
+        let gone = !world
+            .live_instances()
+            .iter()
+            .any(|i| i.name == lost_instance);
+        async move { gone.then_some(()) }
+    })
+    .await;
+    // …and the pod gets a node from a replacement NodeClaim.
+    let pods = world.pods();
+    let node = eventually("the pod bound on a replacement node", || {
+        let pods = pods.clone();
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels("app=app"))
+                .await
+                .ok()?;
+            list.items.first()?.spec.as_ref()?.node_name.clone()
+        }
+    })
+    .await;
+    assert_ne!(node, lost_instance, "bound on the replacement");
+    let claims = nodeclaims.list(&selector).await.unwrap().items;
+    assert!(
+        claims.iter().all(|c| c.name_any() != lost),
+        "the lost NodeClaim is not back"
+    );
+
+    deployments
+        .delete("app", &DeleteParams::default())
+        .await
+        .expect("delete Deployment");
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(&pool_name, &DeleteParams::default())
+        .await;
+    world.finish().await;
+}
