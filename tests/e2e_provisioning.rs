@@ -46,6 +46,37 @@ async fn create_nodepool_expiring(world: &World, name: &str, expire_after: &str)
         .expect("create NodePool")
 }
 
+/// Creates Deployment `name` of `replicas` pods labelled `app=<app>`, each requesting `cpu` and
+/// `memory`; returns the namespace's Deployment API for clean-up.
+async fn create_deployment(
+    world: &World,
+    name: &str,
+    app: &str,
+    replicas: i32,
+    cpu: &str,
+    memory: &str,
+) -> Api<Deployment> {
+    let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": app}},
+            "template": {
+                "metadata": {"labels": {"app": app}},
+                "spec": {"containers": [{"name": "c", "image": "registry.example.com/app:1",
+                    "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}
+            }
+        }
+    }))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("create Deployment");
+    deployments
+}
+
 #[tokio::test]
 async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
     let Some(world) =
@@ -59,25 +90,8 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
     let pool_name = format!("prov-{}", &world.namespace[world.namespace.len() - 6..]);
     create_nodepool(&world, &pool_name).await;
 
-    let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
-    let deployment: Deployment = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
-        "spec": {
-            "replicas": 5,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {"containers": [{"name": "web", "image": "registry.example.com/web:1",
-                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}
-            }
-        }
-    }))
-    .unwrap();
     let created = Instant::now();
-    deployments
-        .create(&PostParams::default(), &deployment)
-        .await
-        .expect("create Deployment");
+    let deployments = create_deployment(&world, "web", "web", 5, "1", "1Gi").await;
 
     // Pod creation → NodeClaim creation → the instance create call reaching the cloud.
     let claims = world.nodeclaims();
@@ -226,19 +240,7 @@ async fn an_expired_node_is_replaced() {
     let pool_name = format!("exp-{}", &world.namespace[world.namespace.len() - 6..]);
     create_nodepool_expiring(&world, &pool_name, "40s").await;
 
-    let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
-    let deployment: Deployment = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "expiring"}},
-            "template": {"metadata": {"labels": {"app": "expiring"}},
-                "spec": {"containers": [{"name": "c", "image": "registry.example.com/app:1",
-                    "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}]}}}
-    }))
-    .unwrap();
-    deployments
-        .create(&PostParams::default(), &deployment)
-        .await
-        .expect("create Deployment");
+    let deployments = create_deployment(&world, "app", "expiring", 1, "500m", "512Mi").await;
 
     let pods = world.pods();
     let first_node = eventually("the pod is bound", || {
@@ -447,19 +449,7 @@ async fn an_instance_type_out_of_capacity_falls_back_to_the_next_type() {
     let pool_name = format!("ice-{}", &world.namespace[world.namespace.len() - 6..]);
     create_nodepool(&world, &pool_name).await;
 
-    let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
-    let deployment: Deployment = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "ice"}},
-            "template": {"metadata": {"labels": {"app": "ice"}},
-                "spec": {"containers": [{"name": "c", "image": "registry.example.com/app:1",
-                    "resources": {"requests": {"cpu": "300m", "memory": "256Mi"}}}]}}}
-    }))
-    .unwrap();
-    deployments
-        .create(&PostParams::default(), &deployment)
-        .await
-        .expect("create Deployment");
+    let deployments = create_deployment(&world, "app", "ice", 1, "300m", "256Mi").await;
 
     // The failed launch is reported on its NodeClaim, naming the exhausted type.
     let events: Api<Event> = Api::namespaced(world.client.clone(), "default");
@@ -601,24 +591,7 @@ async fn an_instance_that_never_joins_is_replaced_after_the_registration_ttl() {
     world.ready_nodeclass().await;
     let pool_name = format!("rejoin-{}", &world.namespace[world.namespace.len() - 6..]);
     create_nodepool(&world, &pool_name).await;
-    let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
-    let deployment: Deployment = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "app"}},
-            "template": {
-                "metadata": {"labels": {"app": "app"}},
-                "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1",
-                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}
-            }
-        }
-    }))
-    .unwrap();
-    deployments
-        .create(&PostParams::default(), &deployment)
-        .await
-        .expect("create Deployment");
+    let deployments = create_deployment(&world, "app", "app", 1, "1", "1Gi").await;
 
     let nodeclaims = world.nodeclaims();
     let selector = ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}"));
