@@ -13,6 +13,7 @@ use kube::ResourceExt;
 use crate::apis::labels::HOSTNAME_LABEL;
 use crate::scheduling::convert::node_selector_term;
 use crate::scheduling::{Operator, Requirement, Requirements};
+use crate::state::pods::{PodClaim, claims};
 
 /// The API server sets this once a claim's binding is complete.
 const BIND_COMPLETED_ANNOTATION: &str = "pv.kubernetes.io/bind-completed";
@@ -91,43 +92,6 @@ pub enum VolumeError {
     InvalidTopology { claim: String, message: String },
     #[error("the topologies of the pod's volumes exclude each other")]
     IncompatibleTopologies,
-}
-
-/// A claim a pod uses, named as the pod names it.
-struct ClaimRef<'a> {
-    name: String,
-    /// For generic ephemeral volumes: the class the pod's claim template names (`Some(None)`:
-    /// none, so the cluster's default class).
-    ephemeral_class: Option<Option<&'a str>>,
-}
-
-fn claims_of(pod: &Pod) -> Vec<ClaimRef<'_>> {
-    let pod_name = pod.name_any();
-    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
-    volumes
-        .into_iter()
-        .flatten()
-        .filter_map(|v| {
-            if let Some(pvc) = &v.persistent_volume_claim {
-                return Some(ClaimRef {
-                    name: pvc.claim_name.clone(),
-                    ephemeral_class: None,
-                });
-            }
-            let template = v.ephemeral.as_ref()?.volume_claim_template.as_ref()?;
-            Some(ClaimRef {
-                // The ephemeral-volume controller names the claim `<pod>-<volume>`.
-                name: format!("{pod_name}-{}", v.name),
-                ephemeral_class: Some(
-                    template
-                        .spec
-                        .storage_class_name
-                        .as_deref()
-                        .filter(|c| !c.is_empty()),
-                ),
-            })
-        })
-        .collect()
 }
 
 /// Node constraints of one volume: alternatives (any one suffices); empty = unconstrained.
@@ -218,21 +182,26 @@ fn claim_class_topology(
 
 fn claim_topology(
     namespace: &str,
-    claim: &ClaimRef<'_>,
+    claim: &PodClaim<'_>,
     volumes: &impl VolumeLookup,
 ) -> Result<Alternatives, VolumeError> {
     let name = &claim.name;
     let Some(pvc) = volumes.pvc(namespace, name) else {
         // An ephemeral claim is created by its controller once the pod exists; until then its
         // template's class decides.
-        return match claim.ephemeral_class {
+        let Some(template) = &claim.ephemeral else {
+            return Err(VolumeError::ClaimNotFound(name.clone()));
+        };
+        let class = template
+            .and_then(|t| t.spec.storage_class_name.as_deref())
+            .filter(|c| !c.is_empty());
+        return match class {
+            Some(class) => unbound_class_topology(name, Some(class), volumes),
             // No class in the template: admission will give the claim the default class.
-            Some(None) => match volumes.default_storage_class() {
+            None => match volumes.default_storage_class() {
                 Some(class) => claim_class_topology(name, &class.name_any(), volumes),
                 None => Err(VolumeError::NoStorageClass(name.clone())),
             },
-            Some(Some(class)) => unbound_class_topology(name, Some(class), volumes),
-            None => Err(VolumeError::ClaimNotFound(name.clone())),
         };
     };
     if pvc.metadata.deletion_timestamp.is_some() {
@@ -332,7 +301,7 @@ pub fn volume_requirements(
     pod: &Pod,
     volumes: &impl VolumeLookup,
 ) -> Result<Option<Requirements>, VolumeError> {
-    let claims = claims_of(pod);
+    let claims = claims(pod);
     if claims.is_empty() {
         return Ok(None);
     }

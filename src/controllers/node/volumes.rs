@@ -29,20 +29,8 @@ pub fn claims_of_undrained_pods(
             continue;
         }
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
-        for volume in pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.volumes.as_ref())
-            .into_iter()
-            .flatten()
-        {
-            if let Some(pvc) = &volume.persistent_volume_claim {
-                claims.insert((namespace.clone(), pvc.claim_name.clone()));
-            } else if volume.ephemeral.is_some() {
-                // Generic ephemeral volumes get a claim named `<pod>-<volume>`.
-                claims.insert((namespace.clone(), format!("{pod_name}-{}", volume.name)));
-            }
+        for claim in crate::state::pods::claims(pod) {
+            claims.insert((namespace.clone(), claim.name));
         }
     }
     claims
