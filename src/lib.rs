@@ -7,6 +7,7 @@ pub mod controllers;
 pub mod disruption;
 pub mod doctor;
 pub mod exoscale;
+pub mod fence;
 pub mod kubelet_sim;
 pub mod operator;
 pub mod providers;

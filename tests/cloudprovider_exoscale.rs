@@ -28,6 +28,8 @@ use karpenter_exoscale::sim::{ExoscaleSim, Fault, FaultAction};
 
 const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
 const PREFIX: &str = "karpenter-";
+/// The `kube-system` Namespace UID these tests' provider stands for.
+const CLUSTER_UID: &str = "0d9f3a52-5c1e-4a4e-9b7e-3f1b2c3d4e5f";
 
 struct World {
     sim: ExoscaleSim,
@@ -48,6 +50,7 @@ async fn world() -> World {
         ExoscaleSettings {
             zone: sim.zone().to_string(),
             cluster_id: sim.cluster_id().to_string(),
+            cluster_uid: CLUSTER_UID.into(),
             instance_prefix: PREFIX.into(),
             cluster_endpoint: "https://cluster.example:6443".into(),
             cluster_domain: "cluster.local".into(),

@@ -873,6 +873,7 @@ async fn dropping_a_control_plane_kills_its_processes_and_removes_its_directory(
 #[tokio::test]
 async fn replicas_electing_at_the_same_time_never_both_lead() {
     use k8s_openapi::api::coordination::v1::Lease;
+    use karpenter_exoscale::fence::Fence;
     use karpenter_exoscale::operator::leader::{LeaseTimings, elect};
 
     let Some(plane) = support::shared() else {
@@ -884,11 +885,26 @@ async fn replicas_electing_at_the_same_time_never_both_lead() {
         let name = format!("election-{}-{round}", random_suffix());
         let timings = LeaseTimings {
             duration: Duration::from_secs(30),
-            grace: Duration::from_secs(10),
+            renew_deadline: Duration::from_secs(20),
+            retry_period: Duration::from_secs(1),
         };
         let (a, b) = tokio::join!(
-            elect(client.clone(), "default", &name, "replica-a", timings),
-            elect(client.clone(), "default", &name, "replica-b", timings),
+            elect(
+                client.clone(),
+                "default",
+                &name,
+                "replica-a",
+                timings,
+                Fence::closed()
+            ),
+            elect(
+                client.clone(),
+                "default",
+                &name,
+                "replica-b",
+                timings,
+                Fence::closed()
+            ),
         );
         let (a, b) = (a.expect("election a"), b.expect("election b"));
         let holder = eventually("a Lease holder", || {

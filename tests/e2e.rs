@@ -19,7 +19,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use karpenter_exoscale::apis::labels::{
-    INSTANCE_CLUSTER_ID_LABEL, INSTANCE_NODECLAIM_LABEL,
+    INSTANCE_CLUSTER_ID_LABEL, INSTANCE_CLUSTER_UID_LABEL, INSTANCE_NODECLAIM_LABEL,
     NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION, NODEPOOL_LABEL, conditions,
 };
 use karpenter_exoscale::apis::{
@@ -282,22 +282,27 @@ async fn an_instance_that_never_joins_is_removed_after_the_registration_ttl() {
     world.finish().await;
 }
 
+/// Fault: another cluster runs with OUR `EXOSCALE_SKS_CLUSTER_ID` (a mistyped setting, here or
+/// there). Its instances carry our cluster-id label and its own kube-system UID. Garbage
+/// collection deletes our orphan, and never another cluster's instance (other ID, or our ID
+/// with another UID), nor one with our ID but no UID that no NodeClaim owns — those are
+/// reported in `karpenter_exoscale_unowned_instances` and an `UnownedInstance` event.
 #[tokio::test]
-async fn garbage_collection_removes_our_orphans_and_spares_other_clusters() {
+async fn a_wrong_cluster_id_never_lets_gc_delete_another_clusters_instances() {
     let Some(world) = World::start("e2e-gc", joins()).await else {
         return;
     };
     world.create_nodeclass(json!({})).await;
     world.start_replica("a").await;
     world.ready_nodeclass().await;
-    // Launch two instances outside any controller: one for a NodeClaim this cluster never had,
-    // one labelled with another cluster's id.
+    // Instances launched outside any controller, as four "clusters" would.
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let launcher = |cluster_id: String| {
+    let launcher = |cluster_id: String, cluster_uid: String| {
         build_cloud(
             ExoscaleSettings {
                 zone: world.sim.zone().into(),
                 cluster_id,
+                cluster_uid,
                 instance_prefix: PREFIX.into(),
                 cluster_endpoint: "https://127.0.0.1:6443".into(),
                 cluster_domain: "cluster.local".into(),
@@ -307,62 +312,125 @@ async fn garbage_collection_removes_our_orphans_and_spares_other_clusters() {
             clock.clone(),
         )
     };
-    let ours = launcher(world.sim.cluster_id().into()).await.unwrap();
-    let theirs = launcher(uuid::Uuid::new_v4().to_string()).await.unwrap();
-    let orphan: NodeClaim = serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
-        "metadata": {"name": format!("ghost-{}", suffix(&world)), "uid": uuid::Uuid::new_v4().to_string()},
-        "spec": {
-            "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
-            "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass}
-        }
-    }))
-    .unwrap();
-    let mut foreign = orphan.clone();
-    foreign.metadata.name = Some(format!("foreign-{}", suffix(&world)));
-    // The providers read the NodeClass from their own store: wait until it is there.
-    let ours_claim = eventually("our launch", || {
-        let (p, c) = (ours.provider.clone(), orphan.clone());
-        async move { p.create(&c).await.ok() }
-    })
-    .await;
-    let foreign_claim = eventually("foreign launch", || {
-        let (p, c) = (theirs.provider.clone(), foreign.clone());
-        async move { p.create(&c).await.ok() }
-    })
-    .await;
-    let ours_id = ours_claim.status.unwrap().provider_id.unwrap();
-    let foreign_id = foreign_claim.status.unwrap().provider_id.unwrap();
-    let id_of = |pid: &str| pid.trim_start_matches("exoscale://").to_string();
-    let (ours_id, foreign_id) = (id_of(&ours_id), id_of(&foreign_id));
-    let other_cluster = world
+    let other_uid = || uuid::Uuid::new_v4().to_string();
+    let ours = launcher(world.sim.cluster_id().into(), world.cluster_uid.clone())
+        .await
+        .unwrap();
+    let other_id = launcher(uuid::Uuid::new_v4().to_string(), other_uid())
+        .await
+        .unwrap();
+    let same_id = launcher(world.sim.cluster_id().into(), other_uid())
+        .await
+        .unwrap();
+    let claim = |name: String| -> NodeClaim {
+        serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": name, "uid": uuid::Uuid::new_v4().to_string()},
+            "spec": {
+                "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
+                "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass}
+            }
+        }))
+        .unwrap()
+    };
+    // The providers read the NodeClass from their own store: retry until it is there.
+    let launch =
+        |provider: Arc<karpenter_exoscale::cloudprovider::exoscale::ExoscaleCloudProvider>,
+         name: String| {
+            let c = claim(name);
+            async move {
+                let launched = eventually("a launch", || {
+                    let (p, c) = (provider.clone(), c.clone());
+                    async move { p.create(&c).await.ok() }
+                })
+                .await;
+                let pid = launched.status.unwrap().provider_id.unwrap();
+                pid.trim_start_matches("exoscale://").to_string()
+            }
+        };
+    let s = suffix(&world);
+    let orphan = launch(ours.provider.clone(), format!("ghost-{s}")).await;
+    // Launched as another cluster's (so no pass can take it for our orphan), then stripped.
+    let legacy = launch(same_id.provider.clone(), format!("legacy-{s}")).await;
+    let foreign_id = launch(other_id.provider.clone(), format!("foreign-{s}")).await;
+    let foreign_uid = launch(same_id.provider.clone(), format!("twin-{s}")).await;
+    // An instance of an older version: our cluster ID, no UID label, no NodeClaim.
+    let mut labels = world
         .live_instances()
         .into_iter()
-        .find(|i| i.id == foreign_id)
+        .find(|i| i.id == legacy)
+        .unwrap()
+        .labels;
+    assert!(labels.remove(INSTANCE_CLUSTER_UID_LABEL).is_some());
+    let op = world
+        .exo
+        .update_instance_labels(&legacy, &labels)
+        .await
         .unwrap();
-    assert_ne!(
-        other_cluster
+    world.exo.wait_operation(&op).await.unwrap();
+    let same_id_instance = world
+        .live_instances()
+        .into_iter()
+        .find(|i| i.id == foreign_uid)
+        .unwrap();
+    assert_eq!(
+        same_id_instance
             .labels
             .get(INSTANCE_CLUSTER_ID_LABEL)
             .map(String::as_str),
-        Some(world.sim.cluster_id())
+        Some(world.sim.cluster_id()),
+        "the wrongly configured cluster labels its instances with our cluster ID"
     );
 
     eventually("our orphan deleted", || async {
-        (!world.live_instances().iter().any(|i| i.id == ours_id)).then_some(())
+        (!world.live_instances().iter().any(|i| i.id == orphan)).then_some(())
     })
     .await;
-    // Several more collection passes later, the other cluster's instance is still there.
+    // Several more collection passes later, every instance not proven ours is still there.
     let lists = world.sim.call_count("list-instances");
     eventually_within("three more GC passes", Duration::from_secs(60), || async {
         (world.sim.call_count("list-instances") >= lists + 3).then_some(())
     })
     .await;
+    let live: Vec<String> = world.live_instances().into_iter().map(|i| i.id).collect();
+    for (what, id) in [
+        ("another cluster ID's", &foreign_id),
+        ("another cluster UID's under our ID", &foreign_uid),
+        ("an unproven legacy", &legacy),
+    ] {
+        assert!(live.contains(id), "{what} instance {id} was deleted");
+    }
+    let metrics = world.replica_metrics("a");
+    for series in [
+        "karpenter_exoscale_unowned_instances{reason=\"foreign_cluster\"} 1",
+        "karpenter_exoscale_unowned_instances{reason=\"unproven\"} 1",
+    ] {
+        assert!(metrics.contains(series), "missing {series} in:\n{metrics}");
+    }
+    let events: Api<Event> = Api::all(world.client.clone());
+    let reported = eventually("UnownedInstance events", || {
+        let events = events.clone();
+        let (legacy, foreign_uid) = (legacy.clone(), foreign_uid.clone());
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let notes: Vec<String> = list
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("UnownedInstance"))
+                .filter_map(|e| e.note)
+                .collect();
+            let has = |id: &str| notes.iter().any(|n| n.contains(id));
+            (has(&legacy) && has(&foreign_uid)).then_some(notes)
+        }
+    })
+    .await;
     assert!(
-        world.live_instances().iter().any(|i| i.id == foreign_id),
-        "another cluster's instance was deleted"
+        reported
+            .iter()
+            .any(|n| n.contains("EXOSCALE_SKS_CLUSTER_ID")),
+        "{reported:?}"
     );
-    drop((ours, theirs));
+    drop((ours, other_id, same_id));
     world.finish().await;
 }
 

@@ -23,8 +23,10 @@ use karpenter_exoscale::apis::{ConditionsExt, NodeClaim, NodePool};
 use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
 use karpenter_exoscale::controllers::disruption;
 use karpenter_exoscale::exoscale::{Clock, SystemClock};
+use karpenter_exoscale::fence::Fence;
 use karpenter_exoscale::kubelet_sim::KubeletBehaviour;
 use karpenter_exoscale::operator::config::{Config, RunArgs};
+use karpenter_exoscale::operator::fenced_client::fenced;
 use karpenter_exoscale::operator::leader::LeaseTimings;
 use karpenter_exoscale::operator::metrics::Metrics;
 use karpenter_exoscale::operator::run::{
@@ -60,16 +62,18 @@ impl Operator {
         config.metrics_port = 0;
         config.health_probe_port = 0;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let fence = Fence::closed();
         let cloud = build_cloud(
             ExoscaleSettings {
                 zone: world.sim.zone().into(),
                 cluster_id: world.sim.cluster_id().into(),
+                cluster_uid: world.cluster_uid.clone(),
                 instance_prefix: PREFIX.into(),
                 cluster_endpoint: "https://127.0.0.1:6443".into(),
                 cluster_domain: "cluster.local".into(),
             },
-            world.exo.clone(),
-            world.client.clone(),
+            world.exo.fenced(fence.clone()),
+            fenced(world.client.clone(), fence.clone()),
             clock.clone(),
         )
         .await
@@ -103,9 +107,11 @@ impl Operator {
             // busy machine delaying one renewal does not hand the Lease over.
             lease: LeaseTimings {
                 duration: Duration::from_secs(6),
-                grace: Duration::from_secs(3),
+                renew_deadline: Duration::from_secs(4),
+                retry_period: Duration::from_secs(1),
             },
             metrics: Arc::new(Metrics::new()),
+            fence,
         };
         let task = tokio::spawn(serve(runtime, rx));
         Operator {

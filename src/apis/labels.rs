@@ -45,6 +45,9 @@ pub const INSTANCE_MANAGED_BY_VALUE: &str = "karpenter";
 pub const INSTANCE_CLUSTER_ID_LABEL: &str = "exoscale.com/cluster-id";
 pub const INSTANCE_NODECLAIM_LABEL: &str = "exoscale.com/node-claim";
 pub const INSTANCE_NODEPOOL_LABEL: &str = "exoscale.com/nodepool-name";
+/// The UID of the cluster's `kube-system` Namespace: proof that an instance is this cluster's
+/// that no setting can get wrong (the cluster-id label comes from configuration).
+pub const INSTANCE_CLUSTER_UID_LABEL: &str = "exoscale.com/cluster-uid";
 
 // --- bootstrap-token Secret bookkeeping (Go provider compatible) ---------------------------
 pub const BOOTSTRAP_TOKEN_ANNOTATION: &str = "exoscale.com/bootstrap-token";

@@ -11,19 +11,20 @@ use futures::future::BoxFuture;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::apis::labels::{
-    EXOSCALE_GROUP, INSTANCE_NODECLAIM_LABEL, INSTANCE_NODEPOOL_LABEL, NODECLASS_HASH_ANNOTATION,
-    NODEPOOL_LABEL, conditions,
+    EXOSCALE_GROUP, INSTANCE_CLUSTER_UID_LABEL, INSTANCE_NODECLAIM_LABEL, INSTANCE_NODEPOOL_LABEL,
+    NODECLASS_HASH_ANNOTATION, NODEPOOL_LABEL, conditions,
 };
 use crate::apis::{
     ConditionStatus, ConditionsExt, ExoscaleNodeClass, NodeClaim, NodeClaimSpec,
     NodeClassReference, NodePool, NodeSelectorRequirementWithMinValues, Operator,
 };
-use crate::exoscale::models::Instance;
+use crate::exoscale::models::{Instance, Labels};
 use crate::exoscale::{self, Clock};
 use crate::providers::bootstrap_token::{self, BootstrapToken};
 use crate::providers::drift::{self, DesiredState};
 use crate::providers::instance::{
-    self, DeleteOutcome, InstanceProvider, LaunchError, LaunchSpec, is_live, parse_provider_id,
+    self, ClusterIdentity, DeleteOutcome, InstanceProvider, LaunchError, LaunchSpec, Ownership,
+    is_live, parse_provider_id,
 };
 use crate::providers::instance_types::{
     self, DiscoveredType, InstanceTypeCatalog, InstanceTypeProvider, to_resource_list,
@@ -50,6 +51,8 @@ pub struct ExoscaleSettings {
     pub zone: String,
     /// `EXOSCALE_SKS_CLUSTER_ID`.
     pub cluster_id: String,
+    /// The UID of the cluster's `kube-system` Namespace (see [`ClusterIdentity`]).
+    pub cluster_uid: String,
     /// `EXOSCALE_COMPUTE_INSTANCE_PREFIX` (default empty).
     pub instance_prefix: String,
     /// `CLUSTER_ENDPOINT`: the apiserver URL new nodes use.
@@ -247,7 +250,10 @@ impl ExoscaleCloudProvider {
             &settings.zone,
         ));
         ExoscaleCloudProvider {
-            instances: InstanceProvider::new(deps.client.clone(), &settings.cluster_id),
+            instances: InstanceProvider::new(
+                deps.client.clone(),
+                ClusterIdentity::new(&settings.cluster_id, &settings.cluster_uid),
+            ),
             instance_types: Arc::new(InstanceTypeProvider::new(
                 catalog,
                 deps.prices,
@@ -654,6 +660,13 @@ pub fn nodeclaim_from_instance(
         },
     );
     claim.metadata.labels = Some(labels);
+    // Kept on the view so ownership can be judged without another API call.
+    if let Some(uid) = instance.labels.get(INSTANCE_CLUSTER_UID_LABEL) {
+        claim.metadata.annotations = Some(BTreeMap::from([(
+            INSTANCE_CLUSTER_UID_LABEL.to_string(),
+            uid.clone(),
+        )]));
+    }
     claim.metadata.creation_timestamp = instance
         .created_at
         .as_deref()
@@ -736,6 +749,45 @@ impl CloudProvider for ExoscaleCloudProvider {
         })
     }
 
+    fn ownership(&self, instance: &NodeClaim) -> Ownership {
+        let uid = instance
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(INSTANCE_CLUSTER_UID_LABEL));
+        let labels = uid
+            .map(|u| Labels::from([(INSTANCE_CLUSTER_UID_LABEL.to_string(), u.clone())]))
+            .unwrap_or_default();
+        self.instances.identity().ownership(&labels)
+    }
+
+    fn adopt<'a>(&'a self, instance: &'a NodeClaim) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let pid = instance
+                .status
+                .as_ref()
+                .and_then(|s| s.provider_id.as_deref())
+                .unwrap_or_default();
+            let id =
+                parse_provider_id(pid).map_err(|e| CloudProviderError::Other(e.to_string()))?;
+            let current = self
+                .instances
+                .get(id)
+                .await
+                .map_err(|e| CloudProviderError::Other(e.to_string()))?;
+            let identity = self.instances.identity();
+            // Re-checked on the fresh read: never relabel another cluster's instance.
+            if identity.ownership(&current.labels) != Ownership::Unproven {
+                return Ok(());
+            }
+            let mut labels = current.labels.clone();
+            labels.insert(INSTANCE_CLUSTER_UID_LABEL.to_string(), identity.uid.clone());
+            self.instances.set_labels(id, &labels).await.map_err(|e| {
+                CloudProviderError::Other(format!("failed to label instance {id}: {e}"))
+            })
+        })
+    }
+
     fn instance_types<'a>(
         &'a self,
         nodepool: &'a NodePool,
@@ -771,8 +823,7 @@ impl CloudProvider for ExoscaleCloudProvider {
             let Some(instance) = self.instance_of(nodeclaim).await? else {
                 return Err(CloudProviderError::NodeClaimNotFound(name));
             };
-            let expected = instance::instance_labels(
-                self.instances.cluster_id(),
+            let expected = self.instances.identity().labels(
                 &name,
                 nodeclaim
                     .metadata

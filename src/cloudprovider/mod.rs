@@ -91,6 +91,31 @@ pub trait CloudProvider: Send + Sync {
 
     /// NodeClass kinds served; the first is the default.
     fn supported_node_classes(&self) -> Vec<NodeClassKind>;
+
+    /// Whether an instance from [`CloudProvider::list`] is proven to be this cluster's. Only
+    /// proven instances may ever be deleted by garbage collection.
+    fn ownership(&self, _instance: &NodeClaim) -> Ownership {
+        Ownership::Proven
+    }
+
+    /// Records this cluster's identity on an [`Ownership::Unproven`] instance that a NodeClaim
+    /// of this cluster owns by provider ID.
+    fn adopt<'a>(&'a self, _instance: &'a NodeClaim) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// How well an instance listed by the provider is proven to be this cluster's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// Carries this cluster's identity.
+    Proven,
+    /// Listed under this cluster's configured ID but carries no identity (launched by an
+    /// older version or another provider): adopted when a NodeClaim owns it by provider ID,
+    /// otherwise only reported, never deleted.
+    Unproven,
+    /// Carries another cluster's identity (a wrongly shared cluster ID): never touched.
+    Foreign,
 }
 
 /// The repair policies of the Go Exoscale provider.

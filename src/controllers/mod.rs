@@ -112,6 +112,27 @@ impl Context {
     }
 }
 
+impl Context {
+    /// A warning about the cluster's identity (instances we may not touch), regarding the
+    /// `kube-system` Namespace whose UID is that identity.
+    pub async fn identity_event(&self, reason: &str, message: String) {
+        let object = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Namespace".into()),
+            name: Some("kube-system".into()),
+            ..Default::default()
+        };
+        self.events
+            .publish(Recorded {
+                object,
+                severity: Severity::Warning,
+                reason: reason.into(),
+                message,
+            })
+            .await;
+    }
+}
+
 /// A clock tests move by hand.
 #[derive(Debug, Default)]
 pub struct ManualClock(AtomicI64);

@@ -16,6 +16,7 @@ use super::poll::PollPolicy;
 use super::ratelimit::{RateLimit, RateLimiter};
 use super::retry::{RetryPolicy, is_retryable};
 use super::signer::{self, Clock, SIGNATURE_VALIDITY_SECS, SystemClock};
+use crate::fence::Fence;
 
 /// Everything a client needs; build once from configuration, then share the `Client`.
 #[derive(Debug, Clone)]
@@ -65,6 +66,8 @@ impl ClientConfig {
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+    /// Checked by every write at send time; `None` for tools that never compete to lead.
+    fence: Option<Fence>,
 }
 
 #[derive(Debug)]
@@ -208,7 +211,17 @@ impl Client {
                 config,
                 limiter,
             }),
+            fence: None,
         })
+    }
+
+    /// This client with every write (any method but GET) checked against `fence` when sent,
+    /// sharing the connection pool and rate limiter.
+    pub fn fenced(&self, fence: Fence) -> Client {
+        Client {
+            inner: self.inner.clone(),
+            fence: Some(fence),
+        }
     }
 
     /// Builds the client and checks that `zone` is listed by the endpoint's `GET /zone`
@@ -279,6 +292,10 @@ impl Client {
             .header(AUTHORIZATION, auth);
         if call.body.is_some() {
             request = request.header(CONTENT_TYPE, "application/json").body(body);
+        }
+        // At the last moment: a wait for the rate limiter may have outlasted leadership.
+        if let Some(fence) = self.fence.as_ref().filter(|_| call.method != Method::GET) {
+            fence.check(|| format!("{} {}", call.method, call.path))?;
         }
         let response = request.send().await.map_err(transport_error)?;
         let status = response.status().as_u16();

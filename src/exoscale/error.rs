@@ -49,6 +49,9 @@ pub enum Error {
     UnknownZone { zone: String, known: String },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A write refused before it was sent: this replica does not lead (never retried).
+    #[error(transparent)]
+    Fenced(#[from] crate::fence::Fenced),
 }
 
 impl Error {
@@ -92,6 +95,7 @@ impl Error {
             Error::OperationFailed { .. } => "operation_failed",
             Error::UnknownZone { .. } => "unknown_zone",
             Error::InvalidRequest(_) => "invalid_request",
+            Error::Fenced(_) => "fenced",
         }
     }
 }

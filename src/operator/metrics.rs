@@ -131,6 +131,7 @@ pub struct Metrics {
     pub exoscale_api_errors: CounterFamily,
     pub build_info: GaugeFamily,
     pub leader: GaugeFamily,
+    pub unowned_instances: GaugeFamily,
 }
 
 impl Default for Metrics {
@@ -319,6 +320,11 @@ impl Metrics {
                 "karpenter_exoscale_leader",
                 "1 while this replica holds the leader Lease.",
             ),
+            unowned_instances: gauge(
+                r,
+                "karpenter_exoscale_unowned_instances",
+                "Instances under this cluster's ID that garbage collection may not touch, by reason (unproven: no cluster identity label; foreign_cluster: another cluster's identity).",
+            ),
             registry: Mutex::new(registry),
         };
         metrics
@@ -373,6 +379,13 @@ impl Metrics {
         self.exoscale_api_duration
             .get_or_create(&labels([("operation", operation)]))
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// The instances garbage collection found but may not touch, by `reason`.
+    pub fn set_unowned_instances(&self, reason: &str, count: usize) {
+        self.unowned_instances
+            .get_or_create(&labels([("reason", reason)]))
+            .set(count as f64);
     }
 
     /// Counts a NodeClaim deleted by a controller for `reason` (`expired`, `launch_timeout`...).

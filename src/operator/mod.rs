@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod events;
+pub mod fenced_client;
 pub mod health;
 pub mod leader;
 pub mod logging;

@@ -197,10 +197,17 @@ pub const PERMISSIONS: &[Permission] = &[
     },
     Permission {
         target: resource("coordination.k8s.io", "leases"),
-        verbs: &["get", "patch"],
+        verbs: &["get", "update"],
         scope: Scope::ReleaseNamespace,
         resource_names: &[ResourceName::LeaderElectionLease],
-        reason: "leader election reads and renews its Lease",
+        reason: "leader election reads and renews its Lease (update with the read resourceVersion)",
+    },
+    Permission {
+        target: resource("", "namespaces"),
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        resource_names: &[ResourceName::Fixed("kube-system")],
+        reason: "the kube-system Namespace UID is the cluster identity every launched instance carries",
     },
     Permission {
         target: Target::NonResourceUrl("/version"),

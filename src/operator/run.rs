@@ -23,9 +23,11 @@ use crate::state::{self, Cluster};
 
 use super::config::Config;
 use super::events::KubeEvents;
+use super::fenced_client::fenced;
 use super::health::{Readiness, bind_and_serve, health_router, metrics_router};
 use super::leader::{Leadership, LeaseTimings, elect};
 use super::metrics::{Metrics, labels};
+use crate::fence::Fence;
 
 #[derive(Debug, Error)]
 pub enum RunError {
@@ -43,6 +45,10 @@ pub enum RunError {
     },
     #[error(transparent)]
     Leader(#[from] super::leader::LeaderError),
+    #[error("cannot read the cluster identity (kube-system Namespace UID): {0}")]
+    ClusterIdentity(String),
+    #[error("{0}")]
+    SksCluster(String),
     #[error("lost the leader Lease; exiting so a fresh replica can take over")]
     LostLeadership,
 }
@@ -65,6 +71,9 @@ pub struct Runtime {
     pub lease: LeaseTimings,
     /// What `/metrics` serves; tests keep a handle to read what a replica exported.
     pub metrics: Arc<Metrics>,
+    /// The write fence the election drives. The cloud's clients must already check it (build
+    /// them with [`Fence`]d clients); `serve` fences the kube client it hands to controllers.
+    pub fence: Fence,
 }
 
 /// Builds the Exoscale cloud provider from the configuration and runs until `shutdown` turns
@@ -96,18 +105,37 @@ pub async fn run(
     exo.check_zone(&settings.zone)
         .await
         .map_err(|e| RunError::Exoscale(e.to_string()))?;
+    // Every write to Exoscale or the cluster passes this fence at send time.
+    let fence = if config.disable_leader_election {
+        Fence::open()
+    } else {
+        Fence::closed()
+    };
+    let exo = exo.fenced(fence.clone());
+    let writer = fenced(client.clone(), fence.clone());
+
+    check_sks_cluster(
+        &exo,
+        &settings.zone,
+        &settings.sks_cluster_id.to_string(),
+        settings.cluster_endpoint.as_deref(),
+    )
+    .await?;
+    let cluster_uid = cluster_uid(&client).await?;
+    tracing::info!(%cluster_uid, "cluster identity (kube-system Namespace UID) read");
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let cloud = build_cloud(
         ProviderSettings {
             zone: settings.zone.clone(),
             cluster_id: settings.sks_cluster_id.to_string(),
+            cluster_uid,
             instance_prefix: settings.instance_prefix.clone(),
             cluster_endpoint: settings.cluster_endpoint.clone().unwrap_or(cluster_url),
             cluster_domain: settings.cluster_domain.clone(),
         },
         exo,
-        client.clone(),
+        writer,
         clock.clone(),
     )
     .await?;
@@ -122,12 +150,69 @@ pub async fn run(
             extra_controllers,
             lease: LeaseTimings::default(),
             metrics: Arc::new(Metrics::new()),
+            fence,
         },
         shutdown,
     )
     .await;
     drop(cloud);
     result
+}
+
+/// The UID of the `kube-system` Namespace: the identity every instance we launch carries, and
+/// the only proof garbage collection accepts that an instance is this cluster's.
+pub async fn cluster_uid(client: &kube::Client) -> Result<String, RunError> {
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(client.clone());
+    let namespace = namespaces
+        .get("kube-system")
+        .await
+        .map_err(|e| RunError::ClusterIdentity(e.to_string()))?;
+    namespace
+        .metadata
+        .uid
+        .filter(|uid| !uid.is_empty())
+        .ok_or_else(|| RunError::ClusterIdentity("the kube-system Namespace has no UID".into()))
+}
+
+/// The SKS cluster `EXOSCALE_SKS_CLUSTER_ID` names must exist in the zone: a mistyped ID would
+/// label our instances as another cluster's (or none). An endpoint that differs from
+/// `CLUSTER_ENDPOINT` is worth a loud warning (nodes would join elsewhere), not a refusal:
+/// private endpoints and proxies differ legitimately.
+pub async fn check_sks_cluster(
+    exo: &exoscale::Client,
+    zone: &str,
+    cluster_id: &str,
+    cluster_endpoint: Option<&str>,
+) -> Result<(), RunError> {
+    let cluster = exo.get_sks_cluster(cluster_id).await.map_err(|e| {
+        RunError::SksCluster(if e.is_not_found() {
+            format!("EXOSCALE_SKS_CLUSTER_ID {cluster_id} names no SKS cluster in zone {zone}: {e}")
+        } else {
+            format!("cannot read SKS cluster {cluster_id}: {e}")
+        })
+    })?;
+    if let (Some(configured), Some(actual)) = (cluster_endpoint, cluster.endpoint.as_deref())
+        && !same_endpoint(configured, actual)
+    {
+        tracing::error!(
+            sks_cluster = %cluster_id,
+            sks_endpoint = %actual,
+            cluster_endpoint = %configured,
+            "CLUSTER_ENDPOINT differs from the SKS cluster's endpoint: check that EXOSCALE_SKS_CLUSTER_ID names THIS cluster (new nodes join CLUSTER_ENDPOINT)"
+        );
+    }
+    Ok(())
+}
+
+/// Endpoints compared without scheme case, a trailing slash or the default https port.
+pub fn same_endpoint(a: &str, b: &str) -> bool {
+    fn norm(s: &str) -> String {
+        let s = s.trim().trim_end_matches('/').to_ascii_lowercase();
+        let s = s.strip_prefix("https://").unwrap_or(&s).to_string();
+        s.strip_suffix(":443").unwrap_or(&s).to_string()
+    }
+    norm(a) == norm(b)
 }
 
 /// The Exoscale cloud provider with its background tasks (NodeClass store, instance-type
@@ -210,6 +295,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
         extra_controllers,
         lease,
         metrics,
+        fence,
     } = runtime;
     let stop = shutdown_signal(shutdown.clone());
     let cluster = Cluster::new();
@@ -242,6 +328,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
         })?;
 
     let (election, mut leadership) = if config.disable_leader_election {
+        fence.open_forever();
         (None, Leadership::always())
     } else {
         let namespace = if config.leader_election_namespace.is_empty() {
@@ -255,6 +342,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
             &config.leader_election_name,
             &config.identity,
             lease,
+            fence.clone(),
         )
         .await?;
         let leadership = election.leadership.clone();
@@ -277,11 +365,12 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
             _ = waiting.acquired() => {
                 tracing::info!(identity = %config.identity, "acquired leadership; starting controllers");
                 metrics.leader.get_or_create(&labels([("identity", &config.identity)])).set(1.0);
+                let writer = fenced(client.clone(), fence.clone());
                 let ctx = Arc::new(Context {
-                    client: client.clone(),
+                    client: writer.clone(),
                     cluster: cluster.clone(),
                     cloud,
-                    events: Arc::new(KubeEvents::new(client.clone(), Some(config.identity.clone()))),
+                    events: Arc::new(KubeEvents::new(writer, Some(config.identity.clone()))),
                     metrics: metrics.clone(),
                     clock,
                     timings: config.timings.clone(),

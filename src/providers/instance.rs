@@ -5,9 +5,10 @@
 use thiserror::Error;
 
 use crate::apis::labels::{
-    INSTANCE_CLUSTER_ID_LABEL, INSTANCE_MANAGED_BY_LABEL, INSTANCE_MANAGED_BY_VALUE,
-    INSTANCE_NODECLAIM_LABEL, INSTANCE_NODEPOOL_LABEL,
+    INSTANCE_CLUSTER_ID_LABEL, INSTANCE_CLUSTER_UID_LABEL, INSTANCE_MANAGED_BY_LABEL,
+    INSTANCE_MANAGED_BY_VALUE, INSTANCE_NODECLAIM_LABEL, INSTANCE_NODEPOOL_LABEL,
 };
+pub use crate::cloudprovider::Ownership;
 use crate::exoscale::models::{CreateInstanceRequest, IdRef, Instance, InstanceState, Labels};
 use crate::exoscale::{self, InstanceFilter};
 
@@ -49,39 +50,71 @@ pub fn instance_name(prefix: &str, nodeclaim: &str) -> String {
     format!("{prefix}{nodeclaim}")
 }
 
-/// The labels every instance of this cluster carries.
-pub fn instance_labels(cluster_id: &str, nodeclaim: &str, nodepool: Option<&str>) -> Labels {
-    let mut labels = Labels::from([
-        (
-            INSTANCE_MANAGED_BY_LABEL.to_string(),
-            INSTANCE_MANAGED_BY_VALUE.to_string(),
-        ),
-        (
-            INSTANCE_CLUSTER_ID_LABEL.to_string(),
-            cluster_id.to_string(),
-        ),
-        (INSTANCE_NODECLAIM_LABEL.to_string(), nodeclaim.to_string()),
-    ]);
-    if let Some(pool) = nodepool.filter(|p| !p.is_empty()) {
-        labels.insert(INSTANCE_NODEPOOL_LABEL.to_string(), pool.to_string());
+/// Who this cluster is: the configured SKS cluster ID (`EXOSCALE_SKS_CLUSTER_ID`, shared by
+/// every instance Karpenter launched for that ID — and so by another cluster if the setting is
+/// wrong) and the `kube-system` Namespace UID (this cluster's alone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterIdentity {
+    pub cluster_id: String,
+    pub uid: String,
+}
+
+impl ClusterIdentity {
+    pub fn new(cluster_id: impl Into<String>, uid: impl Into<String>) -> Self {
+        ClusterIdentity {
+            cluster_id: cluster_id.into(),
+            uid: uid.into(),
+        }
     }
-    labels
-}
 
-/// Instances managed by Karpenter for this cluster (never another cluster's).
-pub fn ownership_filter(cluster_id: &str) -> InstanceFilter {
-    InstanceFilter::labels([
-        (INSTANCE_MANAGED_BY_LABEL, INSTANCE_MANAGED_BY_VALUE),
-        (INSTANCE_CLUSTER_ID_LABEL, cluster_id),
-    ])
-}
+    /// The labels every instance we launch carries.
+    pub fn labels(&self, nodeclaim: &str, nodepool: Option<&str>) -> Labels {
+        let mut labels = Labels::from([
+            (
+                INSTANCE_MANAGED_BY_LABEL.to_string(),
+                INSTANCE_MANAGED_BY_VALUE.to_string(),
+            ),
+            (
+                INSTANCE_CLUSTER_ID_LABEL.to_string(),
+                self.cluster_id.clone(),
+            ),
+            (INSTANCE_CLUSTER_UID_LABEL.to_string(), self.uid.clone()),
+            (INSTANCE_NODECLAIM_LABEL.to_string(), nodeclaim.to_string()),
+        ]);
+        if let Some(pool) = nodepool.filter(|p| !p.is_empty()) {
+            labels.insert(INSTANCE_NODEPOOL_LABEL.to_string(), pool.to_string());
+        }
+        labels
+    }
 
-/// The instance of one NodeClaim.
-pub fn nodeclaim_filter(cluster_id: &str, nodeclaim: &str) -> InstanceFilter {
-    let mut f = ownership_filter(cluster_id);
-    f.labels
-        .insert(INSTANCE_NODECLAIM_LABEL.to_string(), nodeclaim.to_string());
-    f
+    /// Instances Karpenter manages under our cluster ID (ours, unproven, or another cluster's
+    /// sharing the ID: [`ClusterIdentity::ownership`] tells them apart).
+    pub fn cluster_filter(&self) -> InstanceFilter {
+        InstanceFilter::labels([
+            (INSTANCE_MANAGED_BY_LABEL, INSTANCE_MANAGED_BY_VALUE),
+            (INSTANCE_CLUSTER_ID_LABEL, self.cluster_id.as_str()),
+        ])
+    }
+
+    /// The instance of one NodeClaim of *this* cluster (UID included: a create never adopts
+    /// another cluster's instance of the same name).
+    pub fn nodeclaim_filter(&self, nodeclaim: &str) -> InstanceFilter {
+        let mut f = self.cluster_filter();
+        f.labels
+            .insert(INSTANCE_CLUSTER_UID_LABEL.to_string(), self.uid.clone());
+        f.labels
+            .insert(INSTANCE_NODECLAIM_LABEL.to_string(), nodeclaim.to_string());
+        f
+    }
+
+    /// Judges an instance by its UID label.
+    pub fn ownership(&self, labels: &Labels) -> Ownership {
+        match labels.get(INSTANCE_CLUSTER_UID_LABEL) {
+            Some(uid) if *uid == self.uid => Ownership::Proven,
+            Some(_) => Ownership::Foreign,
+            None => Ownership::Unproven,
+        }
+    }
 }
 
 /// Not being torn down.
@@ -197,23 +230,20 @@ pub enum DeleteOutcome {
 #[derive(Clone, Debug)]
 pub struct InstanceProvider {
     client: exoscale::Client,
-    cluster_id: String,
+    identity: ClusterIdentity,
 }
 
 impl InstanceProvider {
-    pub fn new(client: exoscale::Client, cluster_id: impl Into<String>) -> Self {
-        InstanceProvider {
-            client,
-            cluster_id: cluster_id.into(),
-        }
+    pub fn new(client: exoscale::Client, identity: ClusterIdentity) -> Self {
+        InstanceProvider { client, identity }
     }
 
     pub fn client(&self) -> &exoscale::Client {
         &self.client
     }
 
-    pub fn cluster_id(&self) -> &str {
-        &self.cluster_id
+    pub fn identity(&self) -> &ClusterIdentity {
+        &self.identity
     }
 
     /// The live instance of `nodeclaim`, if one exists (one list call).
@@ -222,7 +252,7 @@ impl InstanceProvider {
         nodeclaim: &str,
     ) -> Result<Option<Instance>, exoscale::Error> {
         self.client
-            .find_instance(&nodeclaim_filter(&self.cluster_id, nodeclaim))
+            .find_instance(&self.identity.nodeclaim_filter(nodeclaim))
             .await
     }
 
@@ -233,11 +263,13 @@ impl InstanceProvider {
         let mut req =
             CreateInstanceRequest::new(&spec.instance_type_id, &spec.template_id, spec.disk_size);
         req.name = Some(spec.name.clone());
-        req.labels = instance_labels(&self.cluster_id, &spec.nodeclaim, spec.nodepool.as_deref());
+        req.labels = self
+            .identity
+            .labels(&spec.nodeclaim, spec.nodepool.as_deref());
         req.user_data = Some(spec.user_data.clone().into());
         req.security_groups = spec.security_groups.iter().map(IdRef::new).collect();
         req.anti_affinity_groups = spec.anti_affinity_groups.iter().map(IdRef::new).collect();
-        let identity = nodeclaim_filter(&self.cluster_id, &spec.nodeclaim);
+        let identity = self.identity.nodeclaim_filter(&spec.nodeclaim);
         let created = self
             .client
             .create_instance_once(&req, &identity)
@@ -305,10 +337,11 @@ impl InstanceProvider {
         self.client.get_instance(id).await
     }
 
-    /// Every instance of this cluster, live or terminating, in one API call.
+    /// Every instance under our cluster ID, live or terminating, in one API call (including
+    /// ones whose [`ClusterIdentity::ownership`] is not proven).
     pub async fn list(&self) -> Result<Vec<Instance>, exoscale::Error> {
         self.client
-            .list_instances(&ownership_filter(&self.cluster_id))
+            .list_instances(&self.identity.cluster_filter())
             .await
     }
 
@@ -374,9 +407,13 @@ mod tests {
         assert!(parse_provider_id("").is_err());
     }
 
+    fn identity() -> ClusterIdentity {
+        ClusterIdentity::new("cluster-1", "uid-1")
+    }
+
     #[test]
-    fn labels_are_exactly_the_four_go_labels() {
-        let l = instance_labels("cluster-1", "default-abc", Some("default"));
+    fn labels_are_the_go_labels_plus_the_cluster_uid() {
+        let l = identity().labels("default-abc", Some("default"));
         assert_eq!(
             l,
             Labels::from([
@@ -388,6 +425,7 @@ mod tests {
                     "exoscale.com/cluster-id".to_string(),
                     "cluster-1".to_string()
                 ),
+                ("exoscale.com/cluster-uid".to_string(), "uid-1".to_string()),
                 (
                     "exoscale.com/node-claim".to_string(),
                     "default-abc".to_string()
@@ -398,26 +436,53 @@ mod tests {
                 ),
             ])
         );
-        assert_eq!(instance_labels("c", "n", None).len(), 3);
+        assert_eq!(identity().labels("n", None).len(), 4);
         assert_eq!(instance_name("", "default-abc"), "default-abc");
         assert_eq!(instance_name("karpenter-", "x"), "karpenter-x");
     }
 
-    #[test]
-    fn filters_never_match_another_cluster() {
-        let mut i: Instance = serde_json::from_value(serde_json::json!({
+    fn instance_with(labels: Labels) -> Instance {
+        serde_json::from_value(serde_json::json!({
             "id": "i", "name": "n", "state": "running",
             "instance-type": {"id": "t"}, "template": {"id": "tpl"},
-            "labels": instance_labels("c1", "nc", None),
+            "labels": labels,
         }))
-        .unwrap();
-        assert!(ownership_filter("c1").matches(&i));
-        assert!(nodeclaim_filter("c1", "nc").matches(&i));
-        assert!(!ownership_filter("c2").matches(&i));
-        assert!(!nodeclaim_filter("c1", "other").matches(&i));
+        .unwrap()
+    }
+
+    #[test]
+    fn filters_never_match_another_cluster() {
+        let mut i = instance_with(identity().labels("nc", None));
+        assert!(identity().cluster_filter().matches(&i));
+        assert!(identity().nodeclaim_filter("nc").matches(&i));
+        let other_id = ClusterIdentity::new("c2", "uid-1");
+        assert!(!other_id.cluster_filter().matches(&i));
+        assert!(!identity().nodeclaim_filter("other").matches(&i));
+        // Same (wrongly configured) cluster ID, another cluster's UID: listed under our ID,
+        // but never the instance of one of our NodeClaims.
+        let twin = ClusterIdentity::new("cluster-1", "uid-2");
+        assert!(twin.cluster_filter().matches(&i));
+        assert!(!twin.nodeclaim_filter("nc").matches(&i));
         assert!(is_live(&i));
         i.state = InstanceState::Destroying;
         assert!(!is_live(&i));
+    }
+
+    #[test]
+    fn ownership_is_proven_only_by_our_uid() {
+        let ours = identity().labels("nc", None);
+        assert_eq!(identity().ownership(&ours), Ownership::Proven);
+        let theirs = ClusterIdentity::new("cluster-1", "uid-2").labels("nc", None);
+        assert_eq!(identity().ownership(&theirs), Ownership::Foreign);
+        let mut legacy = ours.clone();
+        legacy.remove(INSTANCE_CLUSTER_UID_LABEL);
+        assert_eq!(identity().ownership(&legacy), Ownership::Unproven);
+        assert!(
+            !identity()
+                .nodeclaim_filter("nc")
+                .matches(&instance_with(legacy)),
+            "a create never adopts an instance without our UID"
+        );
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub struct ClusterIndex {
     storage_classes: BTreeMap<String, Arc<StorageClass>>,
     volume_attachments: BTreeMap<String, Arc<VolumeAttachment>>,
     listed: BTreeSet<Kind>,
+    /// Kinds whose watch failed since their last complete list.
+    stale: BTreeSet<Kind>,
     /// Names seen during a re-list in progress, per kind.
     relisting: BTreeMap<Kind, BTreeSet<String>>,
 }
@@ -212,6 +214,16 @@ impl ClusterIndex {
     }
 
     /// A watch (re)started listing `kind`: objects not seen before [`Self::finish_list`] are gone.
+    /// The watch of `kind` failed: changes may have been missed until the next complete list.
+    pub fn mark_stale(&mut self, kind: Kind) {
+        self.stale.insert(kind);
+    }
+
+    /// Kinds whose watch failed since their last complete list.
+    pub fn stale_kinds(&self) -> impl Iterator<Item = Kind> + '_ {
+        self.stale.iter().copied()
+    }
+
     pub fn begin_list(&mut self, kind: Kind) {
         self.relisting.insert(kind, BTreeSet::new());
     }
@@ -250,14 +262,17 @@ impl ClusterIndex {
                 .retain(|name, _| seen.contains(name)),
         }
         self.listed.insert(kind);
+        self.stale.remove(&kind);
     }
 
     // ---- queries ---------------------------------------------------------------------------
 
     /// Upstream `Synced()`: every kind listed once, and no NodeClaim waiting for its provider ID
     /// (an in-flight launch could otherwise be double-counted or missed by provisioning).
+    /// A kind whose watch failed is unsynced until its next complete list.
     pub fn synced(&self) -> bool {
-        Kind::ALL.iter().all(|k| self.listed.contains(k))
+        self.stale.is_empty()
+            && Kind::ALL.iter().all(|k| self.listed.contains(k))
             && self
                 .nodeclaims
                 .values()
@@ -476,6 +491,27 @@ mod tests {
         index.finish_list(Kind::PodDisruptionBudget);
         assert!(!index.synced(), "c1 has no provider ID yet");
         index.apply_nodeclaim(nodeclaim("c1", "default", Some("exoscale://1")));
+        assert!(index.synced());
+    }
+
+    #[test]
+    fn a_failed_watch_unsyncs_until_its_kind_is_listed_again() {
+        let mut index = ClusterIndex::default();
+        for kind in Kind::ALL {
+            index.begin_list(kind);
+            index.finish_list(kind);
+        }
+        assert!(index.synced());
+        index.mark_stale(Kind::Pod);
+        assert!(!index.synced());
+        assert_eq!(index.stale_kinds().collect::<Vec<_>>(), vec![Kind::Pod]);
+        // Another kind's list does not cure it; a list of pods does.
+        index.begin_list(Kind::Node);
+        index.finish_list(Kind::Node);
+        assert!(!index.synced());
+        index.begin_list(Kind::Pod);
+        assert!(!index.synced(), "a list in progress is not complete");
+        index.finish_list(Kind::Pod);
         assert!(index.synced());
     }
 

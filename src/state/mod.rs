@@ -18,7 +18,6 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -131,15 +130,53 @@ fn apply_event<K: Indexed>(cluster: &Cluster, event: Event<K>) {
     })
 }
 
+/// Server-side watch timeout: a stream that goes silent is noticed (kube's watcher adds a
+/// client-side idle margin) and re-listed within about a minute, not five.
+const WATCH_TIMEOUT_SECS: u32 = 60;
+
 async fn feed_kind<K: Indexed>(api: Api<K>, cluster: Arc<Cluster>) {
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(event) => apply_event(&cluster, event),
-            // The backoff keeps retrying; errors are only worth a log line.
-            Err(error) => tracing::warn!(kind = ?K::KIND, %error, "cluster state watch error"),
+    let mut backoff = Backoff::default();
+    loop {
+        let stream = watcher::watcher(
+            api.clone(),
+            watcher::Config::default().timeout(WATCH_TIMEOUT_SECS),
+        );
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(event) => {
+                    if matches!(event, Event::InitDone) {
+                        backoff.reset();
+                    }
+                    apply_event(&cluster, event)
+                }
+                Err(error) => {
+                    // The view may have missed changes: no decision may rest on it until a
+                    // fresh list completes, which the restarted watcher starts with.
+                    tracing::warn!(kind = ?K::KIND, %error, "cluster state watch failed; state is unsynced until re-listed");
+                    cluster.update(|index| index.mark_stale(K::KIND));
+                    break;
+                }
+            }
         }
+        tokio::time::sleep(backoff.next()).await;
+    }
+}
+
+/// Exponential pause between watch restarts: 1 s doubling to 30 s, reset by a complete list.
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    fn next(&mut self) -> std::time::Duration {
+        let secs = (1u64 << self.failures.min(5)).min(30);
+        self.failures = self.failures.saturating_add(1);
+        std::time::Duration::from_secs(secs)
+    }
+    fn reset(&mut self) {
+        self.failures = 0;
     }
 }
 

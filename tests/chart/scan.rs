@@ -4,7 +4,7 @@
 //! with a `let x: Api<K>` annotation, or a function returning `Api<K>`) to the methods called on
 //! them, to the functions they are passed to (`Controller::new`, `watcher`, or helpers in `src/`
 //! that take an `Api<K>` parameter), and recognises the few clients that build their own `Api`
-//! (event `Recorder`, Lease manager, `apiserver_version`). Anything it cannot follow is reported
+//! (event `Recorder`, the leader `Elector`, `apiserver_version`). Anything it cannot follow is reported
 //! as an error naming the file and line, so new code is either understood or flagged, never
 //! silently ignored.
 
@@ -692,10 +692,10 @@ pub fn scan(files: &[(String, String)]) -> Result<Vec<ApiUse>, Vec<String>> {
                 ApiScope::All,
             ),
             (
-                "LeaseManagerBuilder::new(",
+                "Elector {",
                 "coordination.k8s.io",
                 "leases",
-                &["get", "create", "patch"],
+                &["get", "create", "update"],
                 ApiScope::OwnNamespace,
             ),
         ];

@@ -15,11 +15,13 @@ use karpenter_exoscale::apis::{ExoscaleNodeClass, NodeClaim};
 use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
 use karpenter_exoscale::exoscale::models::SksTemplateVariant;
 use karpenter_exoscale::exoscale::{self, Clock, SystemClock};
+use karpenter_exoscale::fence::Fence;
 use karpenter_exoscale::kubelet_sim::{self, InstanceShape, KubeletBehaviour, RunningInstance};
 use karpenter_exoscale::operator::config::{Config, RunArgs};
+use karpenter_exoscale::operator::fenced_client::fenced;
 use karpenter_exoscale::operator::leader::LeaseTimings;
 use karpenter_exoscale::operator::metrics::Metrics;
-use karpenter_exoscale::operator::run::{ExoscaleCloud, Runtime, build_cloud, serve};
+use karpenter_exoscale::operator::run::{ExoscaleCloud, Runtime, build_cloud, cluster_uid, serve};
 use karpenter_exoscale::sim::{ExoscaleSim, InstanceEvent};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -71,6 +73,8 @@ pub struct World {
     pub nodeclass: String,
     pub lease: String,
     pub env: BTreeMap<String, String>,
+    /// The control plane's kube-system Namespace UID: this cluster's identity.
+    pub cluster_uid: String,
     background: Vec<JoinHandle<()>>,
     replicas: Mutex<Vec<Replica>>,
 }
@@ -177,8 +181,10 @@ impl World {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+        let cluster_uid = cluster_uid(&client).await.expect("kube-system UID");
         Some(World {
             _serial: serial,
+            cluster_uid,
             client,
             sim,
             exo,
@@ -202,16 +208,19 @@ impl World {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         // Provisioning (and the other core controllers) run as in production.
         let extra_controllers = karpenter_exoscale::operator::run::core_controllers(&config);
+        // Writes pass the replica's fence, as in `run`.
+        let fence = Fence::closed();
         let cloud = build_cloud(
             ExoscaleSettings {
                 zone: self.sim.zone().into(),
                 cluster_id: self.sim.cluster_id().into(),
+                cluster_uid: self.cluster_uid.clone(),
                 instance_prefix: PREFIX.into(),
                 cluster_endpoint: "https://127.0.0.1:6443".into(),
                 cluster_domain: "cluster.local".into(),
             },
-            self.exo.clone(),
-            self.client.clone(),
+            self.exo.fenced(fence.clone()),
+            fenced(self.client.clone(), fence.clone()),
             clock.clone(),
         )
         .await
@@ -230,9 +239,11 @@ impl World {
             // busy machine delaying one renewal does not hand the Lease over.
             lease: LeaseTimings {
                 duration: Duration::from_secs(6),
-                grace: Duration::from_secs(3),
+                renew_deadline: Duration::from_secs(4),
+                retry_period: Duration::from_secs(1),
             },
             metrics: metrics.clone(),
+            fence: fence.clone(),
         };
         let task = tokio::spawn(serve(runtime, rx));
         self.replicas.lock().unwrap().push(Replica {

@@ -1,9 +1,14 @@
 //! Instance garbage collection (leader only; exoscale-provider §3.3 and karpenter-core §4.5,
-//! with defects 6, 7 and 8 fixed): cloud instances of OUR cluster (the provider's `list` filters
-//! on `exoscale.com/cluster-id`) with no NodeClaim for longer than a grace period are deleted —
-//! an in-flight launch whose NodeClaim has no providerID yet is recognised by the NodeClaim
-//! name label and spared; NodeClaims whose instance is gone and whose Node is not Ready are
-//! deleted.
+//! with defects 6, 7 and 8 fixed).
+//!
+//! An instance is deleted only when all of these hold: the provider proves it is this
+//! cluster's ([`Ownership::Proven`]: it carries the cluster's identity, which no setting can
+//! get wrong); no NodeClaim owns it — a NodeClaim with a provider ID owns exactly that ID, and
+//! only a NodeClaim still waiting for its provider ID owns an instance by name (so the twin of
+//! a lost create response is collected, not kept alive by its sibling's name); and it has been
+//! orphaned for the grace period. Unproven instances are adopted when a NodeClaim owns them by
+//! provider ID and otherwise only reported; another cluster's are never touched. NodeClaims
+//! whose instance is gone and whose Node is not Ready are deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -16,15 +21,48 @@ use kube::api::{Api, DeleteParams};
 
 use crate::apis::labels::{INSTANCE_NODECLAIM_LABEL, conditions};
 use crate::apis::{ConditionsExt, NodeClaim};
+use crate::cloudprovider::Ownership;
 use crate::state::{ClusterIndex, nodeclaim_provider_id};
 
 use super::{Context, Result, ignore_not_found};
+
+/// An instance listed under this cluster's ID that is not proven to be ours and that no
+/// NodeClaim owns by provider ID: reported, never deleted.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Unowned {
+    pub provider_id: String,
+    /// The NodeClaim name the instance was launched for, if labelled.
+    pub nodeclaim: Option<String>,
+    pub ownership: OwnershipLabel,
+}
+
+/// The `reason` label of `karpenter_exoscale_unowned_instances`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum OwnershipLabel {
+    /// No cluster identity on the instance.
+    Unproven,
+    /// Another cluster's identity: probably a wrong `EXOSCALE_SKS_CLUSTER_ID` here or there.
+    ForeignCluster,
+}
+
+impl OwnershipLabel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OwnershipLabel::Unproven => "unproven",
+            OwnershipLabel::ForeignCluster => "foreign_cluster",
+        }
+    }
+}
 
 /// What one collection pass does.
 #[derive(Debug, Default, PartialEq)]
 pub struct Plan {
     /// Cloud instances (as NodeClaims from `list`) to delete.
     pub delete_instances: Vec<NodeClaim>,
+    /// Unproven instances a NodeClaim owns by provider ID: to be labelled as ours.
+    pub adopt: Vec<NodeClaim>,
+    /// Instances we may not touch, to report.
+    pub unowned: Vec<Unowned>,
     /// NodeClaims (names) whose instance is gone.
     pub delete_nodeclaims: Vec<String>,
 }
@@ -47,10 +85,12 @@ fn owner_name(instance: &NodeClaim) -> Option<String> {
         .or_else(|| instance.metadata.name.clone())
 }
 
-/// Decides a pass. `first_seen` remembers when each orphan was first noticed, so instances
-/// without a creation time also get the full grace period.
+/// Decides a pass. `ownership` is the provider's judgement of each instance; `first_seen`
+/// remembers when each orphan was first noticed, so instances without a creation time also get
+/// the full grace period.
 pub fn plan(
     instances: &[NodeClaim],
+    ownership: impl Fn(&NodeClaim) -> Ownership,
     index: &ClusterIndex,
     now: Timestamp,
     grace: Duration,
@@ -61,16 +101,41 @@ pub fn plan(
         .iter()
         .filter_map(|c| nodeclaim_provider_id(c))
         .collect();
-    let known_names: BTreeSet<String> = claims.iter().map(|c| c.name_any()).collect();
+    // Only a launch still waiting for its provider ID can own an instance by name.
+    let launching_names: BTreeSet<String> = claims
+        .iter()
+        .filter(|c| nodeclaim_provider_id(c).is_none())
+        .map(|c| c.name_any())
+        .collect();
     let mut plan = Plan::default();
     let mut still_orphaned = BTreeSet::new();
     for instance in instances {
         let Some(id) = nodeclaim_provider_id(instance) else {
             continue;
         };
-        let claimed = known_ids.contains(id)
-            || owner_name(instance).is_some_and(|n| known_names.contains(&n));
-        if claimed {
+        let owned_by_id = known_ids.contains(id);
+        let owned_by_name = owner_name(instance).is_some_and(|n| launching_names.contains(&n));
+        let unowned = |ownership| Unowned {
+            provider_id: id.to_string(),
+            nodeclaim: instance.labels().get(INSTANCE_NODECLAIM_LABEL).cloned(),
+            ownership,
+        };
+        match ownership(instance) {
+            Ownership::Foreign => {
+                plan.unowned.push(unowned(OwnershipLabel::ForeignCluster));
+                continue;
+            }
+            Ownership::Unproven if owned_by_id => {
+                plan.adopt.push(instance.clone());
+                continue;
+            }
+            Ownership::Unproven => {
+                plan.unowned.push(unowned(OwnershipLabel::Unproven));
+                continue;
+            }
+            Ownership::Proven => {}
+        }
+        if owned_by_id || owned_by_name {
             continue;
         }
         still_orphaned.insert(id.to_string());
@@ -110,16 +175,18 @@ pub fn plan(
     plan
 }
 
-/// Garbage collector with its memory of first sightings.
+/// Garbage collector with its memory of first sightings and of what it already reported.
 #[derive(Default)]
 pub struct Collector {
     first_seen: Mutex<BTreeMap<String, Timestamp>>,
+    reported: Mutex<BTreeSet<Unowned>>,
 }
 
 impl Collector {
-    /// One pass. Skipped while cluster state is not synced (every instance would look orphaned).
+    /// One pass. Skipped unless this replica leads and its cluster state is synced (every
+    /// instance would look orphaned to a stale or partial view).
     pub async fn collect(&self, ctx: &Context) -> Result<Plan> {
-        if !ctx.cluster.synced() {
+        if !ctx.leadership.is_leader() || !ctx.cluster.synced() {
             return Ok(Plan::default());
         }
         let instances = ctx.cloud.list().await?;
@@ -128,12 +195,24 @@ impl Collector {
             let mut first_seen = self.first_seen.lock().unwrap_or_else(|p| p.into_inner());
             plan(
                 &instances,
+                |i| ctx.cloud.ownership(i),
                 &index,
                 ctx.now(),
                 ctx.timings.instance_gc_grace_period,
                 &mut first_seen,
             )
         };
+        self.report_unowned(ctx, &plan.unowned).await;
+        for instance in &plan.adopt {
+            let pid = nodeclaim_provider_id(instance).unwrap_or_default();
+            tracing::info!(
+                provider_id = pid,
+                "labelling an instance of ours with the cluster identity"
+            );
+            if let Err(e) = ctx.cloud.adopt(instance).await {
+                tracing::warn!(provider_id = pid, error = %e, "cannot label instance with the cluster identity");
+            }
+        }
         for instance in &plan.delete_instances {
             tracing::info!(provider_id = ?nodeclaim_provider_id(instance), nodeclaim = ?owner_name(instance), "deleting orphaned instance");
             match ctx.cloud.delete(instance).await {
@@ -162,6 +241,43 @@ impl Collector {
         Ok(plan)
     }
 
+    /// Sets the gauge every pass; logs and publishes an event once per instance.
+    async fn report_unowned(&self, ctx: &Context, unowned: &[Unowned]) {
+        for label in [OwnershipLabel::Unproven, OwnershipLabel::ForeignCluster] {
+            let count = unowned.iter().filter(|u| u.ownership == label).count();
+            ctx.metrics.set_unowned_instances(label.as_str(), count);
+        }
+        let fresh: Vec<Unowned> = {
+            let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+            reported.retain(|r| unowned.contains(r));
+            unowned
+                .iter()
+                .filter(|u| reported.insert((*u).clone()))
+                .cloned()
+                .collect()
+        };
+        for u in fresh {
+            let why = match u.ownership {
+                OwnershipLabel::Unproven => {
+                    "carries this cluster's ID but not its identity label and no NodeClaim owns it by provider ID; delete it by hand if it is this cluster's"
+                }
+                OwnershipLabel::ForeignCluster => {
+                    "carries this cluster's ID but another cluster's identity: EXOSCALE_SKS_CLUSTER_ID is probably wrong here or in that cluster"
+                }
+            };
+            tracing::warn!(provider_id = %u.provider_id, nodeclaim = ?u.nodeclaim, reason = u.ownership.as_str(), "instance not garbage-collected: {why}");
+            ctx.identity_event(
+                "UnownedInstance",
+                format!(
+                    "Instance {} (NodeClaim {}) {why}",
+                    u.provider_id,
+                    u.nodeclaim.as_deref().unwrap_or("unknown")
+                ),
+            )
+            .await;
+        }
+    }
+
     /// Collects every `interval` until the task is dropped.
     pub async fn run(self: Arc<Self>, ctx: Arc<Context>) {
         loop {
@@ -178,6 +294,112 @@ mod tests {
     use super::*;
     use crate::state::testing::*;
 
+    fn plan_proven(
+        instances: &[NodeClaim],
+        index: &ClusterIndex,
+        now: Timestamp,
+        grace: Duration,
+        first_seen: &mut BTreeMap<String, Timestamp>,
+    ) -> Plan {
+        plan(
+            instances,
+            |_| Ownership::Proven,
+            index,
+            now,
+            grace,
+            first_seen,
+        )
+    }
+
+    /// Ownership by the instance's NodeClaim label: names starting with "foreign-" are another
+    /// cluster's, "legacy-" carry no identity.
+    fn by_name(instance: &NodeClaim) -> Ownership {
+        let owner = owner_name(instance).unwrap_or_default();
+        if owner.starts_with("foreign-") {
+            Ownership::Foreign
+        } else if owner.starts_with("legacy-") {
+            Ownership::Unproven
+        } else {
+            Ownership::Proven
+        }
+    }
+
+    #[test]
+    fn the_twin_of_a_lost_create_is_collected_although_its_sibling_has_the_name() {
+        let mut index = ClusterIndex::default();
+        // NodeClaim "nc" recorded instance b; instance a, same name label, is the twin.
+        index.apply_nodeclaim(nodeclaim("nc", "p", Some("exoscale://b")));
+        let mut seen = BTreeMap::new();
+        let p = plan_proven(
+            &[instance("a", "nc", 0), instance("b", "nc", 0)],
+            &index,
+            ts(10_000).0,
+            Duration::from_secs(60),
+            &mut seen,
+        );
+        let deleted: Vec<_> = p
+            .delete_instances
+            .iter()
+            .filter_map(|i| nodeclaim_provider_id(i))
+            .collect();
+        assert_eq!(deleted, vec!["exoscale://a"]);
+    }
+
+    #[test]
+    fn only_instances_proven_ours_are_ever_deleted() {
+        let mut index = ClusterIndex::default();
+        index.apply_nodeclaim(nodeclaim("legacy-owned", "p", Some("exoscale://l1")));
+        let mut seen = BTreeMap::new();
+        let instances = [
+            instance("f1", "foreign-a", 0),
+            instance("f2", "foreign-b", 0),
+            instance("l1", "legacy-owned", 0),
+            instance("l2", "legacy-orphan", 0),
+            instance("o1", "orphan", 0),
+        ];
+        let p = plan(
+            &instances,
+            by_name,
+            &index,
+            ts(100_000).0,
+            Duration::from_secs(60),
+            &mut seen,
+        );
+        let ids = |v: &[NodeClaim]| -> Vec<String> {
+            v.iter()
+                .filter_map(|i| nodeclaim_provider_id(i).map(String::from))
+                .collect()
+        };
+        assert_eq!(ids(&p.delete_instances), vec!["exoscale://o1"]);
+        assert_eq!(ids(&p.adopt), vec!["exoscale://l1"]);
+        let unowned: Vec<(&str, OwnershipLabel)> = p
+            .unowned
+            .iter()
+            .map(|u| (u.provider_id.as_str(), u.ownership))
+            .collect();
+        assert_eq!(
+            unowned,
+            vec![
+                ("exoscale://f1", OwnershipLabel::ForeignCluster),
+                ("exoscale://f2", OwnershipLabel::ForeignCluster),
+                ("exoscale://l2", OwnershipLabel::Unproven),
+            ]
+        );
+        // An unproven instance a launching NodeClaim owns by name only is not adopted either.
+        let mut index = ClusterIndex::default();
+        index.apply_nodeclaim(nodeclaim("legacy-launching", "p", None));
+        let p = plan(
+            &[instance("l3", "legacy-launching", 0)],
+            by_name,
+            &index,
+            ts(100_000).0,
+            Duration::from_secs(60),
+            &mut seen,
+        );
+        assert!(p.adopt.is_empty() && p.delete_instances.is_empty());
+        assert_eq!(p.unowned.len(), 1);
+    }
+
     fn instance(id: &str, owner: &str, created: i64) -> NodeClaim {
         let mut i = nodeclaim(owner, "p", Some(&format!("exoscale://{id}")));
         i.metadata.labels =
@@ -192,7 +414,7 @@ mod tests {
         let mut seen = BTreeMap::new();
         let grace = Duration::from_secs(600);
         let orphan = instance("a", "gone", 0);
-        let p = plan(
+        let p = plan_proven(
             std::slice::from_ref(&orphan),
             &index,
             ts(599).0,
@@ -200,7 +422,7 @@ mod tests {
             &mut seen,
         );
         assert!(p.delete_instances.is_empty());
-        let p = plan(
+        let p = plan_proven(
             std::slice::from_ref(&orphan),
             &index,
             ts(600).0,
@@ -216,7 +438,7 @@ mod tests {
         index.apply_nodeclaim(nodeclaim("launching", "p", None));
         index.apply_nodeclaim(nodeclaim("known", "p", Some("exoscale://b")));
         let mut seen = BTreeMap::new();
-        let p = plan(
+        let p = plan_proven(
             &[instance("a", "launching", 0), instance("b", "renamed", 0)],
             &index,
             ts(100_000).0,
@@ -234,7 +456,7 @@ mod tests {
         orphan.metadata.creation_timestamp = None;
         let grace = Duration::from_secs(60);
         assert!(
-            plan(
+            plan_proven(
                 std::slice::from_ref(&orphan),
                 &index,
                 ts(1000).0,
@@ -245,7 +467,7 @@ mod tests {
             .is_empty()
         );
         assert!(
-            plan(
+            plan_proven(
                 std::slice::from_ref(&orphan),
                 &index,
                 ts(1059).0,
@@ -256,7 +478,7 @@ mod tests {
             .is_empty()
         );
         assert_eq!(
-            plan(
+            plan_proven(
                 std::slice::from_ref(&orphan),
                 &index,
                 ts(1060).0,
@@ -270,7 +492,7 @@ mod tests {
         // Adopted again: forgotten.
         let mut index = ClusterIndex::default();
         index.apply_nodeclaim(nodeclaim("gone", "p", None));
-        plan(
+        plan_proven(
             std::slice::from_ref(&orphan),
             &index,
             ts(1061).0,
@@ -286,7 +508,7 @@ mod tests {
         index.apply_nodeclaim(registered(nodeclaim("lost", "p", Some("exoscale://x"))));
         index.apply_nodeclaim(registered(nodeclaim("alive", "p", Some("exoscale://y"))));
         index.apply_nodeclaim(nodeclaim("young", "p", Some("exoscale://z")));
-        let p = plan(
+        let p = plan_proven(
             &[instance("y", "alive", 0)],
             &index,
             ts(10).0,
