@@ -9,6 +9,10 @@
 mod harness;
 mod support;
 
+use std::time::Instant;
+
+use support::proxy::TcpProxy;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -474,6 +478,101 @@ async fn a_nodeclass_with_an_unknown_security_group_reports_not_ready_naming_it(
             .iter()
             .any(|f| f == "exoscale.com/nodeclass-finalizer")
     );
+    world.finish().await;
+}
+
+/// Fault: the leader is partitioned from kube-apiserver (a TCP proxy between them is cut) but
+/// still reaches Exoscale. It stops writing at its renew deadline — provably no later than the
+/// renew deadline after the cut — and exits; the standby takes over and launches; through GC's
+/// grace period and several more passes nothing is deleted, the successor's instance included.
+#[tokio::test]
+async fn a_leader_cut_off_from_the_api_server_stands_down_and_deletes_nothing() {
+    let Some(world) = World::start("e2e-partition", joins()).await else {
+        return;
+    };
+    let plane = support::shared().expect("control plane");
+    let mut via = plane.config().await;
+    let target: std::net::SocketAddr = via
+        .cluster_url
+        .authority()
+        .expect("apiserver address")
+        .as_str()
+        .parse()
+        .expect("a loopback socket address");
+    let proxy = TcpProxy::start(target).await;
+    via.cluster_url = format!("https://{}", proxy.addr()).parse().unwrap();
+    via.default_retry = false;
+    let partitioned = kube::Client::try_from(via).unwrap();
+
+    world.create_nodeclass(json!({})).await;
+    world.start_replica_with("replica-a", partitioned).await;
+    eventually("replica-a leads", || async {
+        (world.lease_holder().await.as_deref() == Some("replica-a")).then_some(())
+    })
+    .await;
+    world.ready_nodeclass().await;
+    world.start_replica("replica-b").await;
+    let fence = world.replica_fence("replica-a");
+    eventually("replica-a renewing", || async { fence.allows().then_some(()) }).await;
+
+    let cut = Instant::now();
+    proxy.cut();
+    // Writes end at the last successful renewal's start + the renew deadline (4 s in the
+    // harness), which began before the cut.
+    let deadline = fence.deadline().expect("replica-a held the Lease at the cut");
+    let renew_deadline = Duration::from_secs(4);
+    assert!(
+        deadline <= cut + renew_deadline,
+        "writes allowed {:?} past the cut",
+        deadline - cut
+    );
+    eventually("replica-a fenced", || async { (!fence.allows()).then_some(()) }).await;
+    eprintln!(
+        "partitioned leader: writes fenced {:.2} s after the cut",
+        deadline.saturating_duration_since(cut).as_secs_f64()
+    );
+    // It still reaches Exoscale, but its client refuses to send a write.
+    let deletes = world.sim.call_count("delete-instance");
+    let refused = world
+        .exo
+        .fenced(fence.clone())
+        .delete_instance(&uuid::Uuid::new_v4().to_string())
+        .await
+        .expect_err("a fenced delete");
+    assert!(
+        matches!(refused, karpenter_exoscale::exoscale::Error::Fenced(_)),
+        "{refused}"
+    );
+    assert_eq!(world.sim.call_count("delete-instance"), deletes);
+    let outcome = world
+        .replica_outcome("replica-a", Duration::from_secs(30))
+        .await;
+    assert!(
+        matches!(
+            outcome,
+            Err(karpenter_exoscale::operator::RunError::LostLeadership)
+        ),
+        "{outcome:?}"
+    );
+
+    eventually("replica-b leads", || async {
+        (world.lease_holder().await.as_deref() == Some("replica-b")).then_some(())
+    })
+    .await;
+    let claim = format!("successor-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    world.initialized_node(&claim).await;
+    let launched: Vec<String> = world.live_instances().into_iter().map(|i| i.id).collect();
+    assert_eq!(launched.len(), 1, "{launched:?}");
+    // GC grace (5 s) + one interval (2 s), then more: five more collection passes of replica-b.
+    let lists = world.sim.call_count("list-instances");
+    eventually_within("five more GC passes", Duration::from_secs(90), || async {
+        (world.sim.call_count("list-instances") >= lists + 5).then_some(())
+    })
+    .await;
+    assert_eq!(world.sim.call_count("delete-instance"), deletes, "an instance was deleted");
+    let live: Vec<String> = world.live_instances().into_iter().map(|i| i.id).collect();
+    assert_eq!(live, launched);
     world.finish().await;
 }
 

@@ -86,6 +86,8 @@ pub struct Replica {
     task: JoinHandle<Result<(), karpenter_exoscale::operator::RunError>>,
     _cloud: ExoscaleCloud,
     pub metrics: Arc<Metrics>,
+    /// The replica's write fence (driven by its election).
+    pub fence: Fence,
 }
 
 fn instance_shape(types: &[exoscale::models::InstanceType], id: &str) -> InstanceShape {
@@ -199,6 +201,12 @@ impl World {
 
     /// Starts one controller replica named `identity`.
     pub async fn start_replica(&self, identity: &str) {
+        self.start_replica_with(identity, self.client.clone()).await
+    }
+
+    /// Starts a replica whose Kubernetes traffic goes through `client` (e.g. via a proxy the
+    /// test can cut).
+    pub async fn start_replica_with(&self, identity: &str, client: Client) {
         let mut env = self.env.clone();
         env.insert("POD_NAME".into(), identity.into());
         let mut config =
@@ -220,7 +228,7 @@ impl World {
                 cluster_domain: "cluster.local".into(),
             },
             self.exo.fenced(fence.clone()),
-            fenced(self.client.clone(), fence.clone()),
+            fenced(client.clone(), fence.clone()),
             clock.clone(),
         )
         .await
@@ -229,7 +237,7 @@ impl World {
         let metrics = Arc::new(Metrics::new());
         let runtime = Runtime {
             config,
-            client: self.client.clone(),
+            client,
             cloud: cloud.provider.clone(),
             nodeclass_resolution: Some(cloud.resolution.clone()),
             clock,
@@ -252,7 +260,39 @@ impl World {
             task,
             _cloud: cloud,
             metrics,
+            fence,
         });
+    }
+
+    /// The write fence of replica `identity`.
+    pub fn replica_fence(&self, identity: &str) -> Fence {
+        let replicas = self.replicas.lock().unwrap();
+        replicas
+            .iter()
+            .find(|r| r.identity == identity)
+            .expect("replica exists")
+            .fence
+            .clone()
+    }
+
+    /// Waits (up to `limit`) for replica `identity` to stop by itself and returns how it ended.
+    pub async fn replica_outcome(
+        &self,
+        identity: &str,
+        limit: Duration,
+    ) -> Result<(), karpenter_exoscale::operator::RunError> {
+        let replica = {
+            let mut replicas = self.replicas.lock().unwrap();
+            let i = replicas
+                .iter()
+                .position(|r| r.identity == identity)
+                .expect("replica exists");
+            replicas.remove(i)
+        };
+        tokio::time::timeout(limit, replica.task)
+            .await
+            .expect("replica stops by itself")
+            .expect("replica task")
     }
 
     /// What replica `identity` serves on `/metrics` right now.

@@ -6,5 +6,6 @@ pub mod control_plane;
 pub mod crds;
 pub mod pki;
 pub mod process;
+pub mod proxy;
 
 pub use control_plane::shared;
