@@ -16,6 +16,7 @@ pub const ENV_SKS_CLUSTER_ID: &str = "EXOSCALE_SKS_CLUSTER_ID";
 pub const ENV_API_ENDPOINT: &str = "EXOSCALE_API_ENDPOINT";
 pub const ENV_API_ENVIRONMENT: &str = "EXOSCALE_API_ENVIRONMENT";
 pub const ENV_KUBECONFIG: &str = "KUBECONFIG";
+pub const ENV_CLUSTER_ENDPOINT: &str = "CLUSTER_ENDPOINT";
 
 /// Required variables that are unset or empty, all of them at once.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,6 +61,9 @@ pub struct DoctorConfig {
     pub api_endpoint: Option<String>,
     pub api_environment: Option<String>,
     pub kubeconfig: Option<PathBuf>,
+    /// `CLUSTER_ENDPOINT`: compared with the SKS cluster's endpoint (a different one suggests
+    /// `EXOSCALE_SKS_CLUSTER_ID` names another cluster).
+    pub cluster_endpoint: Option<String>,
     /// `None` when the NodeClasses could not be read (no reachable cluster): the check is
     /// skipped with a note. `Some` (even empty) when they were read.
     pub nodeclass_refs: Option<Vec<NodeClassRef>>,
@@ -104,6 +108,7 @@ impl DoctorConfig {
             api_endpoint: get(ENV_API_ENDPOINT),
             api_environment: get(ENV_API_ENVIRONMENT),
             kubeconfig: get(ENV_KUBECONFIG).map(PathBuf::from),
+            cluster_endpoint: get(ENV_CLUSTER_ENDPOINT),
             nodeclass_refs: None,
             request_timeout: Duration::from_secs(15),
         })
@@ -323,6 +328,10 @@ pub async fn check(cfg: &DoctorConfig) -> DoctorReport {
 
     let version = match client.get_sks_cluster(&cfg.sks_cluster_id).await {
         Ok(cluster) => {
+            report.push(endpoint_check(
+                cfg.cluster_endpoint.as_deref(),
+                cluster.endpoint.as_deref(),
+            ));
             report.push(CheckResult::pass(
                 "sks-cluster",
                 format!(
@@ -383,11 +392,31 @@ pub async fn check(cfg: &DoctorConfig) -> DoctorReport {
     report
 }
 
-fn dependent_checks() -> [&'static str; 6] {
+/// `CLUSTER_ENDPOINT` against the SKS cluster's endpoint (the run command logs the same).
+fn endpoint_check(configured: Option<&str>, actual: Option<&str>) -> CheckResult {
+    const NAME: &str = "cluster-endpoint";
+    match (configured, actual) {
+        (None, _) => CheckResult::skip(NAME, format!("{ENV_CLUSTER_ENDPOINT} is not set")),
+        (Some(_), None) => CheckResult::skip(NAME, "the SKS cluster reports no endpoint"),
+        (Some(c), Some(a)) if crate::operator::run::same_endpoint(c, a) => {
+            CheckResult::pass(NAME, format!("{c} is the SKS cluster's endpoint"))
+        }
+        (Some(c), Some(a)) => CheckResult::fail(
+            NAME,
+            format!("{ENV_CLUSTER_ENDPOINT} is {c} but the SKS cluster's endpoint is {a}"),
+            format!(
+                "check that {ENV_SKS_CLUSTER_ID} names this cluster; nodes join {ENV_CLUSTER_ENDPOINT}"
+            ),
+        ),
+    }
+}
+
+fn dependent_checks() -> [&'static str; 7] {
     [
         "zone",
         "instance-types",
         "sks-cluster",
+        "cluster-endpoint",
         "sks-template standard",
         "sks-template nvidia",
         "nodeclasses",

@@ -16,6 +16,7 @@ fn config_for(sim: &ExoscaleSim) -> DoctorConfig {
         api_endpoint: Some(sim.endpoint().to_string()),
         api_environment: None,
         kubeconfig: None,
+        cluster_endpoint: None,
         nodeclass_refs: None,
         request_timeout: Duration::from_secs(10),
     }
@@ -202,9 +203,31 @@ async fn invalid_endpoint_configuration_is_named() {
         api_endpoint: None,
         api_environment: None,
         kubeconfig: None,
+        cluster_endpoint: None,
         nodeclass_refs: None,
         request_timeout: Duration::from_secs(1),
     };
     let report = doctor::check(&cfg).await;
     assert_eq!(failed(&report), vec!["endpoint"]);
+}
+
+/// A `CLUSTER_ENDPOINT` other than the SKS cluster's own is a failed, named check: the
+/// configured cluster ID probably names another cluster.
+#[tokio::test]
+async fn a_cluster_endpoint_of_another_cluster_fails_a_named_check() {
+    let sim = ExoscaleSim::start().await.unwrap();
+    let own = format!("https://{}.sks-{}.exo.io", sim.cluster_id(), sim.zone());
+    let mut cfg = config_for(&sim);
+    cfg.cluster_endpoint = Some(format!("{own}:443/"));
+    let report = doctor::check(&cfg).await;
+    assert!(failed(&report).is_empty(), "{:?}", failed(&report));
+    assert_eq!(
+        report.check("cluster-endpoint").map(|c| c.status),
+        Some(CheckStatus::Pass)
+    );
+    cfg.cluster_endpoint = Some("https://other-cluster.sks-ch-gva-2.exo.io:443".into());
+    let report = doctor::check(&cfg).await;
+    assert_eq!(failed(&report), vec!["cluster-endpoint"]);
+    let check = report.check("cluster-endpoint").unwrap();
+    assert!(check.detail.contains("other-cluster"), "{}", check.detail);
 }

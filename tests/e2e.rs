@@ -513,20 +513,28 @@ async fn a_leader_cut_off_from_the_api_server_stands_down_and_deletes_nothing() 
     world.ready_nodeclass().await;
     world.start_replica("replica-b").await;
     let fence = world.replica_fence("replica-a");
-    eventually("replica-a renewing", || async { fence.allows().then_some(()) }).await;
+    eventually("replica-a renewing", || async {
+        fence.allows().then_some(())
+    })
+    .await;
 
     let cut = Instant::now();
     proxy.cut();
     // Writes end at the last successful renewal's start + the renew deadline (4 s in the
     // harness), which began before the cut.
-    let deadline = fence.deadline().expect("replica-a held the Lease at the cut");
+    let deadline = fence
+        .deadline()
+        .expect("replica-a held the Lease at the cut");
     let renew_deadline = Duration::from_secs(4);
     assert!(
         deadline <= cut + renew_deadline,
         "writes allowed {:?} past the cut",
         deadline - cut
     );
-    eventually("replica-a fenced", || async { (!fence.allows()).then_some(()) }).await;
+    eventually("replica-a fenced", || async {
+        (!fence.allows()).then_some(())
+    })
+    .await;
     eprintln!(
         "partitioned leader: writes fenced {:.2} s after the cut",
         deadline.saturating_duration_since(cut).as_secs_f64()
@@ -570,7 +578,11 @@ async fn a_leader_cut_off_from_the_api_server_stands_down_and_deletes_nothing() 
         (world.sim.call_count("list-instances") >= lists + 5).then_some(())
     })
     .await;
-    assert_eq!(world.sim.call_count("delete-instance"), deletes, "an instance was deleted");
+    assert_eq!(
+        world.sim.call_count("delete-instance"),
+        deletes,
+        "an instance was deleted"
+    );
     let live: Vec<String> = world.live_instances().into_iter().map(|i| i.id).collect();
     assert_eq!(live, launched);
     world.finish().await;
