@@ -117,7 +117,7 @@ pub fn plan(
         let owned_by_name = owner_name(instance).is_some_and(|n| launching_names.contains(&n));
         let unowned = |ownership| Unowned {
             provider_id: id.to_string(),
-            nodeclaim: instance.labels().get(INSTANCE_NODECLAIM_LABEL).cloned(),
+            nodeclaim: owner_name(instance),
             ownership,
         };
         match ownership(instance) {
