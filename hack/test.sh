@@ -21,3 +21,5 @@ chart_values=(--set settings.zone=ch-gva-2 --set settings.sksClusterId=00000000-
 KARPENTER_TEST_BIN_DIR="$(bash hack/control-plane.sh)"
 export KARPENTER_TEST_BIN_DIR
 cargo test --all-targets --locked
+# `--all-targets` leaves out doctests; the examples in the docs must compile and pass too.
+cargo test --doc --locked

@@ -5,6 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+#[path = "support/regenerate.rs"]
+mod regenerate;
+
 use karpenter_exoscale::apis::nodeclass::KubeletConfiguration;
 use karpenter_exoscale::apis::{Taint, TaintEffect};
 use karpenter_exoscale::providers::bootstrap_token::BootstrapToken;
@@ -16,7 +19,7 @@ fn golden(name: &str, actual: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+    if regenerate::requested("UPDATE_GOLDEN") {
         std::fs::write(&path, actual).unwrap();
     }
     let expected = std::fs::read_to_string(&path)

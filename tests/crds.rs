@@ -7,20 +7,23 @@ use std::path::{Path, PathBuf};
 use karpenter_exoscale::apis::{crd, validation};
 use serde_json::Value;
 
+#[path = "support/regenerate.rs"]
+mod regenerate;
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Upstream CRD YAML lives in the shared reference folder beside the clone.
+/// Upstream CRD YAML, vendored in `tests/upstream-crds` (see its README).
 fn upstream_dir() -> PathBuf {
     std::env::var_os("KARPENTER_UPSTREAM_CRDS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("../shared/reference/karpenter-crds"))
+        .unwrap_or_else(|| repo().join("tests/upstream-crds"))
 }
 
 #[test]
 fn committed_crds_match_the_types() {
-    let rewrite = std::env::var_os("UPDATE_CRDS").is_some();
+    let rewrite = regenerate::requested("UPDATE_CRDS");
     let mut stale = Vec::new();
     for (file, definition) in crd::all() {
         let path = repo().join("crds").join(&file);

@@ -3,6 +3,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+#[path = "support/regenerate.rs"]
+mod regenerate;
+
 use karpenter_exoscale::simulate::{self, Options, Report};
 
 fn repo() -> PathBuf {
@@ -23,7 +26,7 @@ fn examples_match_the_golden_report() {
     let report = examples_report("EUR");
     let rendered = serde_json::to_string_pretty(&report).unwrap() + "\n";
     let golden = repo().join("tests/golden/simulate-examples.json");
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+    if regenerate::requested("UPDATE_GOLDEN") {
         std::fs::write(&golden, &rendered).unwrap();
     }
     let expected = std::fs::read_to_string(&golden).unwrap_or_default();

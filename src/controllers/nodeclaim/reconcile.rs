@@ -198,13 +198,8 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
             generation,
             now,
         );
-        ctx.metrics
-            .nodeclaims_created
-            .get_or_create(&labels([
-                ("reason", "provisioning"),
-                ("nodepool", &nodepool_of(&claim)),
-            ]))
-            .inc();
+        // karpenter_nodeclaims_created_total is counted where the NodeClaim is created
+        // (provisioning, disruption replacements), as upstream; a launch is not a creation.
     }
 
     // ---- registration ----------------------------------------------------------------------
