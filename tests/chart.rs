@@ -504,8 +504,9 @@ fn scope_allows(granted: Scope, used: &scan::ApiScope) -> bool {
     match (granted, used) {
         (Scope::Cluster, _) => true,
         (Scope::Namespace(ns), scan::ApiScope::Namespaced(Some(used))) => ns == used,
-        // A namespace from a variable: the declared namespace is trusted (e.g. kube-public).
-        (Scope::Namespace(_), scan::ApiScope::Namespaced(None)) => true,
+        // A namespace from a variable: the declared namespace is trusted (e.g. kube-public, or
+        // the Lease namespace, which defaults to the release namespace).
+        (Scope::Namespace(_) | Scope::ReleaseNamespace, scan::ApiScope::Namespaced(None)) => true,
         (Scope::ReleaseNamespace, scan::ApiScope::OwnNamespace) => true,
         _ => false,
     }

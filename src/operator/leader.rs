@@ -208,7 +208,8 @@ pub async fn elect(
     let (tx, rx) = watch::channel(false);
     let (stop_tx, stop_rx) = oneshot::channel();
     let elector = Elector {
-        api: Api::namespaced(client, namespace),
+        client,
+        namespace: namespace.to_string(),
         name: name.to_string(),
         identity: identity.to_string(),
         timings,
@@ -249,7 +250,8 @@ impl Drop for Election {
 }
 
 struct Elector {
-    api: Api<Lease>,
+    client: kube::Client,
+    namespace: String,
     name: String,
     identity: String,
     timings: LeaseTimings,
@@ -331,7 +333,8 @@ impl Elector {
     }
 
     async fn attempt(&mut self) -> Result<Attempt, kube::Error> {
-        let lease = self.api.get_opt(&self.name).await?;
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let lease = leases.get_opt(&self.name).await?;
         let now = Instant::now();
         let (step, observed) = decide(
             &self.identity,
@@ -351,17 +354,19 @@ impl Elector {
                     },
                     spec: Some(self.spec(None)),
                 };
-                match self.api.create(&PostParams::default(), &lease).await {
+                match leases.create(&PostParams::default(), &lease).await {
                     Ok(_) => Ok(Attempt::Held(now)),
                     Err(kube::Error::Api(e)) if e.code == 409 => Ok(Attempt::Other),
                     Err(e) => Err(e),
                 }
             }
             Step::Renew | Step::TakeOver => {
-                let mut lease = lease.expect("Renew and TakeOver follow a read Lease");
+                // `decide` answers Renew or TakeOver only for a Lease it read.
+                let Some(mut lease) = lease else {
+                    return Ok(Attempt::Other);
+                };
                 lease.spec = Some(self.spec(lease.spec.take()));
-                match self
-                    .api
+                match leases
                     .replace(&self.name, &PostParams::default(), &lease)
                     .await
                 {
@@ -405,7 +410,8 @@ impl Elector {
             return;
         }
         let result = async {
-            let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+            let Some(mut lease) = leases.get_opt(&self.name).await? else {
                 return Ok(());
             };
             let spec = lease.spec.get_or_insert_with(Default::default);
@@ -414,7 +420,7 @@ impl Elector {
             }
             spec.holder_identity = None;
             spec.lease_duration_seconds = Some(1);
-            self.api
+            leases
                 .replace(&self.name, &PostParams::default(), &lease)
                 .await
                 .map(|_| ())

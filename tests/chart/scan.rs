@@ -4,7 +4,7 @@
 //! with a `let x: Api<K>` annotation, or a function returning `Api<K>`) to the methods called on
 //! them, to the functions they are passed to (`Controller::new`, `watcher`, or helpers in `src/`
 //! that take an `Api<K>` parameter), and recognises the few clients that build their own `Api`
-//! (event `Recorder`, the leader `Elector`, `apiserver_version`). Anything it cannot follow is reported
+//! (event `Recorder`, `apiserver_version`). Anything it cannot follow is reported
 //! as an error naming the file and line, so new code is either understood or flagged, never
 //! silently ignored.
 
@@ -683,22 +683,13 @@ pub fn scan(files: &[(String, String)]) -> Result<Vec<ApiUse>, Vec<String>> {
         }
 
         // Clients that build their own Api inside a library.
-        let markers: &[(&str, &str, &str, &[&str], ApiScope)] = &[
-            (
-                "Recorder::new(",
-                "events.k8s.io",
-                "events",
-                &["create", "patch"],
-                ApiScope::All,
-            ),
-            (
-                "Elector {",
-                "coordination.k8s.io",
-                "leases",
-                &["get", "create", "update"],
-                ApiScope::OwnNamespace,
-            ),
-        ];
+        let markers: &[(&str, &str, &str, &[&str], ApiScope)] = &[(
+            "Recorder::new(",
+            "events.k8s.io",
+            "events",
+            &["create", "patch"],
+            ApiScope::All,
+        )];
         for (marker, group, resource, verbs, scope) in markers {
             for (at, _) in text.match_indices(marker) {
                 for verb in *verbs {
