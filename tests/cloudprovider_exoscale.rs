@@ -41,8 +41,15 @@ struct World {
 }
 
 async fn world() -> World {
+    world_with_lookup_wait(Duration::from_secs(60)).await
+}
+
+/// A world whose client looks an outcome-unknown create up for `wait`.
+async fn world_with_lookup_wait(wait: Duration) -> World {
     let sim = ExoscaleSim::start().await.unwrap();
-    let client = exoscale::Client::new(sim.client_config()).unwrap();
+    let mut config = sim.client_config();
+    config.create_lookup_wait = wait;
+    let client = exoscale::Client::new(config).unwrap();
     let nodeclasses = Arc::new(StaticNodeClasses::default());
     let bootstrap = Arc::new(InMemoryNodeBootstrap::new(CA));
     let clock = FixedClock::at(1_800_000_000);
@@ -744,6 +751,69 @@ async fn a_lost_create_response_adopts_the_instance_instead_of_duplicating_it() 
     assert_eq!(provider_id(&again), provider_id(&nc));
     assert_eq!(w.sim.instances().len(), 1);
     assert_eq!(w.sim.call_count("create-instance"), 1);
+}
+
+/// Fault: the create's response is lost and the backend commits after the lookup wait. The
+/// launch fails without a second POST and keeps its bootstrap token, which the instance
+/// carries; the next launch adopts that instance, whose user data still holds a live token.
+#[tokio::test]
+async fn an_outcome_unknown_launch_keeps_the_token_its_instance_needs() {
+    let w = world_with_lookup_wait(Duration::from_millis(500)).await;
+    w.sim.inject(Fault::on(
+        "create-instance",
+        FaultAction::LoseResponseCommitLater(Duration::from_secs(2)),
+    ));
+    let err = w
+        .provider
+        .create(&claim("unknown", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("outcome unknown"), "{err}");
+    let token = w
+        .bootstrap
+        .tokens()
+        .get("unknown")
+        .cloned()
+        .expect("the token of a possibly created instance is kept");
+    eventually("the late instance", || async {
+        !w.sim.instances().is_empty()
+    })
+    .await;
+    let nc = w
+        .provider
+        .create(&claim("unknown", &["standard.medium"]))
+        .await
+        .unwrap();
+    assert_eq!(w.sim.call_count("create-instance"), 1);
+    let instances = w.sim.instances();
+    assert_eq!(instances.len(), 1);
+    assert_eq!(
+        instances[0].instance.id,
+        parse_provider_id(&provider_id(&nc)).unwrap()
+    );
+    let user_data = userdata::decode(&instances[0].instance.user_data.as_ref().unwrap().0)
+        .expect("user data decodes");
+    assert!(
+        user_data.contains(&token.token()),
+        "the adopted instance joins with the kept token"
+    );
+    assert_eq!(w.bootstrap.tokens().get("unknown"), Some(&token));
+}
+
+/// A create the API refused left no instance: its token is deleted at once.
+#[tokio::test]
+async fn a_refused_launch_deletes_its_token() {
+    let w = world().await;
+    w.sim
+        .inject(Fault::status("create-instance", 400, "Invalid template"));
+    let err = w
+        .provider
+        .create(&claim("refused", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("Invalid template"), "{err}");
+    assert!(w.sim.instances().is_empty());
+    assert!(!w.bootstrap.tokens().contains_key("refused"));
 }
 
 // ---- capacity errors ----

@@ -201,19 +201,92 @@ async fn a_lost_create_response_is_a_transport_error_for_the_raw_call() {
     assert_eq!(sim.instances().len(), 1);
 }
 
+/// A client whose lookups after an outcome-unknown create give up after `wait`.
+async fn setup_with_lookup_wait(wait: Duration) -> (ExoscaleSim, Client) {
+    let sim = ExoscaleSim::start().await.expect("sim starts");
+    let mut config = sim.client_config();
+    config.create_lookup_wait = wait;
+    let client = Client::new(config).expect("client builds");
+    (sim, client)
+}
+
+/// A 502 may come from a gateway after the backend committed: the create is not sent again
+/// in the same attempt; lookups end with a distinct error when nothing appears.
 #[tokio::test]
-async fn a_failed_create_that_did_nothing_is_tried_again_after_looking() {
-    let (sim, client) = setup().await;
+async fn a_5xx_create_is_looked_up_never_sent_again_in_the_same_attempt() {
+    let (sim, client) = setup_with_lookup_wait(Duration::from_millis(1500)).await;
     let req = create_request(&sim, &client, "retry").await;
     sim.inject(Fault::status("create-instance", 502, "bad gateway"));
+    let err = client
+        .create_instance_once(&req, &identity("retry"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::CreateOutcomeUnknown { .. }), "{err:?}");
+    assert!(err.to_string().contains("bad gateway"), "{err}");
+    assert_eq!(sim.call_count("create-instance"), 1);
+    // One lookup before the POST, then several while the outcome was unknown.
+    assert!(sim.call_count("list-instances") >= 3);
+    assert!(sim.instances().is_empty());
+    // The next attempt looks up first, finds nothing, and creates.
     let created = client
         .create_instance_once(&req, &identity("retry"))
         .await
         .unwrap();
     assert!(!created.adopted);
     assert_eq!(sim.call_count("create-instance"), 2);
-    // One lookup before the first POST, one after the 502.
-    assert_eq!(sim.call_count("list-instances"), 2);
+    assert_eq!(sim.instances().len(), 1);
+}
+
+/// Fault: the create's response is lost and the backend commits it only later, so the first
+/// lookup finds nothing. The create is not repeated; the instance is adopted once it appears.
+#[tokio::test]
+async fn a_create_committed_after_its_lost_response_is_adopted_not_duplicated() {
+    let (sim, client) = setup().await;
+    let req = create_request(&sim, &client, "late").await;
+    sim.inject(Fault::on(
+        "create-instance",
+        FaultAction::LoseResponseCommitLater(Duration::from_millis(1500)),
+    ));
+    let created = client
+        .create_instance_once(&req, &identity("late"))
+        .await
+        .unwrap();
+    assert!(created.adopted);
+    assert_eq!(sim.call_count("create-instance"), 1);
+    let instances = sim.instances();
+    assert_eq!(instances.len(), 1);
+    assert_eq!(instances[0].instance.id, created.instance_id);
+}
+
+/// The same fault with a commit later than the lookup wait: the attempt fails without a
+/// second POST, and the next attempt adopts the late instance.
+#[tokio::test]
+async fn a_create_committed_after_the_lookup_wait_is_adopted_by_the_next_attempt() {
+    let (sim, client) = setup_with_lookup_wait(Duration::from_millis(500)).await;
+    let req = create_request(&sim, &client, "later").await;
+    sim.inject(Fault::on(
+        "create-instance",
+        FaultAction::LoseResponseCommitLater(Duration::from_secs(2)),
+    ));
+    let err = client
+        .create_instance_once(&req, &identity("later"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::CreateOutcomeUnknown { .. }), "{err:?}");
+    assert_eq!(sim.call_count("create-instance"), 1);
+    for _ in 0..100 {
+        if !sim.instances().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sim.instances().len(), 1, "the backend committed late");
+    let created = client
+        .create_instance_once(&req, &identity("later"))
+        .await
+        .unwrap();
+    assert!(created.adopted);
+    assert_eq!(sim.call_count("create-instance"), 1);
     assert_eq!(sim.instances().len(), 1);
 }
 

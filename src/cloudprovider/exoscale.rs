@@ -488,8 +488,14 @@ impl ExoscaleCloudProvider {
         match self.instances.launch(&spec).await {
             Ok(launched) => self.launched(claim, nodeclass, &launched.instance),
             Err(e) => {
-                self.forget_token(&name).await;
-                if matches!(e, LaunchError::Capacity(_)) {
+                // Only a launch that provably left no instance gives its token up: an instance
+                // that may exist (an outcome-unknown create) needs it to join once adopted.
+                if e.leaves_no_instance() {
+                    self.forget_token(&name).await;
+                } else {
+                    tracing::warn!(nodeclaim = %name, error = %e, "launch failed with an instance possibly created; keeping its bootstrap token for adoption");
+                }
+                if e.is_capacity() {
                     self.instance_types
                         .mark_unavailable(&discovered.name(), &zone);
                 }
@@ -595,14 +601,16 @@ impl ExoscaleCloudProvider {
 
 fn launch_error(e: LaunchError, instance_type: &str, zone: &str) -> CloudProviderError {
     match e {
-        LaunchError::Capacity(err) => CloudProviderError::InsufficientCapacity {
-            message: format!("{instance_type} in {zone}: {err}"),
-            offerings: vec![(instance_type.to_string(), zone.to_string())],
-        },
+        LaunchError::Capacity(err) | LaunchError::CapacityAfterAccept(err) => {
+            CloudProviderError::InsufficientCapacity {
+                message: format!("{instance_type} in {zone}: {err}"),
+                offerings: vec![(instance_type.to_string(), zone.to_string())],
+            }
+        }
         e @ LaunchError::PrivateNetwork { .. } => {
             CloudProviderError::create(reasons::PRIVATE_NETWORK_ATTACH_FAILED, e.to_string())
         }
-        LaunchError::Api(err) => {
+        LaunchError::Api(err) | LaunchError::Refused(err) => {
             CloudProviderError::create(reasons::INSTANCE_CREATION_FAILED, err.to_string())
         }
     }

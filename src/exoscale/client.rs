@@ -31,6 +31,9 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     pub clock: Arc<dyn Clock>,
     pub user_agent: String,
+    /// After a create whose outcome is unknown (the request may have been committed), how
+    /// long to look the instance up before giving up the attempt. The create is never re-sent.
+    pub create_lookup_wait: Duration,
 }
 
 impl ClientConfig {
@@ -44,6 +47,7 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(30),
             clock: Arc::new(SystemClock),
             user_agent: format!("karpenter-exoscale/{}", env!("CARGO_PKG_VERSION")),
+            create_lookup_wait: Duration::from_secs(60),
         }
     }
 
@@ -409,40 +413,56 @@ impl Client {
         if let Some(existing) = self.find_instance(identity).await? {
             return Ok(adopted(existing));
         }
-        let mut attempt = 0;
-        loop {
-            match self.create_instance(req).await {
-                Ok(op) => {
-                    let Some(id) = op.reference_id().map(str::to_string) else {
-                        return Err(Error::Decode {
-                            what: "create-instance operation".into(),
-                            message: "operation has no reference id".into(),
-                        });
-                    };
-                    return Ok(CreatedInstance {
-                        instance_id: id,
-                        operation: Some(op),
-                        adopted: false,
+        match self.create_instance(req).await {
+            Ok(op) => {
+                let Some(id) = op.reference_id().map(str::to_string) else {
+                    return Err(Error::Decode {
+                        what: "create-instance operation".into(),
+                        message: "operation has no reference id".into(),
                     });
-                }
-                Err(err) if outcome_unknown(&err) => {
-                    tracing::warn!(error = %err, "create-instance outcome unknown; looking the instance up");
-                    if let Some(found) = self.find_instance(identity).await? {
-                        return Ok(adopted(found));
-                    }
-                    let Some(wait) =
-                        self.inner
-                            .config
-                            .retry
-                            .delay(attempt, &err, rand::random::<f64>())
-                    else {
-                        return Err(err);
-                    };
-                    tokio::time::sleep(wait).await;
-                    attempt += 1;
-                }
-                Err(err) => return Err(err),
+                };
+                Ok(CreatedInstance {
+                    instance_id: id,
+                    operation: Some(op),
+                    adopted: false,
+                })
             }
+            Err(err) if outcome_unknown(&err) => {
+                tracing::warn!(error = %err, "create-instance outcome unknown; looking the instance up, never creating again in this attempt");
+                self.await_unknown_create(identity, err).await.map(adopted)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Looks the instance of an outcome-unknown create up until it appears (the backend may
+    /// commit late) or `create_lookup_wait` passes. A POST is never repeated here: a second
+    /// one could succeed beside a late first and leave two VMs.
+    async fn await_unknown_create(
+        &self,
+        identity: &InstanceFilter,
+        cause: Error,
+    ) -> Result<Instance, Error> {
+        let limit = self.inner.config.create_lookup_wait;
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(500);
+        loop {
+            match self.find_instance(identity).await {
+                Ok(Some(found)) => return Ok(found),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "lookup after an outcome-unknown create failed")
+                }
+            }
+            let elapsed = started.elapsed();
+            if elapsed >= limit {
+                return Err(Error::CreateOutcomeUnknown {
+                    waited_secs: elapsed.as_secs(),
+                    message: cause.to_string(),
+                });
+            }
+            tokio::time::sleep(pause.min(limit - elapsed)).await;
+            pause = (pause * 2).min(Duration::from_secs(10));
         }
     }
 

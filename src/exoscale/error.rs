@@ -49,6 +49,12 @@ pub enum Error {
     UnknownZone { zone: String, known: String },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A create that may have been committed was not found within the lookup wait. The
+    /// attempt failed; the next one looks the instance up before creating anything.
+    #[error(
+        "create outcome unknown: not found after {waited_secs} s of lookups (cause: {message}); not created again in this attempt"
+    )]
+    CreateOutcomeUnknown { waited_secs: u64, message: String },
     /// A write refused before it was sent: this replica does not lead (never retried).
     #[error(transparent)]
     Fenced(#[from] crate::fence::Fenced),
@@ -96,6 +102,7 @@ impl Error {
             Error::UnknownZone { .. } => "unknown_zone",
             Error::InvalidRequest(_) => "invalid_request",
             Error::Fenced(_) => "fenced",
+            Error::CreateOutcomeUnknown { .. } => "create_outcome_unknown",
         }
     }
 }

@@ -182,9 +182,18 @@ impl std::fmt::Debug for LaunchSpec {
 
 #[derive(Debug, Error)]
 pub enum LaunchError {
-    /// The offering is unavailable (quota, capacity, full anti-affinity group, type).
+    /// The create was refused because the offering is unavailable (quota, capacity, full
+    /// anti-affinity group, type): no instance exists.
     #[error("no capacity: {0}")]
     Capacity(exoscale::Error),
+    /// The create was accepted, then its operation failed for capacity.
+    #[error("no capacity: {0}")]
+    CapacityAfterAccept(exoscale::Error),
+    /// The create was refused outright (validation, permissions, rate limit, fenced): no
+    /// instance exists.
+    #[error("instance creation refused: {0}")]
+    Refused(exoscale::Error),
+    /// Anything else, including an outcome-unknown create: an instance may exist.
     #[error("cannot create instance: {0}")]
     Api(exoscale::Error),
     #[error(
@@ -198,6 +207,56 @@ pub enum LaunchError {
         /// The error of deleting the half-built instance, if that failed too.
         rollback: Option<exoscale::Error>,
     },
+}
+
+impl LaunchError {
+    /// Whether the failed launch provably left no instance that could still boot (so its
+    /// bootstrap token may go). An instance that may exist needs its token to join when a
+    /// later attempt adopts it.
+    pub fn leaves_no_instance(&self) -> bool {
+        match self {
+            LaunchError::Capacity(_) | LaunchError::Refused(_) => true,
+            LaunchError::PrivateNetwork { rollback, .. } => rollback.is_none(),
+            LaunchError::CapacityAfterAccept(_) | LaunchError::Api(_) => false,
+        }
+    }
+
+    pub fn is_capacity(&self) -> bool {
+        matches!(
+            self,
+            LaunchError::Capacity(_) | LaunchError::CapacityAfterAccept(_)
+        )
+    }
+}
+
+/// Errors of a create request that prove nothing was created: the API refused it, or it was
+/// never sent.
+fn create_refused(err: &exoscale::Error) -> bool {
+    use exoscale::Error as E;
+    match err {
+        E::BadRequest { .. }
+        | E::Unauthorized { .. }
+        | E::NotFound { .. }
+        | E::QuotaExceeded { .. }
+        | E::InsufficientCapacity { .. }
+        | E::RateLimited { .. }
+        | E::UnknownZone { .. }
+        | E::InvalidRequest(_)
+        | E::Fenced(_) => true,
+        E::Transport { connect, .. } => *connect,
+        _ => false,
+    }
+}
+
+/// A failed create request: capacity and other refusals leave no instance.
+fn classify_create(err: exoscale::Error) -> LaunchError {
+    if is_capacity_failure(&err) && create_refused(&err) {
+        LaunchError::Capacity(err)
+    } else if create_refused(&err) {
+        LaunchError::Refused(err)
+    } else {
+        LaunchError::Api(err)
+    }
 }
 
 fn rollback_note(rollback: &Option<exoscale::Error>) -> String {
@@ -274,7 +333,7 @@ impl InstanceProvider {
             .client
             .create_instance_once(&req, &identity)
             .await
-            .map_err(classify)?;
+            .map_err(classify_create)?;
         if !spec.private_networks.is_empty()
             && let Some(op) = &created.operation
         {
@@ -372,9 +431,10 @@ impl InstanceProvider {
     }
 }
 
+/// A failure after the create was accepted: the instance may exist.
 fn classify(err: exoscale::Error) -> LaunchError {
     if is_capacity_failure(&err) {
-        LaunchError::Capacity(err)
+        LaunchError::CapacityAfterAccept(err)
     } else {
         LaunchError::Api(err)
     }

@@ -17,6 +17,10 @@ pub enum FaultAction {
     /// Act normally, then drop the response (headers sent, body broken), as a proxy that lost
     /// the answer would.
     LoseResponse,
+    /// Drop the response at once (as `LoseResponse`) and commit the request only after this
+    /// delay, as a backend that finishes a create after the client gave up: a lookup made
+    /// right away does not find it yet.
+    LoseResponseCommitLater(Duration),
     /// Accept a mutation, then let its operation end in `failure` with this reason
     /// (one of the API's: busy, conflict, fault, forbidden, unavailable, …) and message.
     FailOperation { reason: String, message: String },

@@ -224,6 +224,18 @@ async fn respond(
         }
         Some(FaultAction::Latency(wait)) => tokio::time::sleep(wait).await,
         Some(FaultAction::LoseResponse) => lose = true,
+        Some(FaultAction::LoseResponseCommitLater(delay)) => {
+            record.response_lost = true;
+            let (shared, body, uri) = (shared.clone(), body.to_vec(), uri.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let reply = execute(&shared, &route, &body, &uri);
+                if let Some(deferred) = reply.deferred {
+                    super::schedule_completion(shared, deferred);
+                }
+            });
+            return lost_response();
+        }
         Some(FaultAction::FailOperation { reason, message }) => failure = Some((reason, message)),
         None => {}
     }
