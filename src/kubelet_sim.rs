@@ -58,6 +58,9 @@ pub enum KubeletSimError {
     UserDataToml(#[source] toml::de::Error),
     #[error("user data has no settings.kubernetes.bootstrap-token: the node cannot join")]
     MissingBootstrapToken,
+    /// What the API server's bootstrap-token authenticator would refuse.
+    #[error("bootstrap token rejected: {0}")]
+    BootstrapTokenRejected(String),
     #[error(
         "node taint {key:?} has entry {entry:?}; expected \"<value>:<NoSchedule|PreferNoSchedule|NoExecute>\""
     )]
@@ -571,6 +574,7 @@ pub async fn register_node(
     instance: &RunningInstance,
 ) -> Result<Node, KubeletSimError> {
     let settings = decode_user_data(&instance.user_data)?;
+    authenticate(client, &settings).await?;
     let node = node_for(instance, &settings)?;
     let status = node_status_for(instance, &settings, Timestamp::now())?;
     let nodes: Api<Node> = Api::all(client.clone());
@@ -587,6 +591,63 @@ pub async fn register_node(
         )
         .await?;
     Ok(registered)
+}
+
+/// Checks the user data's bootstrap token as kube-apiserver's bootstrap authenticator does: a
+/// `bootstrap.kubernetes.io/token` Secret `bootstrap-token-<id>` in kube-system with the same
+/// secret, usable for authentication and not expired. A node with a deleted or wrong token
+/// cannot join a real cluster, so it does not join here either.
+async fn authenticate(
+    client: &kube::Client,
+    settings: &NodeAgentSettings,
+) -> Result<(), KubeletSimError> {
+    use k8s_openapi::api::core::v1::Secret;
+    let reject = |why: String| KubeletSimError::BootstrapTokenRejected(why);
+    let token = settings
+        .bootstrap_token
+        .as_ref()
+        .map(|t| t.0.as_str())
+        .unwrap_or("");
+    let (id, secret) = token
+        .split_once('.')
+        .ok_or_else(|| reject("not of the form <id>.<secret>".into()))?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "kube-system");
+    let name = format!("bootstrap-token-{id}");
+    let stored = secrets
+        .get_opt(&name)
+        .await?
+        .ok_or_else(|| reject(format!("Secret kube-system/{name} does not exist")))?;
+    let field = |key: &str| {
+        stored
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+            .or_else(|| {
+                stored
+                    .string_data
+                    .as_ref()
+                    .and_then(|d| d.get(key).cloned())
+            })
+    };
+    if stored.type_.as_deref() != Some("bootstrap.kubernetes.io/token") {
+        return Err(reject(format!("{name} is not a bootstrap token Secret")));
+    }
+    if field("token-secret").as_deref() != Some(secret) {
+        return Err(reject(format!("{name} holds another secret")));
+    }
+    if field("usage-bootstrap-authentication").as_deref() != Some("true") {
+        return Err(reject(format!("{name} is not usable for authentication")));
+    }
+    if let Some(expiration) = field("expiration") {
+        let expires: Timestamp = expiration
+            .parse()
+            .map_err(|_| reject(format!("{name} has an unreadable expiration")))?;
+        if expires <= Timestamp::now() {
+            return Err(reject(format!("{name} expired at {expiration}")));
+        }
+    }
+    Ok(())
 }
 
 /// Sets one node condition (`Ready`, `DiskPressure`, ...) to True or False, keeping the rest.

@@ -588,6 +588,46 @@ async fn a_leader_cut_off_from_the_api_server_stands_down_and_deletes_nothing() 
     world.finish().await;
 }
 
+/// Fault: the create's response is lost and the backend commits it seconds later, after the
+/// first lookup. Exactly one VM exists for the NodeClaim through GC's grace period and more
+/// passes, and its Node joins with the token from the first (and only) create.
+#[tokio::test]
+async fn a_lost_create_response_with_a_late_commit_gives_one_vm_that_joins() {
+    let Some(world) = World::start("e2e-lostcreate", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("a").await;
+    world.ready_nodeclass().await;
+    world.sim.inject(karpenter_exoscale::sim::Fault::on(
+        "create-instance",
+        karpenter_exoscale::sim::FaultAction::LoseResponseCommitLater(Duration::from_secs(3)),
+    ));
+    let claim = format!("late-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    let node = world.initialized_node(&claim).await;
+    assert_eq!(
+        world.sim.call_count("create-instance"),
+        1,
+        "the create was re-sent"
+    );
+    assert!(world.sim.calls().iter().any(|c| c.response_lost));
+    // GC grace (5 s) + interval (2 s), then more passes: still exactly one VM.
+    let lists = world.sim.call_count("list-instances");
+    eventually_within("five more GC passes", Duration::from_secs(90), || async {
+        (world.sim.call_count("list-instances") >= lists + 5).then_some(())
+    })
+    .await;
+    assert_eq!(instances_of(&world, &claim), 1);
+    assert_eq!(world.live_instances().len(), 1);
+    let provider_id = node.spec.and_then(|s| s.provider_id).unwrap_or_default();
+    assert_eq!(
+        provider_id,
+        format!("exoscale://{}", world.live_instances()[0].id)
+    );
+    world.finish().await;
+}
+
 #[tokio::test]
 async fn only_the_leader_acts_and_a_standby_takes_over_when_it_stops() {
     let Some(world) = World::start("e2e-leader", joins()).await else {
