@@ -944,3 +944,99 @@ async fn replicas_electing_at_the_same_time_never_both_lead() {
         b.release().await;
     }
 }
+
+/// Fault: two controllers write conditions of the same NodeClaim concurrently, each from copies
+/// that go stale between its writes. Through `controllers::patch_status` a write computed from
+/// a stale copy is refused (409) and redone from a fresh read, so no condition is lost: at the
+/// end each writer's condition holds its last value. A blind whole-status write from the stale
+/// copy would have dropped the other writer's condition.
+#[tokio::test]
+async fn concurrent_condition_writers_lose_no_condition() {
+    use karpenter_exoscale::apis::{ConditionStatus, ConditionsExt, NodeClaim};
+    use karpenter_exoscale::controllers::patch_status;
+
+    let Some(plane) = support::shared() else {
+        return;
+    };
+    let client = plane.client().await;
+    let api: Api<NodeClaim> = Api::all(client.clone());
+    let name = format!("conditions-{}", random_suffix());
+    let claim: NodeClaim = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
+            "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": "default"}
+        }
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &claim).await.unwrap();
+
+    // A stale copy cannot revert a condition written after it was read.
+    let stale = created.clone();
+    let mut fresh_status = created.status.clone().unwrap_or_default();
+    fresh_status.conditions.set_condition(
+        "Drifted",
+        ConditionStatus::True,
+        "NodePoolDrifted",
+        "",
+        None,
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    patch_status(&api, &created, &fresh_status).await.unwrap();
+    let stale_write = patch_status(&api, &stale, &stale.status.clone().unwrap_or_default()).await;
+    assert!(
+        matches!(&stale_write, Err(e) if e.is_conflict()),
+        "a stale status write was accepted: {stale_write:?}"
+    );
+
+    const ROUNDS: u32 = 25;
+    let writer = |condition: &'static str| {
+        let api = api.clone();
+        let name = name.clone();
+        async move {
+            let mut conflicts = 0;
+            for round in 1..=ROUNDS {
+                loop {
+                    let current = api.get(&name).await.unwrap();
+                    let mut status = current.status.clone().unwrap_or_default();
+                    status.conditions.set_condition(
+                        condition,
+                        ConditionStatus::True,
+                        &format!("Round{round}"),
+                        "",
+                        None,
+                        k8s_openapi::jiff::Timestamp::now(),
+                    );
+                    // Yield so the other writer interleaves between our read and write.
+                    tokio::task::yield_now().await;
+                    match patch_status(&api, &current, &status).await {
+                        Ok(_) => break,
+                        Err(e) if e.is_conflict() => conflicts += 1,
+                        Err(e) => panic!("{condition}: {e}"),
+                    }
+                }
+            }
+            conflicts
+        }
+    };
+    let (a, b) = tokio::join!(
+        tokio::spawn(writer("ConsolidatableTest")),
+        tokio::spawn(writer("DrainedTest"))
+    );
+    let conflicts = a.unwrap() + b.unwrap();
+    let last = api.get(&name).await.unwrap();
+    let conditions = last.status.unwrap_or_default().conditions;
+    for condition in ["ConsolidatableTest", "DrainedTest"] {
+        let c = conditions
+            .get_condition(condition)
+            .unwrap_or_else(|| panic!("{condition} was lost: {conditions:?}"));
+        assert_eq!(c.reason, format!("Round{ROUNDS}"), "{condition}");
+    }
+    assert!(
+        conditions.is_true("Drifted"),
+        "the first writer's condition was lost: {conditions:?}"
+    );
+    eprintln!("{conflicts} stale writes refused and redone");
+    let _ = api.delete(&name, &DeleteParams::default()).await;
+}

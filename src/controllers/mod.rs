@@ -174,13 +174,27 @@ pub fn error_policy<K: Resource<DynamicType = ()>>(
     }
 }
 
-/// Merge-patches `status` of a cluster-scoped or namespaced object.
-pub async fn patch_status<K, S>(api: &Api<K>, name: &str, status: &S) -> Result<K>
+/// The one way status is written: a merge patch of `status`, computed from `from`, that the
+/// API server applies only while the object is still at `from`'s resourceVersion. A status
+/// computed from a stale copy is refused with 409 and recomputed from a fresh read (the error
+/// policy requeues conflicts at once) instead of reverting a condition another controller set
+/// in between (Drifted, Consolidatable, DisruptionReason, Drained...).
+pub async fn patch_status<K, S>(api: &Api<K>, from: &K, status: &S) -> Result<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
     S: Serialize,
 {
-    let patch = serde_json::json!({ "status": status });
+    let meta = from.meta();
+    let name = meta.name.as_deref().unwrap_or_default();
+    let Some(resource_version) = meta.resource_version.as_deref() else {
+        return Err(Error::Invalid(format!(
+            "refusing an unconditional status write of {name}: the object it was computed from has no resourceVersion"
+        )));
+    };
+    let patch = serde_json::json!({
+        "metadata": { "resourceVersion": resource_version },
+        "status": status,
+    });
     Ok(api
         .patch_status(
             name,

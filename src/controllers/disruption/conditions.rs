@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use serde_json::json;
 
 use crate::apis::labels::{NODEPOOL_LABEL, conditions};
 use crate::apis::{NodeClaim, NodePool};
-use crate::controllers::{Context, FIELD_MANAGER};
+use crate::controllers::{Context, patch_status};
 use crate::disruption::conditions::{
     self as decide, ConditionDecision, DriftInputs, EMPTY, consolidatable, drifted,
 };
@@ -214,18 +214,8 @@ impl ConditionsController {
         let Some(status) = updated_status(claim, &desired, pod_event, now) else {
             return Ok(());
         };
-        let mut patch = json!({ "status": status });
-        if let Some(rv) = claim.metadata.resource_version.as_deref() {
-            patch["metadata"] = json!({ "resourceVersion": rv });
-        }
         let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
-        let updated = api
-            .patch_status(
-                &claim.name_any(),
-                &PatchParams::apply(FIELD_MANAGER),
-                &Patch::Merge(&patch),
-            )
-            .await?;
+        let updated = patch_status(&api, claim, &status).await?;
         self.ctx
             .cluster
             .update(|index| index.apply_nodeclaim(updated));

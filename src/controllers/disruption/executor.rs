@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::apis::labels::conditions;
 use crate::apis::{Condition, ConditionStatus, ConditionsExt, NodeClaim};
-use crate::controllers::{Context, FIELD_MANAGER, Result, ignore_not_found};
+use crate::controllers::{Context, FIELD_MANAGER, Result, ignore_not_found, patch_status};
 use crate::disruption::orchestration::{Action, EventTarget, Orchestration, ReplacementStatus};
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
@@ -325,26 +325,15 @@ impl Executor {
             if !change(&mut conds, now) {
                 return Ok(());
             }
-            let patch = json!({
-                "metadata": {"resourceVersion": current.resource_version()},
-                "status": {"conditions": conds},
-            });
-            match api
-                .patch_status(
-                    name,
-                    &PatchParams::apply(FIELD_MANAGER),
-                    &Patch::Merge(&patch),
-                )
-                .await
-            {
+            match patch_status(&api, &current, &json!({ "conditions": conds })).await {
                 Ok(updated) => {
                     self.ctx
                         .cluster
                         .update(|index| index.apply_nodeclaim(updated));
                     return Ok(());
                 }
-                Err(e) if is_conflict(&e) => continue,
-                Err(e) => return Err(e.into()),
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => return Err(e),
             }
         }
         Err(crate::controllers::Error::Invalid(format!(

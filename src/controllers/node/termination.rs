@@ -659,7 +659,7 @@ async fn set_claim_condition(
         ctx.now(),
     ) {
         let api: Api<NodeClaim> = Api::all(ctx.client.clone());
-        match absent_ok(patch_status(&api, &current.name_any(), &new).await)? {
+        match absent_ok(patch_status(&api, current, &new).await)? {
             Some(written) => *current = written,
             None => current.status = Some(new),
         }

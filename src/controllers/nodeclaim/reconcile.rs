@@ -367,7 +367,7 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
 
     set_ready(&mut status, generation, now);
     if status != before {
-        patch_status(&api, &name, &status).await?;
+        patch_status(&api, &claim, &status).await?;
     }
     Ok(Action::requeue(requeue.max(Duration::from_secs(1))))
 }
@@ -464,12 +464,14 @@ async fn launch_failed(
         return Ok(Action::await_change());
     }
     set_ready(&mut status, generation, now);
-    patch_status(&api, &claim.name_any(), &status).await?;
+    patch_status(&api, claim, &status).await?;
     Ok(Action::requeue(Duration::from_secs(10)))
 }
 
 /// Teardown of a deleted NodeClaim: deadline annotation, Nodes, instance, finalizer.
 async fn finalize(claim: &NodeClaim, ctx: &Context) -> Result<Action> {
+    let mut claim = claim.clone();
+    let claim = &mut claim;
     if !claim
         .finalizers()
         .iter()
@@ -482,7 +484,7 @@ async fn finalize(claim: &NodeClaim, ctx: &Context) -> Result<Action> {
     if deadline_annotation(claim).is_none()
         && let Some(deadline) = termination_deadline(claim)
     {
-        patch_object(&api, &name, serde_json::json!({"metadata": {"annotations": {NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION: deadline.to_string()}}}), None).await?;
+        *claim = patch_object(&api, &name, serde_json::json!({"metadata": {"annotations": {NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION: deadline.to_string()}}}), None).await?;
         ctx.event(
             claim,
             Severity::Normal,
@@ -518,7 +520,7 @@ async fn finalize(claim: &NodeClaim, ctx: &Context) -> Result<Action> {
                     claim.metadata.generation,
                     ctx.now(),
                 ) {
-                    absent_ok(patch_status(&api, &name, &status).await)?;
+                    absent_ok(patch_status(&api, claim, &status).await)?;
                 }
                 return Ok(Action::requeue(INSTANCE_POLL));
             }

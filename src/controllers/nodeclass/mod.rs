@@ -297,7 +297,7 @@ pub async fn reconcile(nc: Arc<ExoscaleNodeClass>, ctx: Arc<Context>) -> Result<
         .checked(&name, generation, ctx.clock.now_unix());
     let before = nc.status.clone().unwrap_or_default();
     if status != before {
-        patch_status(&api, &name, &status).await?;
+        patch_status(&api, &nc, &status).await?;
         let was_ready = before.conditions.is_true(conditions::READY);
         let ready = status.conditions.get_condition(conditions::READY);
         match ready {

@@ -54,7 +54,7 @@ pub async fn reconcile(pool: Arc<NodePool>, ctx: Arc<Context>) -> Result<Action>
         .verdict(&name, &epoch(&pool, nodeclass.as_ref()));
     let status = desired_status(&pool, nodeclass.as_ref(), &usage, health, ctx.now());
     if Some(&status) != pool.status.as_ref() {
-        patch_status(&api, &name, &status).await?;
+        patch_status(&api, &pool, &status).await?;
     }
     for (resource, quantity) in &usage.resources {
         if let Some(milli) = parse_milli(&quantity.0) {
