@@ -480,6 +480,21 @@ cluster-certificate = "Q0E="
 "example.com/dedicated" = ["batch:NoSchedule"]
 "#;
 
+/// The bootstrap token of [`USER_DATA`] as the controller would publish it: the simulated
+/// kubelet authenticates with it as kube-apiserver would. Idempotent (tests run concurrently).
+async fn publish_test_token(client: &Client) {
+    use karpenter_exoscale::providers::bootstrap_token::{BootstrapToken, build_secret};
+    let token = BootstrapToken::from_parts("abcdef", "0123456789abcdef").expect("token");
+    let secret = build_secret(&token, "cluster-tests", chrono::Utc::now());
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "kube-system");
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("publishing the test bootstrap token: {e}"),
+    }
+}
+
 fn gzip_base64(text: &str) -> String {
     use base64::Engine;
     use std::io::Write;
@@ -533,6 +548,7 @@ async fn the_simulated_kubelet_registers_a_ready_node() {
         return;
     };
     let client = plane.client().await;
+    publish_test_token(&client).await;
     let nodes: Api<Node> = Api::all(client.clone());
     let instance = simulated_instance("kubelet-ready", USER_DATA);
 
@@ -580,6 +596,7 @@ async fn the_simulated_kubelet_follows_its_script() {
         return;
     };
     let client = plane.client().await;
+    publish_test_token(&client).await;
     let nodes: Api<Node> = Api::all(client.clone());
 
     let never = simulated_instance("kubelet-never", USER_DATA);
@@ -623,6 +640,7 @@ async fn the_simulated_kubelet_follows_the_clouds_instance_events() {
         return;
     };
     let client = plane.client().await;
+    publish_test_token(&client).await;
     let nodes: Api<Node> = Api::all(client.clone());
     let (events, receiver) = tokio::sync::broadcast::channel(16);
     let follower = kubelet_sim::Follower {
@@ -755,6 +773,7 @@ async fn eviction_is_refused_while_a_pdb_allows_no_disruption() {
     };
     // The PDB's refusal is a 429, which kube's default client would retry for minutes.
     let client = plane.client_without_retries().await;
+    publish_test_token(&client).await;
     let namespace = plane.namespace(&client, "eviction").await;
     // A node for the scheduler to place the pods on.
     let instance = simulated_instance("eviction", USER_DATA);

@@ -16,14 +16,16 @@ use support::proxy::TcpProxy;
 use std::sync::Arc;
 use std::time::Duration;
 
-use harness::{PREFIX, World, eventually, eventually_within};
+use harness::{
+    PREFIX, World, bound_pod, eventually, eventually_within, gone, instances_of, joins, suffix,
+    volume_attachment,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use karpenter_exoscale::apis::labels::{
-    INSTANCE_CLUSTER_ID_LABEL, INSTANCE_CLUSTER_UID_LABEL, INSTANCE_NODECLAIM_LABEL,
+    INSTANCE_CLUSTER_ID_LABEL, INSTANCE_CLUSTER_UID_LABEL,
     NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION, NODEPOOL_LABEL, conditions,
 };
 use karpenter_exoscale::apis::{
@@ -35,65 +37,8 @@ use karpenter_exoscale::exoscale::{Clock, SystemClock};
 use karpenter_exoscale::kubelet_sim::{Join, KubeletBehaviour};
 use karpenter_exoscale::operator::run::build_cloud;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
-
-fn joins() -> harness::KubeletPolicy {
-    Arc::new(|_: &str| KubeletBehaviour::default())
-}
-
-fn suffix(world: &World) -> String {
-    world.namespace[world.namespace.len() - 6..].to_string()
-}
-
-/// A pod bound straight to `node` (no kubelet runs it; the harness finishes its deletion).
-async fn bound_pod(world: &World, name: &str, node: &str, labels: serde_json::Value) -> Pod {
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]
-        }
-    }))
-    .unwrap();
-    world
-        .pods()
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
-    // What its kubelet would report: Running and Ready (Pending pods ignore PDBs).
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let status = json!({"status": {"phase": "Running", "conditions": [
-        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-        {"type": "Ready", "status": "True", "lastTransitionTime": now},
-    ]}});
-    world
-        .pods()
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .expect("pod status")
-}
-
-async fn gone<K>(api: &Api<K>, name: &str, what: &str)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    eventually(&format!("{what} {name} deleted"), || {
-        let api = api.clone();
-        async move { matches!(api.get_opt(name).await, Ok(None)).then_some(()) }
-    })
-    .await
-}
-
-fn instances_of(world: &World, claim: &str) -> usize {
-    world
-        .live_instances()
-        .iter()
-        .filter(|i| i.labels.get(INSTANCE_NODECLAIM_LABEL).map(String::as_str) == Some(claim))
-        .count()
-}
 
 #[tokio::test]
 async fn deleting_a_nodeclaim_drains_and_deletes_the_vm_and_the_node() {
@@ -734,27 +679,6 @@ async fn a_controller_restarted_mid_launch_neither_leaks_nor_duplicates_a_vm() {
         .collect();
     assert!(ids.contains(&provider_id), "{provider_id} not in {ids:?}");
     world.finish().await;
-}
-
-/// A VolumeAttachment on `node`, as a CSI attacher would leave it (no attach/detach
-/// controller runs in the test control plane, so nothing else touches it).
-async fn volume_attachment(world: &World, name: &str, node: &str) -> Api<VolumeAttachment> {
-    let attachments: Api<VolumeAttachment> = Api::all(world.client.clone());
-    let va: VolumeAttachment = serde_json::from_value(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
-        "metadata": {"name": name},
-        "spec": {
-            "attacher": "csi.example.com",
-            "nodeName": node,
-            "source": {"persistentVolumeName": format!("pv-{name}")}
-        }
-    }))
-    .unwrap();
-    attachments
-        .create(&PostParams::default(), &va)
-        .await
-        .expect("create VolumeAttachment");
-    attachments
 }
 
 /// The NodeClaim's `VolumesDetached` condition as (status, reason), while the claim exists.

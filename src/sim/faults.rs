@@ -1,7 +1,66 @@
 //! Programmable fault injection: each fault matches an API operation (or any) and fires on
 //! the Nth matching call, for a number of calls.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+
+use tokio::sync::watch;
+
+/// Where held requests wait until the test releases them (crash tests park a controller at a
+/// named step this way, then kill it). Clones share one gate.
+#[derive(Clone, Debug)]
+pub struct HoldGate {
+    inner: Arc<GateInner>,
+}
+
+#[derive(Debug)]
+struct GateInner {
+    held: AtomicU32,
+    released: watch::Sender<bool>,
+}
+
+impl Default for HoldGate {
+    fn default() -> Self {
+        HoldGate {
+            inner: Arc::new(GateInner {
+                held: AtomicU32::new(0),
+                released: watch::channel(false).0,
+            }),
+        }
+    }
+}
+
+impl PartialEq for HoldGate {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl HoldGate {
+    pub fn new() -> Self {
+        HoldGate::default()
+    }
+
+    /// How many requests have been parked so far.
+    pub fn held(&self) -> u32 {
+        self.inner.held.load(Ordering::SeqCst)
+    }
+
+    /// Lets every parked and later request through.
+    pub fn release(&self) {
+        self.inner.released.send_replace(true);
+    }
+
+    pub(crate) async fn park(&self) {
+        let mut released = self.inner.released.subscribe();
+        if *released.borrow() {
+            return;
+        }
+        self.inner.held.fetch_add(1, Ordering::SeqCst);
+        let _ = released.wait_for(|r| *r).await;
+    }
+}
 
 /// What the sim does instead of (or before) answering normally.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,6 +80,15 @@ pub enum FaultAction {
     /// delay, as a backend that finishes a create after the client gave up: a lookup made
     /// right away does not find it yet.
     LoseResponseCommitLater(Duration),
+    /// Park the request at the gate until it is released: before acting (nothing happens
+    /// while parked) or after acting (the change is made, the answer withheld). With
+    /// `only_status`, only requests whose answer has that status are held (e.g. the 404 that
+    /// tells a controller an instance is gone).
+    Hold {
+        after_commit: bool,
+        only_status: Option<u16>,
+        gate: HoldGate,
+    },
     /// Accept a mutation, then let its operation end in `failure` with this reason
     /// (one of the API's: busy, conflict, fault, forbidden, unavailable, …) and message.
     FailOperation { reason: String, message: String },

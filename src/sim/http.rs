@@ -201,6 +201,7 @@ async fn respond(
     let action = faults::next_action(&mut shared.faults.lock().expect("lock"), route.operation);
     let mut lose = false;
     let mut failure = None;
+    let mut hold_after = None;
     match action {
         Some(FaultAction::Status { status, body }) => {
             record.status = status;
@@ -237,6 +238,14 @@ async fn respond(
             return lost_response();
         }
         Some(FaultAction::FailOperation { reason, message }) => failure = Some((reason, message)),
+        Some(FaultAction::Hold {
+            after_commit: false,
+            only_status: None,
+            gate,
+        }) => gate.park().await,
+        Some(FaultAction::Hold {
+            only_status, gate, ..
+        }) => hold_after = Some((only_status, gate)),
         None => {}
     }
     let reply = execute(shared, &route, body, uri);
@@ -246,6 +255,11 @@ async fn respond(
             deferred = deferred.failing(reason, message);
         }
         super::schedule_completion(shared.clone(), deferred);
+    }
+    if let Some((only_status, gate)) = hold_after
+        && only_status.is_none_or(|s| s == reply.status)
+    {
+        gate.park().await;
     }
     if lose {
         record.response_lost = true;

@@ -18,7 +18,7 @@ use base64::Engine as _;
 use rand::Rng;
 use tokio::sync::{broadcast, oneshot};
 
-pub use faults::{Fault, FaultAction};
+pub use faults::{Fault, FaultAction, HoldGate};
 pub use world::decode_user_data;
 
 use crate::exoscale::models::{Instance, SksTemplateVariant};

@@ -3,6 +3,9 @@
 //! instance (a "kubelet" also finishes pod deletions), and controller replicas running
 //! in-process through `operator::serve`.
 
+// Each e2e target uses a different subset of these helpers.
+#![allow(dead_code)]
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
@@ -10,7 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use karpenter_exoscale::apis::labels::{NODECLASS_LABEL, NODEPOOL_LABEL, TERMINATION_FINALIZER};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use karpenter_exoscale::apis::labels::{
+    INSTANCE_NODECLAIM_LABEL, NODECLASS_LABEL, NODEPOOL_LABEL, TERMINATION_FINALIZER,
+};
 use karpenter_exoscale::apis::{ExoscaleNodeClass, NodeClaim};
 use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
 use karpenter_exoscale::exoscale::models::SksTemplateVariant;
@@ -262,6 +268,49 @@ impl World {
             metrics,
             fence,
         });
+    }
+
+    /// Starts the real binary (`karpenter-exoscale run`) against this world, as a child
+    /// process a test can SIGKILL. Leader election is off (one process at a time) so a
+    /// restarted controller acts at once; its log goes to `<tmp>/<namespace>-<identity>.log`.
+    pub fn spawn_controller(&self, identity: &str) -> tokio::process::Child {
+        let plane = support::shared().expect("control plane");
+        let credentials = self.sim.credentials();
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port()
+                .to_string()
+        };
+        let log = std::env::temp_dir().join(format!("{}-{identity}.log", self.namespace));
+        let log = std::fs::File::create(&log).expect("controller log file");
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_karpenter-exoscale"))
+            .arg("run")
+            .envs(&self.env)
+            .env("KUBECONFIG", &plane.kubeconfig_file)
+            .env("EXOSCALE_API_ENDPOINT", self.sim.endpoint())
+            .env("EXOSCALE_API_KEY", &credentials.key)
+            .env("EXOSCALE_API_SECRET", credentials.secret.expose())
+            .env(
+                "CLUSTER_ENDPOINT",
+                format!(
+                    "https://{}.sks-{}.exo.io",
+                    self.sim.cluster_id(),
+                    self.sim.zone()
+                ),
+            )
+            .env("EXOSCALE_COMPUTE_INSTANCE_PREFIX", PREFIX)
+            .env("POD_NAME", identity)
+            .env("DISABLE_LEADER_ELECTION", "true")
+            .env("METRICS_PORT", free_port())
+            .env("HEALTH_PROBE_PORT", free_port())
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start karpenter-exoscale run")
     }
 
     /// The write fence of replica `identity`.
@@ -521,4 +570,84 @@ impl World {
             .delete(&self.nodeclass, &DeleteParams::default())
             .await;
     }
+}
+
+// ---- helpers shared by the e2e targets ----
+
+pub fn joins() -> KubeletPolicy {
+    Arc::new(|_: &str| KubeletBehaviour::default())
+}
+
+pub fn suffix(world: &World) -> String {
+    world.namespace[world.namespace.len() - 6..].to_string()
+}
+
+/// A pod bound straight to `node` (no kubelet runs it; the harness finishes its deletion).
+pub async fn bound_pod(world: &World, name: &str, node: &str, labels: serde_json::Value) -> Pod {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]
+        }
+    }))
+    .unwrap();
+    world
+        .pods()
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    // What its kubelet would report: Running and Ready (Pending pods ignore PDBs).
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = json!({"status": {"phase": "Running", "conditions": [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+        {"type": "Ready", "status": "True", "lastTransitionTime": now},
+    ]}});
+    world
+        .pods()
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("pod status")
+}
+
+pub async fn gone<K>(api: &Api<K>, name: &str, what: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually(&format!("{what} {name} deleted"), || {
+        let api = api.clone();
+        async move { matches!(api.get_opt(name).await, Ok(None)).then_some(()) }
+    })
+    .await
+}
+
+pub fn instances_of(world: &World, claim: &str) -> usize {
+    world
+        .live_instances()
+        .iter()
+        .filter(|i| i.labels.get(INSTANCE_NODECLAIM_LABEL).map(String::as_str) == Some(claim))
+        .count()
+}
+
+/// A VolumeAttachment on `node`, as a CSI attacher would leave it (no attach/detach
+/// controller runs in the test control plane, so nothing else touches it).
+pub async fn volume_attachment(world: &World, name: &str, node: &str) -> Api<VolumeAttachment> {
+    let attachments: Api<VolumeAttachment> = Api::all(world.client.clone());
+    let va: VolumeAttachment = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": name},
+        "spec": {
+            "attacher": "csi.example.com",
+            "nodeName": node,
+            "source": {"persistentVolumeName": format!("pv-{name}")}
+        }
+    }))
+    .unwrap();
+    attachments
+        .create(&PostParams::default(), &va)
+        .await
+        .expect("create VolumeAttachment");
+    attachments
 }

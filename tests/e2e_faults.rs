@@ -1,0 +1,347 @@
+//! The controller killed with SIGKILL at each step of a launch and of a termination, on a real
+//! control plane with the simulated cloud: the real binary runs as a child process, the sim
+//! parks it at the named step (a held request, a blocked drain, a slow kubelet), the test
+//! kills it there and starts a fresh one. Afterwards: no leaked VM, no duplicated VM, no
+//! stuck finalizer.
+
+#[path = "e2e/harness.rs"]
+mod harness;
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::{
+    World, bound_pod, eventually, eventually_within, gone, instances_of, joins, suffix,
+    volume_attachment,
+};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use karpenter_exoscale::apis::labels::DISRUPTED_TAINT_KEY;
+use karpenter_exoscale::apis::{ConditionsExt, NodeClaim};
+use karpenter_exoscale::kubelet_sim::{Join, KubeletBehaviour};
+use karpenter_exoscale::sim::{Fault, FaultAction, HoldGate};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+use tokio::process::Child;
+
+/// Sends SIGKILL and reaps the process.
+async fn sigkill(mut child: Child) {
+    child.kill().await.expect("SIGKILL the controller");
+}
+
+/// A world with a Ready NodeClass and a controller process running.
+async fn started(test: &str, policy: harness::KubeletPolicy) -> Option<(World, Child)> {
+    let world = World::start(test, policy).await?;
+    world.create_nodeclass(json!({})).await;
+    let controller = world.spawn_controller("first");
+    world.ready_nodeclass().await;
+    Some((world, controller))
+}
+
+fn hold(after_commit: bool) -> (HoldGate, FaultAction) {
+    let gate = HoldGate::new();
+    let action = FaultAction::Hold {
+        after_commit,
+        only_status: None,
+        gate: gate.clone(),
+    };
+    (gate, action)
+}
+
+async fn parked(gate: &HoldGate, what: &str) {
+    eventually(what, || async { (gate.held() >= 1).then_some(()) }).await;
+}
+
+/// Through GC's grace period (5 s) and interval (2 s), and more: five more collection passes.
+async fn gc_passes(world: &World) {
+    let lists = world.sim.call_count("list-instances");
+    eventually_within("five more GC passes", Duration::from_secs(120), || async {
+        (world.sim.call_count("list-instances") >= lists + 5).then_some(())
+    })
+    .await;
+}
+
+/// After a launch interrupted by a kill and resumed by a fresh controller: exactly one VM for
+/// the NodeClaim, the one its Node runs on; then deleting the NodeClaim leaves nothing behind.
+async fn launch_resumed_cleanly(world: &World, claim: &str) {
+    let node = world.initialized_node(claim).await;
+    gc_passes(world).await;
+    assert_eq!(instances_of(world, claim), 1, "duplicated or lost VM");
+    assert_eq!(world.live_instances().len(), 1, "a leaked VM");
+    let provider_id = node.spec.as_ref().and_then(|s| s.provider_id.clone());
+    assert_eq!(
+        provider_id.unwrap_or_default(),
+        format!("exoscale://{}", world.live_instances()[0].id)
+    );
+    terminated_cleanly(world, claim, &node.name_any()).await;
+}
+
+/// The NodeClaim and its Node are gone (no finalizer stuck) and so is every VM.
+async fn terminated_cleanly(world: &World, claim: &str, node: &str) {
+    world
+        .nodeclaims()
+        .delete(claim, &DeleteParams::default())
+        .await
+        .ok();
+    gone(&world.nodeclaims(), claim, "NodeClaim").await;
+    gone(&world.nodes(), node, "Node").await;
+    eventually("no VM left", || async {
+        world.live_instances().is_empty().then_some(())
+    })
+    .await;
+    let claims = world
+        .nodeclaims()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        claims.items.is_empty(),
+        "NodeClaims left: {:?}",
+        claims.items
+    );
+}
+
+// ---- launch ----------------------------------------------------------------------------------
+
+/// Killed after the NodeClaim exists, while its create request has not been acted on.
+#[tokio::test]
+async fn killed_after_nodeclaim_create() {
+    let Some((world, controller)) = started("crash-claim", joins()).await else {
+        return;
+    };
+    let (gate, action) = hold(false);
+    world.sim.inject(Fault::on("create-instance", action));
+    let claim = format!("crash-claim-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    parked(&gate, "the create request parked before it acts").await;
+    sigkill(controller).await;
+    assert!(world.live_instances().is_empty());
+    let _restarted = world.spawn_controller("second");
+    launch_resumed_cleanly(&world, &claim).await;
+    world.finish().await;
+}
+
+/// Killed after the create was committed, before its answer arrived.
+#[tokio::test]
+async fn killed_after_post() {
+    let Some((world, controller)) = started("crash-post", joins()).await else {
+        return;
+    };
+    let (gate, action) = hold(true);
+    world.sim.inject(Fault::on("create-instance", action));
+    let claim = format!("crash-post-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    parked(&gate, "the committed create's answer withheld").await;
+    sigkill(controller).await;
+    assert_eq!(world.live_instances().len(), 1, "the create was committed");
+    let _restarted = world.spawn_controller("second");
+    launch_resumed_cleanly(&world, &claim).await;
+    assert_eq!(world.sim.call_count("create-instance"), 1, "created twice");
+    world.finish().await;
+}
+
+/// Killed after the create answered, before the provider ID was written to the NodeClaim
+/// (the launch's read of the new instance is held).
+#[tokio::test]
+async fn killed_before_the_provider_id_write() {
+    let Some((world, controller)) = started("crash-pid", joins()).await else {
+        return;
+    };
+    let (gate, action) = hold(false);
+    world.sim.inject(Fault::on("get-instance", action));
+    let claim = format!("crash-pid-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    parked(&gate, "the launch parked after its create").await;
+    sigkill(controller).await;
+    let written = world.nodeclaims().get(&claim).await.unwrap();
+    assert!(
+        written.status.and_then(|s| s.provider_id).is_none(),
+        "the provider ID was written before the kill"
+    );
+    assert_eq!(world.live_instances().len(), 1);
+    let _restarted = world.spawn_controller("second");
+    launch_resumed_cleanly(&world, &claim).await;
+    assert_eq!(world.sim.call_count("create-instance"), 1, "created twice");
+    world.finish().await;
+}
+
+/// Killed after the provider ID was written, before the Node registered (its kubelet joins
+/// only 15 s after the instance runs).
+#[tokio::test]
+async fn killed_before_registration() {
+    let slow: harness::KubeletPolicy = Arc::new(|_: &str| KubeletBehaviour {
+        join: Join::After(Duration::from_secs(15)),
+        ..KubeletBehaviour::default()
+    });
+    let Some((world, controller)) = started("crash-reg", slow).await else {
+        return;
+    };
+    let claim = format!("crash-reg-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    eventually("the provider ID written", || async {
+        let c = world.nodeclaims().get(&claim).await.ok()?;
+        c.status.and_then(|s| s.provider_id)
+    })
+    .await;
+    sigkill(controller).await;
+    let registered = world
+        .nodeclaims()
+        .get(&claim)
+        .await
+        .unwrap()
+        .status
+        .is_some_and(|s| s.conditions.is_true("Registered"));
+    assert!(!registered, "the Node registered before the kill");
+    let _restarted = world.spawn_controller("second");
+    launch_resumed_cleanly(&world, &claim).await;
+    assert_eq!(world.sim.call_count("create-instance"), 1, "created twice");
+    world.finish().await;
+}
+
+// ---- termination -----------------------------------------------------------------------------
+
+/// A launched NodeClaim and its Node.
+async fn running_node(world: &World, claim: &str) -> Node {
+    world.create_nodeclaim(claim, json!({})).await;
+    world.initialized_node(claim).await
+}
+
+/// Killed after the Node was tainted for termination, while a PodDisruptionBudget blocks the
+/// drain; the new controller finishes once the budget goes.
+#[tokio::test]
+async fn killed_after_the_disrupted_taint() {
+    let Some((world, controller)) = started("crash-taint", joins()).await else {
+        return;
+    };
+    let claim = format!("crash-taint-{}", suffix(&world));
+    let node = running_node(&world, &claim).await.name_any();
+    bound_pod(&world, "guarded", &node, json!({"app": "guarded"})).await;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(world.client.clone(), &world.namespace);
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "guard"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}}
+    }))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    world
+        .nodeclaims()
+        .delete(&claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the disrupted taint", || async {
+        let n = world.nodes().get(&node).await.ok()?;
+        n.spec?
+            .taints?
+            .iter()
+            .any(|t| t.key == DISRUPTED_TAINT_KEY)
+            .then_some(())
+    })
+    .await;
+    sigkill(controller).await;
+    assert_eq!(world.live_instances().len(), 1, "the drain was blocked");
+    let _restarted = world.spawn_controller("second");
+    pdbs.delete("guard", &DeleteParams::default())
+        .await
+        .unwrap();
+    terminated_cleanly(&world, &claim, &node).await;
+    world.finish().await;
+}
+
+/// Killed after the drain, while termination waits for a VolumeAttachment to go.
+#[tokio::test]
+async fn killed_after_the_drain() {
+    let Some((world, controller)) = started("crash-drain", joins()).await else {
+        return;
+    };
+    let claim = format!("crash-drain-{}", suffix(&world));
+    let node = running_node(&world, &claim).await.name_any();
+    let va_name = format!("va-{}", suffix(&world));
+    let attachments = volume_attachment(&world, &va_name, &node).await;
+    world
+        .nodeclaims()
+        .delete(&claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("drained, waiting for volumes", || async {
+        let c = world.nodeclaims().get_opt(&claim).await.ok()??;
+        let status = c.status?;
+        (status.conditions.is_true("Drained")
+            && status.conditions.get_condition("VolumesDetached").is_some())
+        .then_some(())
+    })
+    .await;
+    sigkill(controller).await;
+    assert_eq!(world.live_instances().len(), 1);
+    let _restarted = world.spawn_controller("second");
+    attachments
+        .delete(&va_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    terminated_cleanly(&world, &claim, &node).await;
+    world.finish().await;
+}
+
+/// Killed after the instance delete was committed, before its answer arrived.
+#[tokio::test]
+async fn killed_after_the_cloud_delete() {
+    let Some((world, controller)) = started("crash-delete", joins()).await else {
+        return;
+    };
+    let claim = format!("crash-delete-{}", suffix(&world));
+    let node = running_node(&world, &claim).await.name_any();
+    let (gate, action) = hold(true);
+    world.sim.inject(Fault::on("delete-instance", action));
+    world
+        .nodeclaims()
+        .delete(&claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    parked(&gate, "the committed delete's answer withheld").await;
+    sigkill(controller).await;
+    let _restarted = world.spawn_controller("second");
+    terminated_cleanly(&world, &claim, &node).await;
+    world.finish().await;
+}
+
+/// Killed after the instance is gone, before the finalizer came off: the read that tells the
+/// controller the instance is gone (a 404) is held.
+#[tokio::test]
+async fn killed_before_finalizer_removal() {
+    let Some((world, controller)) = started("crash-final", joins()).await else {
+        return;
+    };
+    let claim = format!("crash-final-{}", suffix(&world));
+    let node = running_node(&world, &claim).await.name_any();
+    let gate = HoldGate::new();
+    world.sim.inject(
+        Fault::on(
+            "get-instance",
+            FaultAction::Hold {
+                after_commit: true,
+                only_status: Some(404),
+                gate: gate.clone(),
+            },
+        )
+        .always(),
+    );
+    world
+        .nodeclaims()
+        .delete(&claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    parked(&gate, "the 'instance gone' answer withheld").await;
+    sigkill(controller).await;
+    let stuck: NodeClaim = world.nodeclaims().get(&claim).await.unwrap();
+    assert!(
+        !stuck.finalizers().is_empty(),
+        "the finalizer came off before the kill"
+    );
+    assert!(world.live_instances().is_empty(), "the instance is gone");
+    gate.release();
+    let _restarted = world.spawn_controller("second");
+    terminated_cleanly(&world, &claim, &node).await;
+    world.finish().await;
+}
