@@ -61,6 +61,8 @@ pub enum KubeletSimError {
     /// What the API server's bootstrap-token authenticator would refuse.
     #[error("bootstrap token rejected: {0}")]
     BootstrapTokenRejected(String),
+    #[error("{0}")]
+    KeptChanging(String),
     #[error(
         "node taint {key:?} has entry {entry:?}; expected \"<value>:<NoSchedule|PreferNoSchedule|NoExecute>\""
     )]
@@ -175,6 +177,13 @@ pub enum Fault {
     NotReadyAfter(Duration),
     /// DiskPressure turns True after this delay.
     DiskPressureAfter(Duration),
+    /// The node comes up with a taint nobody asked for (a node agent or cluster policy adds
+    /// it as it registers): `key=value:effect`.
+    Tainted {
+        key: String,
+        value: String,
+        effect: String,
+    },
 }
 
 /// The script a simulated kubelet follows.
@@ -706,18 +715,67 @@ async fn run(
         Join::After(delay) => tokio::time::sleep(delay).await,
     }
     register_node(client, instance).await?;
-    match behaviour.fault {
+    match &behaviour.fault {
         Fault::None => {}
         Fault::NotReadyAfter(delay) => {
-            tokio::time::sleep(delay).await;
+            tokio::time::sleep(*delay).await;
             set_node_condition(client, &instance.name, "Ready", false).await?;
         }
         Fault::DiskPressureAfter(delay) => {
-            tokio::time::sleep(delay).await;
+            tokio::time::sleep(*delay).await;
             set_node_condition(client, &instance.name, "DiskPressure", true).await?;
+        }
+        Fault::Tainted { key, value, effect } => {
+            add_taint(client, &instance.name, key, value, effect).await?;
         }
     }
     Ok(())
+}
+
+/// Adds a taint to a Node, re-reading it when another writer (the controller removing its
+/// registration taint) got there first.
+async fn add_taint(
+    client: &kube::Client,
+    node_name: &str,
+    key: &str,
+    value: &str,
+    effect: &str,
+) -> Result<(), KubeletSimError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut last = None;
+    for _ in 0..20 {
+        let node = nodes.get(node_name).await?;
+        let mut taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        if taints.iter().any(|t| t.key == key) {
+            return Ok(());
+        }
+        taints.push(Taint {
+            key: key.to_string(),
+            value: Some(value.to_string()),
+            effect: effect.to_string(),
+            time_added: None,
+        });
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": node.metadata.resource_version},
+            "spec": {"taints": taints},
+        });
+        match nodes
+            .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => last = Some(kube::Error::Api(e)),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(KubeletSimError::KeptChanging(format!(
+        "node {node_name} changed on every attempt to taint it ({})",
+        last.map(|e| e.to_string()).unwrap_or_default()
+    )))
 }
 
 /// Deletes the Node of a deleted instance, as the Exoscale CCM's node-lifecycle loop does.

@@ -651,3 +651,77 @@ async fn an_instance_that_never_joins_is_replaced_after_the_registration_ttl() {
         .await;
     world.finish().await;
 }
+
+/// Upstream's runaway case: every node comes up with a taint the pods do not tolerate and
+/// their NodePool never asked for. Over 5 minutes of default batching, upstream's chaos suite
+/// allows 35 NodeClaims; the per-pod launch backoff (1, 2, 4 … min after a launched node
+/// registered and could not take the pod) keeps us far below, and each pod is told why.
+#[tokio::test]
+async fn nodes_the_pods_cannot_use_do_not_cause_a_runaway_scale_up() {
+    let tainted: harness::KubeletPolicy = Arc::new(|_: &str| KubeletBehaviour {
+        fault: karpenter_exoscale::kubelet_sim::Fault::Tainted {
+            key: "example.com/broken".into(),
+            value: "true".into(),
+            effect: "NoSchedule".into(),
+        },
+        ..KubeletBehaviour::default()
+    });
+    let Some(world) = World::start("e2e-runaway", tainted).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("runaway").await;
+    world.ready_nodeclass().await;
+    let pool_name = format!("runaway-{}", &world.namespace[world.namespace.len() - 6..]);
+    let pool: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": pool_name},
+        "spec": {
+            "template": {"spec": {
+                "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
+                "requirements": [{"key": "karpenter.exoscale.com/instance-family", "operator": "In", "values": ["standard"]}]
+            }},
+            "disruption": {"consolidateAfter": "0s"},
+            "limits": {"cpu": "1000"}
+        }
+    }))
+    .unwrap();
+    Api::<NodePool>::all(world.client.clone())
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create NodePool");
+    let deployments = create_deployment(&world, "stuck", "stuck", 3, "500m", "512Mi").await;
+
+    let window = Duration::from_secs(300);
+    let started = Instant::now();
+    tokio::time::sleep(window).await;
+    let launched = world.sim.call_count("create-instance");
+    eprintln!(
+        "runaway: {launched} NodeClaims launched in {:.0} s for pods no node can take",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(launched >= 1, "nothing was launched at all");
+    assert!(
+        launched < 35,
+        "{launched} NodeClaims in 5 minutes: upstream's chaos suite allows 35"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(world.client.clone(), &world.namespace);
+    let told = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+        .filter_map(|e| e.note)
+        .find(|n| n.contains("example.com/broken=true:NoSchedule"));
+    assert!(
+        told.is_some(),
+        "no pod was told which taint keeps it pending"
+    );
+    deployments
+        .delete("stuck", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.finish().await;
+}

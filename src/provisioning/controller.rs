@@ -21,6 +21,7 @@ use crate::scheduling::{
     InstanceType, MinValuesPolicy, PreferencePolicy, Scheduler, SchedulerOptions, WellKnownLabels,
 };
 
+use super::backoff::LaunchBackoff;
 use super::batcher::Batcher;
 use super::eligibility;
 use super::input::{Prepared, prepare};
@@ -76,6 +77,8 @@ pub struct Provisioner {
     settings: Settings,
     pub nominations: Arc<Nominations>,
     metrics: ProvisioningMetrics,
+    /// Pods whose launched node registered but cannot take them wait before another launch.
+    backoff: Mutex<LaunchBackoff>,
 }
 
 impl Provisioner {
@@ -107,6 +110,7 @@ impl Provisioner {
             settings,
             nominations,
             metrics,
+            backoff: Mutex::new(LaunchBackoff::default()),
         })
     }
 
@@ -176,10 +180,11 @@ impl Provisioner {
             ),
             ..SchedulerOptions::default()
         };
-        let prepared = {
+        let mut prepared = {
             let index = self.ctx.cluster.read();
             prepare(&index, pools, options)
         };
+        self.hold_back_runaways(&mut prepared).await;
         if prepared.pods.is_empty() {
             return Ok(0);
         }
@@ -273,6 +278,14 @@ impl Provisioner {
                     tracing::info!(nodeclaim = %name, nodepool = %claim.node_pool, pods = claim.pods.len(),
                         instance_types = claim.instance_types.len(), "created NodeClaim");
                     self.ctx.cluster.update(|index| index.apply_nodeclaim(made));
+                    {
+                        let mut backoff = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
+                        for &i in &claim.pods {
+                            if let Some(uid) = pods[i].object.metadata.uid.as_deref() {
+                                backoff.launched(uid, &name, Instant::now());
+                            }
+                        }
+                    }
                     for &i in &claim.pods {
                         let message = format!("Pod should schedule on: nodeclaim/{name}");
                         self.ctx
@@ -291,6 +304,58 @@ impl Provisioner {
             }
         }
         Ok(created)
+    }
+
+    /// Leaves out of this round the pods whose last launched node registered with a taint they
+    /// do not tolerate and their NodePool did not ask for (exponential backoff per pod), and
+    /// tells each why when its backoff begins. Without this, every round would launch another
+    /// node the pod cannot use.
+    async fn hold_back_runaways(&self, prepared: &mut Prepared) {
+        let now = Instant::now();
+        let mut began = Vec::new();
+        {
+            let index = self.ctx.cluster.read();
+            let mut backoff = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
+            let pending: std::collections::HashSet<String> = index
+                .pods()
+                .iter()
+                .filter(|p| eligibility::check(p).is_ok())
+                .filter_map(|p| p.metadata.uid.clone())
+                .collect();
+            backoff.retain_pending(&|uid| pending.contains(uid), now);
+            prepared.pods.retain(|pending| {
+                let pod = pending.object.as_ref();
+                let Some(uid) = pod.metadata.uid.as_deref() else {
+                    return true;
+                };
+                let Some(claim_name) = backoff.last_claim(uid).map(str::to_string) else {
+                    return true;
+                };
+                let refusal = index
+                    .nodeclaim(&claim_name)
+                    .and_then(|claim| unexpected_untolerated_taint(&index, &claim, pod));
+                match backoff.check(uid, refusal.is_some(), now) {
+                    None => true,
+                    Some(blocked) => {
+                        if blocked.began {
+                            began.push((pending.object.clone(), claim_name, refusal, blocked));
+                        }
+                        false
+                    }
+                }
+            });
+        }
+        for (pod, claim, refusal, blocked) in began {
+            let (node, taint) = refusal.unwrap_or_default();
+            let message = format!(
+                "Failed to schedule pod, node {node} launched for it (nodeclaim/{claim}) has taint {taint} that the pod does not tolerate and its NodePool did not ask for; not launching another node for it for {}s",
+                blocked.wait.as_secs()
+            );
+            tracing::warn!(pod = %pod.name_any(), %node, %taint, "pod cannot use the node launched for it; backing off");
+            self.ctx
+                .event(pod.as_ref(), Severity::Warning, "FailedScheduling", message)
+                .await;
+        }
     }
 
     /// True while a recent NodeClaim has no providerID yet: its capacity is not known, so a new
@@ -379,6 +444,42 @@ impl Provisioner {
                 .await;
         }
     }
+}
+
+/// Taints a node may carry for a while whatever its NodePool says.
+const TRANSIENT_TAINTS: &[&str] = &[
+    crate::apis::labels::UNREGISTERED_TAINT_KEY,
+    crate::apis::labels::DISRUPTED_TAINT_KEY,
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.cloudprovider.kubernetes.io/uninitialized",
+];
+
+/// The registered Node of `claim` and the first of its taints that `pod` does not tolerate,
+/// counting only taints neither the NodeClaim (taints, startup taints) nor the node lifecycle
+/// explains: a node that came up different from what was launched.
+fn unexpected_untolerated_taint(
+    index: &crate::state::ClusterIndex,
+    claim: &NodeClaim,
+    pod: &k8s_openapi::api::core::v1::Pod,
+) -> Option<(String, String)> {
+    let provider_id = crate::state::nodeclaim_provider_id(claim)?;
+    let node = index.nodes_by_provider_id(provider_id).into_iter().next()?;
+    let expected = |key: &str, effect: &str| {
+        TRANSIENT_TAINTS.contains(&key)
+            || claim
+                .spec
+                .taints
+                .iter()
+                .chain(&claim.spec.startup_taints)
+                .any(|t| t.key == key && format!("{:?}", t.effect) == effect)
+    };
+    let mut unexpected = node.as_ref().clone();
+    if let Some(taints) = unexpected.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+        taints.retain(|t| !expected(&t.key, &t.effect));
+    }
+    let taint = crate::scheduling::convert::untolerated_node_taint(pod, &unexpected)?;
+    Some((node.name_any(), taint.to_string()))
 }
 
 /// The NodePool a NodeClaim belongs to (label), for callers that group claims.

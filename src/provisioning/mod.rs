@@ -1,6 +1,7 @@
 //! Provisioning: batches pending pods, solves them with the shared scheduler against existing
 //! capacity and NodePool templates, and creates NodeClaims.
 
+pub mod backoff;
 pub mod batcher;
 pub mod controller;
 pub mod eligibility;

@@ -223,6 +223,23 @@ fn toleration(object: &str, t: &core::Toleration) -> Result<Toleration, ConvertE
     })
 }
 
+/// The first NoSchedule/NoExecute taint of `node` that `pod` does not tolerate (what keeps
+/// kube-scheduler from placing it there), if any; unreadable taints or tolerations count as
+/// none.
+pub fn untolerated_node_taint(pod: &core::Pod, node: &core::Node) -> Option<Taint> {
+    let object = pod.metadata.name.as_deref().unwrap_or_default();
+    let tolerations = tolerations(object, pod.spec.as_ref()?.tolerations.as_ref()).ok()?;
+    let taints: Vec<Taint> = node
+        .spec
+        .as_ref()?
+        .taints
+        .iter()
+        .flatten()
+        .filter_map(|t| taint(object, t).ok())
+        .collect();
+    crate::scheduling::taints::first_untolerated(&taints, &tolerations, true).cloned()
+}
+
 fn tolerations(
     object: &str,
     list: Option<&Vec<core::Toleration>>,
