@@ -48,6 +48,10 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
+        /// Allow a non-loopback `--listen` address (the sim prints its credentials and accepts
+        /// anyone who has them).
+        #[arg(long)]
+        allow_remote: bool,
         /// Zone the simulated cloud serves.
         #[arg(long, default_value = "ch-gva-2")]
         zone: String,
@@ -73,7 +77,15 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Doctor => runtime().block_on(doctor()),
-        Command::Sim { listen, zone } => runtime().block_on(async move {
+        Command::Sim {
+            listen,
+            zone,
+            allow_remote,
+        } => runtime().block_on(async move {
+            if let Err(error) = karpenter_exoscale::sim::check_listen(listen, allow_remote) {
+                eprintln!("sim: {error}");
+                return ExitCode::from(2);
+            }
             match karpenter_exoscale::sim::serve(listen, zone, None, None).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {

@@ -4,7 +4,6 @@
 //! node), replaces drifted nodes within the budget, honours scheduled budgets and leaves protected
 //! nodes alone. NodePools use short `consolidateAfter` values.
 
-#[allow(dead_code)]
 #[path = "e2e/harness.rs"]
 mod harness;
 mod support;

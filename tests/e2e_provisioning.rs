@@ -3,8 +3,6 @@
 //! kube-scheduler binds the pods (and prints the latencies the issue asks to measure); an expired
 //! node is replaced; a type out of capacity falls back to the next one.
 
-// Shared with tests/e2e.rs; this target uses only part of it.
-#[allow(dead_code)]
 #[path = "e2e/harness.rs"]
 mod harness;
 mod support;

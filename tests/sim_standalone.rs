@@ -117,3 +117,23 @@ async fn an_occupied_port_is_a_named_error() {
         "{err}"
     );
 }
+
+/// `sim --listen` on a non-loopback address is refused unless `--allow-remote` says so.
+#[test]
+fn the_sim_refuses_a_non_loopback_listen_address() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-exoscale"))
+        .args(["sim", "--listen", "0.0.0.0:0"])
+        .output()
+        .expect("run the binary");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--allow-remote"), "{stderr}");
+    assert!(stderr.contains("0.0.0.0"), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "credentials printed: {:?}",
+        out.stdout
+    );
+    assert!(karpenter_exoscale::sim::check_listen("0.0.0.0:0".parse().unwrap(), true).is_ok());
+    assert!(karpenter_exoscale::sim::check_listen("[::1]:0".parse().unwrap(), false).is_ok());
+}

@@ -174,6 +174,29 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, Error> {
     serde_json::to_vec(value).map_err(|e| Error::InvalidRequest(e.to_string()))
 }
 
+/// The largest answer read: the biggest real ones (all templates, all instance types) are a
+/// few hundred KiB; an endless or huge body ends in an error instead of exhausting memory.
+pub const MAX_RESPONSE_BODY: usize = 16 * 1024 * 1024;
+
+/// Reads a body up to `limit` bytes.
+async fn read_bounded(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, Error> {
+    let too_large = || Error::Decode {
+        what: "response body".into(),
+        message: format!("larger than the {limit}-byte limit; not read further"),
+    };
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(transport_error)? {
+        if body.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 fn transport_error(e: reqwest::Error) -> Error {
     if e.is_timeout() {
         Error::Timeout {
@@ -203,6 +226,9 @@ impl Client {
         // ring is the only TLS backend; installing twice is harmless.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
+            // Never followed: a redirect could take the signed request and its body (user data
+            // with a bootstrap token) to another host, and a foreign answer would be trusted.
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(config.request_timeout)
             .connect_timeout(config.request_timeout.min(Duration::from_secs(10)))
             .user_agent(config.user_agent.clone())
@@ -308,9 +334,22 @@ impl Client {
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| error::parse_retry_after(v, now));
-        let bytes = response.bytes().await.map_err(transport_error)?;
+        if (300..400).contains(&status) {
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| url::Url::parse(v).ok())
+                .and_then(|u| u.host_str().map(str::to_string))
+                .unwrap_or_else(|| "an unreadable location".into());
+            return Err(Error::Redirected {
+                status,
+                location: error::sanitize_api_text(&location),
+            });
+        }
+        let bytes = read_bounded(response, MAX_RESPONSE_BODY).await?;
         if (200..300).contains(&status) {
-            Ok(bytes.to_vec())
+            Ok(bytes)
         } else {
             Err(error::from_response(status, &bytes, retry_after))
         }

@@ -55,6 +55,11 @@ pub enum Error {
         "create outcome unknown: not found after {waited_secs} s of lookups (cause: {message}); not created again in this attempt"
     )]
     CreateOutcomeUnknown { waited_secs: u64, message: String },
+    /// The endpoint answered with a redirect, which is never followed.
+    #[error(
+        "the API answered {status}, a redirect to {location}; redirects are never followed (check EXOSCALE_API_ENDPOINT)"
+    )]
+    Redirected { status: u16, location: String },
     /// A write refused before it was sent: this replica does not lead (never retried).
     #[error(transparent)]
     Fenced(#[from] crate::fence::Fenced),
@@ -102,6 +107,7 @@ impl Error {
             Error::UnknownZone { .. } => "unknown_zone",
             Error::InvalidRequest(_) => "invalid_request",
             Error::Fenced(_) => "fenced",
+            Error::Redirected { .. } => "redirected",
             Error::CreateOutcomeUnknown { .. } => "create_outcome_unknown",
         }
     }
@@ -127,6 +133,41 @@ fn capacity_kind(message: &str) -> Option<CapacityKind> {
     } else {
         None
     }
+}
+
+/// The longest wait a server may ask for (body `retry_after` or `Retry-After`); longer or
+/// malformed values (1e300, 2^64, NaN) are capped here instead of overflowing a `Duration`.
+pub const MAX_SERVER_WAIT: Duration = Duration::from_secs(3600);
+/// At most this many characters of a message from the API enter our errors, logs and output.
+pub const MAX_API_TEXT: usize = 512;
+
+/// A server-provided number of seconds as a bounded wait; `None` when not a usable number.
+pub fn server_wait(secs: f64) -> Option<Duration> {
+    if !secs.is_finite() || secs < 0.0 {
+        return None;
+    }
+    Some(Duration::from_secs_f64(
+        secs.min(MAX_SERVER_WAIT.as_secs_f64()),
+    ))
+}
+
+/// API-provided text made safe to show: control characters (ESC, CR, LF, other C0/C1, DEL)
+/// escaped so nothing can redraw a terminal or forge a line, and cut to [`MAX_API_TEXT`]
+/// characters with a note of the original size.
+pub fn sanitize_api_text(text: &str) -> String {
+    let mut out = String::new();
+    for (shown, c) in text.chars().enumerate() {
+        if shown == MAX_API_TEXT {
+            out.push_str(&format!("… ({} bytes in all)", text.len()));
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The union of the three JSON error shapes: `{"message"}`, `{"error","retry_after"}` and
@@ -180,16 +221,18 @@ pub fn from_response(status: u16, body: &[u8], retry_after_header: Option<Durati
             if raw.is_empty() {
                 format!("HTTP {status}")
             } else {
-                raw.chars().take(500).collect()
+                raw
             }
         });
-    let retry_after = retry_after_header.or_else(|| {
-        parsed
-            .as_ref()
-            .and_then(|b| b.retry_after)
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64)
-    });
+    let message = sanitize_api_text(&message);
+    let retry_after = retry_after_header
+        .map(|d| d.min(MAX_SERVER_WAIT))
+        .or_else(|| {
+            parsed
+                .as_ref()
+                .and_then(|b| b.retry_after)
+                .and_then(server_wait)
+        });
     match status {
         429 => Error::RateLimited {
             retry_after,
@@ -215,19 +258,72 @@ pub fn from_response(status: u16, body: &[u8], retry_after_header: Option<Durati
 pub fn parse_retry_after(value: &str, now_unix: i64) -> Option<Duration> {
     let value = value.trim();
     if let Ok(secs) = value.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+        return Some(Duration::from_secs(secs).min(MAX_SERVER_WAIT));
     }
     let at = chrono::DateTime::parse_from_rfc2822(value)
         .ok()?
         .timestamp();
-    Some(Duration::from_secs(
-        at.saturating_sub(now_unix).max(0) as u64
-    ))
+    Some(Duration::from_secs(at.saturating_sub(now_unix).max(0) as u64).min(MAX_SERVER_WAIT))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn absurd_server_waits_are_capped_not_panics() {
+        for body in [
+            &br#"{"error":"x","retry_after":1e300}"#[..],
+            br#"{"error":"x","retry_after":18446744073709551616}"#,
+        ] {
+            let e = from_response(429, body, None);
+            assert!(
+                matches!(e, Error::RateLimited { retry_after: Some(d), .. } if d == MAX_SERVER_WAIT),
+                "{e:?}"
+            );
+        }
+        let e = from_response(429, br#"{"error":"x","retry_after":-5}"#, None);
+        assert!(
+            matches!(
+                e,
+                Error::RateLimited {
+                    retry_after: None,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(server_wait(f64::NAN), None);
+        assert_eq!(server_wait(f64::INFINITY), None);
+        assert_eq!(
+            parse_retry_after("18446744073709551615", 0),
+            Some(MAX_SERVER_WAIT)
+        );
+        assert_eq!(
+            parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", 0),
+            Some(MAX_SERVER_WAIT)
+        );
+    }
+
+    #[test]
+    fn api_text_is_bounded_and_cannot_drive_a_terminal() {
+        let huge = "x".repeat(20 * 1024 * 1024);
+        let e = from_response(400, format!(r#"{{"message":"{huge}"}}"#).as_bytes(), None);
+        let text = e.to_string();
+        assert!(text.len() < 1024, "{} bytes", text.len());
+        assert!(text.contains("20971520 bytes in all"), "{text}");
+        // JSON escapes: ESC, CR and LF once decoded.
+        let forged = r"\u001b[2K\r✓ credentials: ok\nreal";
+        let e = from_response(400, format!(r#"{{"message":"{forged}"}}"#).as_bytes(), None);
+        let text = e.to_string();
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\r') && !text.contains('\n'),
+            "{text:?}"
+        );
+        assert!(text.contains("\\u{1b}[2K\\r"), "{text:?}");
+        let raw = from_response(502, b"line1\nline2\x1b[31m", None).to_string();
+        assert!(!raw.contains('\n') && !raw.contains('\u{1b}'), "{raw:?}");
+    }
 
     #[test]
     fn classic_message_shape() {

@@ -19,6 +19,18 @@ use rand::Rng;
 use tokio::sync::{broadcast, oneshot};
 
 pub use faults::{Fault, FaultAction, HoldGate};
+
+/// The standalone sim listens on loopback only unless told otherwise: it prints working
+/// credentials, so any address others can reach hands them its simulated cloud.
+pub fn check_listen(addr: std::net::SocketAddr, allow_remote: bool) -> Result<(), String> {
+    if addr.ip().is_loopback() || allow_remote {
+        Ok(())
+    } else {
+        Err(format!(
+            "refusing to listen on {addr}, which is not a loopback address: the sim prints its credentials; pass --allow-remote to do it anyway"
+        ))
+    }
+}
 pub use world::decode_user_data;
 
 use crate::exoscale::models::{Instance, SksTemplateVariant};
