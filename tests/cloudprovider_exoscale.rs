@@ -61,6 +61,7 @@ async fn world_with_lookup_wait(wait: Duration) -> World {
             instance_prefix: PREFIX.into(),
             cluster_endpoint: "https://cluster.example:6443".into(),
             cluster_domain: "cluster.local".into(),
+            bootstrap_token_ttl: std::time::Duration::from_secs(600),
         },
         Dependencies {
             client: client.clone(),

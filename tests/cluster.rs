@@ -485,7 +485,12 @@ cluster-certificate = "Q0E="
 async fn publish_test_token(client: &Client) {
     use karpenter_exoscale::providers::bootstrap_token::{BootstrapToken, build_secret};
     let token = BootstrapToken::from_parts("abcdef", "0123456789abcdef").expect("token");
-    let secret = build_secret(&token, "cluster-tests", chrono::Utc::now());
+    let secret = build_secret(
+        &token,
+        "cluster-tests",
+        chrono::Utc::now(),
+        karpenter_exoscale::providers::bootstrap_token::TOKEN_TTL,
+    );
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), "kube-system");
     match secrets.create(&PostParams::default(), &secret).await {

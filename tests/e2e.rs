@@ -255,6 +255,7 @@ async fn a_wrong_cluster_id_never_lets_gc_delete_another_clusters_instances() {
                 instance_prefix: PREFIX.into(),
                 cluster_endpoint: "https://127.0.0.1:6443".into(),
                 cluster_domain: "cluster.local".into(),
+                bootstrap_token_ttl: std::time::Duration::from_secs(600),
             },
             world.exo.clone(),
             world.client.clone(),

@@ -70,6 +70,7 @@ impl Operator {
                 instance_prefix: PREFIX.into(),
                 cluster_endpoint: "https://127.0.0.1:6443".into(),
                 cluster_domain: "cluster.local".into(),
+                bootstrap_token_ttl: std::time::Duration::from_secs(600),
             },
             world.exo.fenced(fence.clone()),
             fenced(world.client.clone(), fence.clone()),

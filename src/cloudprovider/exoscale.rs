@@ -59,6 +59,9 @@ pub struct ExoscaleSettings {
     pub cluster_endpoint: String,
     /// `CLUSTER_DOMAIN` (default `cluster.local`).
     pub cluster_domain: String,
+    /// How long a bootstrap token stays valid: `NODECLAIM_REGISTRATION_TTL` plus a margin, so a
+    /// node that may still register can still authenticate.
+    pub bootstrap_token_ttl: std::time::Duration,
 }
 
 /// Where NodeClasses are read from (a reflector store in production).
@@ -110,13 +113,17 @@ pub trait NodeBootstrap: Send + Sync {
 pub struct KubeNodeBootstrap {
     client: kube::Client,
     ca: tokio::sync::OnceCell<Vec<u8>>,
+    ttl: std::time::Duration,
 }
 
 impl KubeNodeBootstrap {
-    pub fn new(client: kube::Client) -> Self {
+    /// Tokens valid for `ttl` (the registration TTL plus a margin, see
+    /// [`bootstrap_token::TOKEN_TTL_MARGIN`]).
+    pub fn new(client: kube::Client, ttl: std::time::Duration) -> Self {
         KubeNodeBootstrap {
             client,
             ca: tokio::sync::OnceCell::new(),
+            ttl,
         }
     }
 }
@@ -127,9 +134,14 @@ impl NodeBootstrap for KubeNodeBootstrap {
         nodeclaim: &'a str,
     ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>> {
         Box::pin(async move {
-            bootstrap_token::create_for_nodeclaim(&self.client, nodeclaim, chrono::Utc::now())
-                .await
-                .map_err(|e| e.to_string())
+            bootstrap_token::create_for_nodeclaim(
+                &self.client,
+                nodeclaim,
+                chrono::Utc::now(),
+                self.ttl,
+            )
+            .await
+            .map_err(|e| e.to_string())
         })
     }
 

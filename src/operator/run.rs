@@ -133,6 +133,8 @@ pub async fn run(
             instance_prefix: settings.instance_prefix.clone(),
             cluster_endpoint: settings.cluster_endpoint.clone().unwrap_or(cluster_url),
             cluster_domain: settings.cluster_domain.clone(),
+            bootstrap_token_ttl: config.timings.registration_ttl
+                + crate::providers::bootstrap_token::TOKEN_TTL_MARGIN,
         },
         exo,
         writer,
@@ -239,6 +241,7 @@ pub async fn build_cloud(
     client: kube::Client,
     clock: Arc<dyn Clock>,
 ) -> Result<ExoscaleCloud, RunError> {
+    let token_ttl = settings.bootstrap_token_ttl;
     let (reader, writer) = reflector::store::<ExoscaleNodeClass>();
     let nodeclass_feed = tokio::spawn({
         let api = kube::Api::<ExoscaleNodeClass>::all(client.clone());
@@ -256,7 +259,7 @@ pub async fn build_cloud(
         Dependencies {
             client: exo,
             nodeclasses: Arc::new(reader),
-            bootstrap: Arc::new(KubeNodeBootstrap::new(client.clone())),
+            bootstrap: Arc::new(KubeNodeBootstrap::new(client.clone(), token_ttl)),
             versions: Arc::new(crate::providers::template::ApiServerVersion(client)),
             clock,
             prices: crate::providers::pricing::PriceBook::new(crate::catalogue::Currency::Eur),

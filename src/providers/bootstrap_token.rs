@@ -25,9 +25,16 @@ use crate::apis::labels::{
 pub const NAMESPACE: &str = "kube-system";
 pub const SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
 pub const SECRET_NAME_PREFIX: &str = "bootstrap-token-";
-/// Long enough for a VM to boot and join; short enough that a leaked token is soon useless.
+/// The default lifetime (the Go provider's); the controller uses the registration TTL plus
+/// [`TOKEN_TTL_MARGIN`] so a node that may still register can still authenticate.
 pub const TOKEN_TTL: Duration = Duration::from_secs(10 * 60);
-const AUTH_EXTRA_GROUPS: &str = "system:bootstrappers:worker,system:bootstrappers:ingress";
+/// Added to the registration TTL: boot time past the TTL check and clock skew.
+pub const TOKEN_TTL_MARGIN: Duration = Duration::from_secs(2 * 60);
+/// The group SKS binds for node bootstrap. The Go provider also added
+/// `system:bootstrappers:ingress`, which no joining path of a worker node needs.
+const AUTH_EXTRA_GROUPS: &str = "system:bootstrappers:worker";
+/// Token characters, as Kubernetes defines them (`[a-z0-9]`).
+const TOKEN_ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
 const ID_LEN: usize = 6;
 const SECRET_LEN: usize = 16;
 const CREATE_ATTEMPTS: usize = 3;
@@ -72,17 +79,18 @@ fn is_token_chars(s: &str, len: usize) -> bool {
 }
 
 impl BootstrapToken {
-    /// A fresh random token (lowercase hex, as the Go provider makes them).
+    /// A fresh token from the operating system-seeded CSPRNG over the whole `[a-z0-9]` alphabet:
+    /// about 82.7 bits of secret, where the Go provider's hex gave 64.
     pub fn generate() -> Self {
         let mut rng = rand::rng();
-        let mut hex = |n: usize| -> String {
+        let mut draw = |n: usize| -> String {
             (0..n)
-                .map(|_| char::from_digit(rng.random_range(0..16), 16).expect("digit < 16"))
+                .map(|_| char::from(TOKEN_ALPHABET[rng.random_range(0..TOKEN_ALPHABET.len())]))
                 .collect()
         };
         BootstrapToken {
-            id: hex(ID_LEN),
-            secret: hex(SECRET_LEN),
+            id: draw(ID_LEN),
+            secret: draw(SECRET_LEN),
         }
     }
 
@@ -128,14 +136,25 @@ fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-/// The Secret for `token`, owned by `nodeclaim`, created at `now`.
-pub fn build_secret(token: &BootstrapToken, nodeclaim: &str, now: DateTime<Utc>) -> Secret {
-    let expiration = now + chrono::Duration::from_std(TOKEN_TTL).expect("small duration");
+/// The Secret for `token`, owned by `nodeclaim`, created at `now`, valid for `ttl`.
+///
+/// Only `usage-bootstrap-authentication`: the node gets the cluster CA in its user data, so no
+/// joining path reads `kube-public/cluster-info`, and a signing token would publish there (to
+/// anyone) a JWS keyed by the token secret, open to offline guessing.
+pub fn build_secret(
+    token: &BootstrapToken,
+    nodeclaim: &str,
+    now: DateTime<Utc>,
+    ttl: Duration,
+) -> Secret {
+    let ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+    let expiration = now
+        .checked_add_signed(ttl)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC);
     let data: BTreeMap<String, ByteString> = [
         ("token-id", token.id.clone()),
         ("token-secret", token.secret.clone()),
         ("usage-bootstrap-authentication", "true".into()),
-        ("usage-bootstrap-signing", "true".into()),
         ("auth-extra-groups", AUTH_EXTRA_GROUPS.into()),
         ("expiration", rfc3339(expiration)),
         (
@@ -209,13 +228,26 @@ pub fn created_at(secret: &Secret) -> Option<DateTime<Utc>> {
     }
 }
 
+/// The token's `expiration`, or its creation time + [`TOKEN_TTL`] for a Secret without one.
+fn expires_at(secret: &Secret) -> Option<DateTime<Utc>> {
+    let field = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("expiration"))
+        .and_then(|v| std::str::from_utf8(&v.0).ok())
+        .and_then(|v| DateTime::parse_from_rfc3339(v).ok())
+        .map(|t| t.with_timezone(&Utc));
+    field.or_else(|| {
+        created_at(secret)
+            .and_then(|c| c.checked_add_signed(chrono::Duration::from_std(TOKEN_TTL).ok()?))
+    })
+}
+
 /// Time left before the token expires (zero when expired or of unknown age).
 pub fn remaining(secret: &Secret, now: DateTime<Utc>) -> Duration {
-    let Some(created) = created_at(secret) else {
-        return Duration::ZERO;
-    };
-    let age = (now - created).to_std().unwrap_or(Duration::ZERO);
-    TOKEN_TTL.saturating_sub(age)
+    expires_at(secret)
+        .and_then(|at| (at - now).to_std().ok())
+        .unwrap_or(Duration::ZERO)
 }
 
 pub fn is_expired(secret: &Secret, now: DateTime<Utc>) -> bool {
@@ -299,11 +331,12 @@ pub async fn create_for_nodeclaim(
     client: &Client,
     nodeclaim: &str,
     now: DateTime<Utc>,
+    ttl: Duration,
 ) -> Result<BootstrapToken, TokenError> {
     let api = secrets(client);
     for _ in 0..CREATE_ATTEMPTS {
         let token = BootstrapToken::generate();
-        let secret = build_secret(&token, nodeclaim, now);
+        let secret = build_secret(&token, nodeclaim, now, ttl);
         match api.create(&PostParams::default(), &secret).await {
             Ok(_) => return Ok(token),
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
@@ -381,6 +414,32 @@ mod tests {
     }
 
     #[test]
+    fn generated_tokens_use_the_whole_alphabet() {
+        let drawn: String = (0..200)
+            .map(|_| BootstrapToken::generate().token().replace('.', ""))
+            .collect();
+        assert!(drawn.bytes().all(|b| TOKEN_ALPHABET.contains(&b)));
+        // 4 400 characters drawn over 36: every one of them appears (all hex: ~64 bits only).
+        for c in TOKEN_ALPHABET {
+            assert!(drawn.as_bytes().contains(c), "{} never drawn", *c as char);
+        }
+    }
+
+    #[test]
+    fn the_ttl_follows_the_registration_ttl() {
+        let t = BootstrapToken::from_parts("abc123", "def456ghi789jkl0").unwrap();
+        let ttl = Duration::from_secs(30 * 60) + TOKEN_TTL_MARGIN;
+        let s = build_secret(&t, "nc", at(0), ttl);
+        assert_eq!(text(&s, "expiration"), rfc3339(at(32 * 60)));
+        assert_eq!(remaining(&s, at(60)), Duration::from_secs(31 * 60));
+        assert!(
+            !is_expired(&s, at(31 * 60)),
+            "valid past the 10-minute default"
+        );
+        assert!(is_expired(&s, at(32 * 60)));
+    }
+
+    #[test]
     fn malformed_parts_are_refused_naming_the_part() {
         let e = BootstrapToken::from_parts("ABCDEF", "0123456789abcdef").unwrap_err();
         assert!(e.to_string().contains("id"), "{e}");
@@ -392,7 +451,7 @@ mod tests {
     fn secret_has_the_go_provider_shape() {
         let t = BootstrapToken::from_parts("abc123", "def456ghi789jkl0").unwrap();
         assert_eq!(t.token(), "abc123.def456ghi789jkl0");
-        let s = build_secret(&t, "default-x7k2p", at(0));
+        let s = build_secret(&t, "default-x7k2p", at(0), TOKEN_TTL);
         assert_eq!(s.metadata.name.as_deref(), Some("bootstrap-token-abc123"));
         assert_eq!(s.metadata.namespace.as_deref(), Some("kube-system"));
         assert!(is_ours(&s));
@@ -400,11 +459,14 @@ mod tests {
         assert_eq!(text(&s, "token-id"), "abc123");
         assert_eq!(text(&s, "token-secret"), "def456ghi789jkl0");
         assert_eq!(text(&s, "usage-bootstrap-authentication"), "true");
-        assert_eq!(text(&s, "usage-bootstrap-signing"), "true");
-        assert_eq!(
-            text(&s, "auth-extra-groups"),
-            "system:bootstrappers:worker,system:bootstrappers:ingress"
+        assert!(
+            !s.data
+                .as_ref()
+                .unwrap()
+                .contains_key("usage-bootstrap-signing"),
+            "a signing token publishes a JWS of its secret in kube-public/cluster-info"
         );
+        assert_eq!(text(&s, "auth-extra-groups"), "system:bootstrappers:worker");
         assert_eq!(text(&s, "expiration"), rfc3339(at(600)));
         assert_eq!(created_at(&s), Some(at(0)));
     }
@@ -412,31 +474,40 @@ mod tests {
     #[test]
     fn ownership_needs_type_and_label() {
         let t = BootstrapToken::generate();
-        let mut s = build_secret(&t, "nc", at(0));
+        let mut s = build_secret(&t, "nc", at(0), TOKEN_TTL);
         s.type_ = Some("Opaque".into());
         assert!(!is_ours(&s));
-        let mut s = build_secret(&t, "nc", at(0));
+        let mut s = build_secret(&t, "nc", at(0), TOKEN_TTL);
         s.metadata
             .labels
             .as_mut()
             .unwrap()
             .insert(TOKEN_PROVIDER_LABEL.into(), "other-provider".into());
         assert!(!is_ours(&s));
-        let mut s = build_secret(&t, "nc", at(0));
+        let mut s = build_secret(&t, "nc", at(0), TOKEN_TTL);
         s.metadata.labels = None;
         assert!(!is_ours(&s));
     }
 
     #[test]
-    fn expiry_uses_the_annotation_then_the_creation_timestamp() {
+    fn expiry_uses_the_expiration_then_the_creation_time() {
         let t = BootstrapToken::generate();
-        let s = build_secret(&t, "nc", at(0));
+        let s = build_secret(&t, "nc", at(0), TOKEN_TTL);
         assert!(!is_expired(&s, at(5 * 60)));
         assert!(is_expired(&s, at(11 * 60)));
         assert_eq!(remaining(&s, at(60)), Duration::from_secs(9 * 60));
         assert_eq!(requeue_after(&s, at(590)), Duration::from_secs(30));
 
-        let mut s = build_secret(&t, "nc", at(0));
+        // Without an `expiration` (a Secret of an older version): created + the default TTL.
+        let without_expiration = || {
+            let mut s = build_secret(&t, "nc", at(0), TOKEN_TTL);
+            s.data.as_mut().unwrap().remove("expiration");
+            s
+        };
+        let s = without_expiration();
+        assert!(!is_expired(&s, at(5 * 60)));
+        assert!(is_expired(&s, at(11 * 60)));
+        let mut s = without_expiration();
         s.metadata
             .annotations
             .as_mut()
@@ -448,7 +519,7 @@ mod tests {
         assert!(!is_expired(&s, at(120)));
         assert!(is_expired(&s, at(11 * 60)));
 
-        let mut s = build_secret(&t, "nc", at(0));
+        let mut s = without_expiration();
         s.metadata
             .annotations
             .as_mut()
@@ -462,8 +533,9 @@ mod tests {
 
     #[test]
     fn cleanup_deletes_expired_registered_and_orphaned_tokens_only() {
-        let mk =
-            |nc: &str, created: i64| build_secret(&BootstrapToken::generate(), nc, at(created));
+        let mk = |nc: &str, created: i64| {
+            build_secret(&BootstrapToken::generate(), nc, at(created), TOKEN_TTL)
+        };
         let launching = mk("launching", 0);
         let registered = mk("registered", 0);
         let orphan = mk("gone", 0);

@@ -232,6 +232,7 @@ impl World {
                 instance_prefix: PREFIX.into(),
                 cluster_endpoint: "https://127.0.0.1:6443".into(),
                 cluster_domain: "cluster.local".into(),
+                bootstrap_token_ttl: std::time::Duration::from_secs(600),
             },
             self.exo.fenced(fence.clone()),
             fenced(client.clone(), fence.clone()),
