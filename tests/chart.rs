@@ -443,6 +443,12 @@ fn secrets_are_reachable_only_in_kube_system() {
             && resource.starts_with("secrets")
         {
             assert_eq!(grant.scope, Scope::Namespace("kube-system"), "{grant:?}");
+            // Token Secrets are found by the name recorded on their NodeClaim: reading any
+            // Secret of kube-system (service-account keys, other tokens) is never granted.
+            assert!(
+                matches!(grant.verb.as_str(), "create" | "delete"),
+                "secrets may only be created and deleted: {grant:?}"
+            );
         }
     }
 }

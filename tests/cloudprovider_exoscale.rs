@@ -14,7 +14,8 @@ use karpenter_exoscale::apis::{
 };
 use karpenter_exoscale::catalogue::{Catalogue, Currency};
 use karpenter_exoscale::cloudprovider::exoscale::{
-    Dependencies, ExoscaleCloudProvider, ExoscaleSettings, InMemoryNodeBootstrap, StaticNodeClasses,
+    Dependencies, ExoscaleCloudProvider, ExoscaleSettings, InMemoryNodeBootstrap,
+    StaticNodeClasses, recorded_tokens,
 };
 use karpenter_exoscale::cloudprovider::{CloudProvider, CloudProviderError};
 use karpenter_exoscale::exoscale::models::SksTemplateVariant;
@@ -53,7 +54,29 @@ async fn world_with_lookup_wait(wait: Duration) -> World {
     let nodeclasses = Arc::new(StaticNodeClasses::default());
     let bootstrap = Arc::new(InMemoryNodeBootstrap::new(CA));
     let clock = FixedClock::at(1_800_000_000);
-    let provider = ExoscaleCloudProvider::new(
+    let provider = provider_over(&sim, &client, &nodeclasses, &bootstrap, &clock);
+    provider.refresh_instance_types().await.unwrap();
+    let w = World {
+        sim,
+        provider,
+        nodeclasses,
+        bootstrap,
+        client,
+        clock,
+    };
+    w.put_nodeclass(spec()).await;
+    w
+}
+
+/// A provider over `sim` (another replica when called twice: it shares nothing in memory).
+fn provider_over(
+    sim: &ExoscaleSim,
+    client: &exoscale::Client,
+    nodeclasses: &Arc<StaticNodeClasses>,
+    bootstrap: &Arc<InMemoryNodeBootstrap>,
+    clock: &FixedClock,
+) -> ExoscaleCloudProvider {
+    ExoscaleCloudProvider::new(
         ExoscaleSettings {
             zone: sim.zone().to_string(),
             cluster_id: sim.cluster_id().to_string(),
@@ -71,18 +94,7 @@ async fn world_with_lookup_wait(wait: Duration) -> World {
             clock: Arc::new(clock.clone()),
             prices: PriceBook::new(Currency::Eur),
         },
-    );
-    provider.refresh_instance_types().await.unwrap();
-    let w = World {
-        sim,
-        provider,
-        nodeclasses,
-        bootstrap,
-        client,
-        clock,
-    };
-    w.put_nodeclass(spec()).await;
-    w
+    )
 }
 
 fn spec() -> ExoscaleNodeClassSpec {
@@ -646,6 +658,35 @@ async fn list_ignores_other_clusters_and_unmanaged_instances() {
     let listed = w.provider.list().await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].metadata.name.as_deref(), Some("mine"));
+}
+
+/// The launched NodeClaim records its token Secret by name; a replica that did not launch it
+/// (no memory of the token) deletes that token with the instance — Secrets are never listed.
+#[tokio::test]
+async fn tokens_are_recorded_on_the_nodeclaim_and_deleted_by_another_replica() {
+    let w = world().await;
+    let nc = w
+        .provider
+        .create(&claim("rec", &["standard.medium"]))
+        .await
+        .unwrap();
+    let token = w.bootstrap.tokens()["rec"].clone();
+    assert_eq!(
+        recorded_tokens(&nc),
+        std::collections::BTreeSet::from([token.secret_name()])
+    );
+    let successor = provider_over(&w.sim, &w.client, &w.nodeclasses, &w.bootstrap, &w.clock);
+    successor.refresh_instance_types().await.unwrap();
+    successor.delete(&nc).await.unwrap();
+    eventually("instance removal", || async {
+        w.sim.instances().is_empty()
+    })
+    .await;
+    assert!(successor.delete(&nc).await.unwrap_err().is_not_found());
+    assert!(
+        w.bootstrap.tokens().is_empty(),
+        "the recorded token goes with the instance"
+    );
 }
 
 #[tokio::test]

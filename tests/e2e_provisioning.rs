@@ -14,7 +14,9 @@ use harness::{World, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::events::v1::Event;
 use karpenter_exoscale::apis::NodePool;
-use karpenter_exoscale::apis::labels::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
+use karpenter_exoscale::apis::labels::{
+    BOOTSTRAP_TOKEN_ANNOTATION, INSTANCE_TYPE_LABEL, NODECLAIM_TOKENS_ANNOTATION, NODEPOOL_LABEL,
+};
 use karpenter_exoscale::kubelet_sim::KubeletBehaviour;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -209,6 +211,40 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
         assert_eq!(claim.finalizers(), ["karpenter.sh/termination"]);
         assert_eq!(claim.owner_references()[0].name, pool_name);
     }
+
+    // Each node joined with its bootstrap token (the simulated kubelet authenticates it), after
+    // which the token Secret recorded on its NodeClaim is deleted and the record dropped.
+    let names: Vec<String> = ours.iter().map(|c| c.name_any()).collect();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(world.client.clone(), "kube-system");
+    eventually("bootstrap tokens of registered nodes deleted", || {
+        let (secrets, claims, names) = (secrets.clone(), claims.clone(), names.clone());
+        async move {
+            let left = secrets
+                .list(&ListParams::default().fields("type=bootstrap.kubernetes.io/token"))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|s| {
+                    s.annotations()
+                        .get(BOOTSTRAP_TOKEN_ANNOTATION)
+                        .is_some_and(|c| names.contains(c))
+                })
+                .count();
+            let mut recorded = 0;
+            for name in &names {
+                let claim = claims.get(name).await.ok()?;
+                recorded += usize::from(
+                    claim
+                        .annotations()
+                        .contains_key(NODECLAIM_TOKENS_ANNOTATION),
+                );
+            }
+            (left == 0 && recorded == 0).then_some(())
+        }
+    })
+    .await;
 
     deployments
         .delete("web", &DeleteParams::default())

@@ -51,6 +51,9 @@ pub const INSTANCE_CLUSTER_UID_LABEL: &str = "exoscale.com/cluster-uid";
 
 // --- bootstrap-token Secret bookkeeping (Go provider compatible) ---------------------------
 pub const BOOTSTRAP_TOKEN_ANNOTATION: &str = "exoscale.com/bootstrap-token";
+/// On a NodeClaim: the bootstrap-token Secrets issued for it, comma-separated. Tokens are found
+/// by these names only (the controller may not list Secrets).
+pub const NODECLAIM_TOKENS_ANNOTATION: &str = "karpenter.exoscale.com/bootstrap-token-secrets";
 pub const TOKEN_CREATED_ANNOTATION: &str = "exoscale.com/token-created";
 pub const TOKEN_PROVIDER_LABEL: &str = "exoscale.com/token-provider";
 pub const TOKEN_PROVIDER_VALUE: &str = "karpenter-exoscale";

@@ -4,7 +4,7 @@
 //! Kubernetes access is behind two small traits ([`NodeClassSource`], [`NodeBootstrap`]) so the
 //! provider runs against the simulated cloud in tests and in `simulate` without a cluster.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, RwLock};
 
 use futures::future::BoxFuture;
@@ -12,7 +12,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::apis::labels::{
     EXOSCALE_GROUP, INSTANCE_CLUSTER_UID_LABEL, INSTANCE_NODECLAIM_LABEL, INSTANCE_NODEPOOL_LABEL,
-    NODECLASS_HASH_ANNOTATION, NODEPOOL_LABEL, conditions,
+    NODECLAIM_TOKENS_ANNOTATION, NODECLASS_HASH_ANNOTATION, NODEPOOL_LABEL, conditions,
 };
 use crate::apis::{
     ConditionStatus, ConditionsExt, ExoscaleNodeClass, NodeClaim, NodeClaimSpec,
@@ -102,9 +102,10 @@ pub trait NodeBootstrap: Send + Sync {
         &'a self,
         nodeclaim: &'a str,
     ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>>;
+    /// Deletes the token Secrets of these names (never listed: found by recorded name).
     fn delete_tokens<'a>(
         &'a self,
-        nodeclaim: &'a str,
+        secret_names: &'a [String],
     ) -> BoxFuture<'a, std::result::Result<(), String>>;
     fn cluster_ca(&self) -> BoxFuture<'_, std::result::Result<Vec<u8>, String>>;
 }
@@ -147,13 +148,15 @@ impl NodeBootstrap for KubeNodeBootstrap {
 
     fn delete_tokens<'a>(
         &'a self,
-        nodeclaim: &'a str,
+        secret_names: &'a [String],
     ) -> BoxFuture<'a, std::result::Result<(), String>> {
         Box::pin(async move {
-            bootstrap_token::delete_for_nodeclaim(&self.client, nodeclaim)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
+            for name in secret_names {
+                bootstrap_token::delete_token(&self.client, name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
         })
     }
 
@@ -166,6 +169,18 @@ impl NodeBootstrap for KubeNodeBootstrap {
                 .map_err(|e| e.to_string())
         })
     }
+}
+
+/// The token Secrets recorded on a NodeClaim.
+pub fn recorded_tokens(claim: &NodeClaim) -> BTreeSet<String> {
+    bootstrap_token::recorded(
+        claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(NODECLAIM_TOKENS_ANNOTATION))
+            .map(String::as_str),
+    )
 }
 
 /// Tokens kept in memory with a fixed CA (tests, `simulate`).
@@ -219,10 +234,13 @@ impl NodeBootstrap for InMemoryNodeBootstrap {
 
     fn delete_tokens<'a>(
         &'a self,
-        nodeclaim: &'a str,
+        secret_names: &'a [String],
     ) -> BoxFuture<'a, std::result::Result<(), String>> {
         Box::pin(async move {
-            self.tokens.lock().expect("lock").remove(nodeclaim);
+            self.tokens
+                .lock()
+                .expect("lock")
+                .retain(|_, token| !secret_names.contains(&token.secret_name()));
             Ok(())
         })
     }
@@ -241,6 +259,8 @@ pub struct ExoscaleCloudProvider {
     instance_types: Arc<InstanceTypeProvider>,
     templates: Arc<TemplateResolver>,
     resolver: Arc<NodeClassResolver>,
+    /// Token Secrets this process issued per NodeClaim and not yet recorded on it or deleted.
+    issued: std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>,
 }
 
 /// Everything [`ExoscaleCloudProvider::new`] needs besides the settings.
@@ -285,6 +305,7 @@ impl ExoscaleCloudProvider {
             settings,
             nodeclasses: deps.nodeclasses,
             bootstrap: deps.bootstrap,
+            issued: Default::default(),
         }
     }
 
@@ -460,6 +481,11 @@ impl ExoscaleCloudProvider {
                 format!("failed to create bootstrap token: {e}"),
             )
         })?;
+        let token_name = token.secret_name();
+        self.issued_tokens()
+            .entry(name.clone())
+            .or_default()
+            .insert(token_name.clone());
         let input = UserDataInput {
             api_server: self.settings.cluster_endpoint.clone(),
             bootstrap_token: token,
@@ -478,7 +504,7 @@ impl ExoscaleCloudProvider {
         let user_data = match userdata::render(&input) {
             Ok(u) => u,
             Err(e) => {
-                self.forget_token(&name).await;
+                self.forget_issued(&name, &token_name).await;
                 return Err(CloudProviderError::create(
                     reasons::USER_DATA_GENERATION_FAILED,
                     e.to_string(),
@@ -503,7 +529,7 @@ impl ExoscaleCloudProvider {
                 // Only a launch that provably left no instance gives its token up: an instance
                 // that may exist (an outcome-unknown create) needs it to join once adopted.
                 if e.leaves_no_instance() {
-                    self.forget_token(&name).await;
+                    self.forget_issued(&name, &token_name).await;
                 } else {
                     tracing::warn!(nodeclaim = %name, error = %e, "launch failed with an instance possibly created; keeping its bootstrap token for adoption");
                 }
@@ -516,9 +542,36 @@ impl ExoscaleCloudProvider {
         }
     }
 
-    async fn forget_token(&self, nodeclaim: &str) {
-        if let Err(e) = self.bootstrap.delete_tokens(nodeclaim).await {
+    fn issued_tokens(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, BTreeSet<String>>> {
+        self.issued.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Deletes the one token a failed launch issued (it provably left no instance).
+    async fn forget_issued(&self, nodeclaim: &str, secret_name: &str) {
+        if let Some(names) = self.issued_tokens().get_mut(nodeclaim) {
+            names.remove(secret_name);
+        }
+        if let Err(e) = self
+            .bootstrap
+            .delete_tokens(&[secret_name.to_string()])
+            .await
+        {
             tracing::warn!(nodeclaim, error = %e, "could not delete the bootstrap token of a failed launch; it expires on its own");
+        }
+    }
+
+    /// Deletes every token of a NodeClaim whose instance is gone: those recorded on it and
+    /// those this process issued for it.
+    async fn forget_tokens(&self, claim: &NodeClaim) {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let mut names = recorded_tokens(claim);
+        names.extend(self.issued_tokens().remove(&name).unwrap_or_default());
+        if names.is_empty() {
+            return;
+        }
+        let names: Vec<String> = names.into_iter().collect();
+        if let Err(e) = self.bootstrap.delete_tokens(&names).await {
+            tracing::warn!(nodeclaim = %name, error = %e, "could not delete the bootstrap tokens of a NodeClaim; they expire on their own");
         }
     }
 
@@ -553,13 +606,21 @@ impl ExoscaleCloudProvider {
             .labels
             .get_or_insert_with(BTreeMap::new)
             .extend(instance_types::labels(&discovered, &self.settings.zone));
-        out.metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(
-                NODECLASS_HASH_ANNOTATION.to_string(),
-                drift::nodeclass_hash(&nodeclass.spec),
+        let annotations = out.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        annotations.insert(
+            NODECLASS_HASH_ANNOTATION.to_string(),
+            drift::nodeclass_hash(&nodeclass.spec),
+        );
+        // The tokens issued for it, so they can be deleted by name once the node registered.
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let mut tokens = recorded_tokens(claim);
+        tokens.extend(self.issued_tokens().get(&name).cloned().unwrap_or_default());
+        if !tokens.is_empty() {
+            annotations.insert(
+                NODECLAIM_TOKENS_ANNOTATION.to_string(),
+                bootstrap_token::record(&tokens),
             );
+        }
         let status = out.status.get_or_insert_with(Default::default);
         status.provider_id = Some(instance::provider_id(&instance.id));
         status.image_id = Some(instance.template.id.clone());
@@ -723,7 +784,7 @@ impl CloudProvider for ExoscaleCloudProvider {
             let name = nodeclaim.metadata.name.clone().unwrap_or_default();
             let gone = || CloudProviderError::NodeClaimNotFound(name.clone());
             let Some(instance) = self.instance_of(nodeclaim).await? else {
-                self.forget_token(&name).await;
+                self.forget_tokens(nodeclaim).await;
                 return Err(gone());
             };
             match self.instances.delete(&instance.id).await.map_err(|e| {
@@ -731,7 +792,7 @@ impl CloudProvider for ExoscaleCloudProvider {
             })? {
                 DeleteOutcome::Deleting => Ok(()),
                 DeleteOutcome::Gone => {
-                    self.forget_token(&name).await;
+                    self.forget_tokens(nodeclaim).await;
                     Err(gone())
                 }
             }

@@ -176,10 +176,10 @@ pub const PERMISSIONS: &[Permission] = &[
     },
     Permission {
         target: resource("", "secrets"),
-        verbs: &["list", "create", "delete"],
+        verbs: &["create", "delete"],
         scope: Scope::Namespace("kube-system"),
         resource_names: &[],
-        reason: "bootstrap-token Secrets for joining nodes, and their cleanup",
+        reason: "bootstrap-token Secrets for joining nodes, deleted by the names recorded on NodeClaims (never listed or read: list would return every kube-system Secret)",
     },
     Permission {
         target: resource("", "configmaps"),

@@ -11,15 +11,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::core::ObjectMeta;
 use kube::{Api, Client};
 use rand::Rng;
 use thiserror::Error;
 
 use crate::apis::labels::{
-    BOOTSTRAP_TOKEN_ANNOTATION, TOKEN_CREATED_ANNOTATION, TOKEN_NODE_REGISTERED_ANNOTATION,
-    TOKEN_PROVIDER_LABEL, TOKEN_PROVIDER_VALUE,
+    BOOTSTRAP_TOKEN_ANNOTATION, TOKEN_CREATED_ANNOTATION, TOKEN_PROVIDER_LABEL,
+    TOKEN_PROVIDER_VALUE,
 };
 
 pub const NAMESPACE: &str = "kube-system";
@@ -254,76 +254,10 @@ pub fn is_expired(secret: &Secret, now: DateTime<Utc>) -> bool {
     remaining(secret, now).is_zero()
 }
 
-/// Why a token Secret may go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CleanupReason {
-    Expired,
-    /// The node of its NodeClaim registered: the kubelet has its own credentials now.
-    NodeRegistered,
-    /// Its NodeClaim no longer exists.
-    NodeClaimGone,
-}
-
-/// The state of one NodeClaim as the cleanup decision needs it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NodeClaimState {
-    Launching,
-    Registered,
-}
-
-/// Our token Secrets that should be deleted now, with the reason. `nodeclaims` maps every
-/// existing NodeClaim name to its state; `now` comes from the caller's clock.
-pub fn tokens_to_delete<'a>(
-    secrets: impl IntoIterator<Item = &'a Secret>,
-    nodeclaims: &BTreeMap<String, NodeClaimState>,
-    now: DateTime<Utc>,
-) -> Vec<(String, CleanupReason)> {
-    secrets
-        .into_iter()
-        .filter(|s| is_ours(s))
-        .filter_map(|s| {
-            let name = s.metadata.name.clone()?;
-            let reason = if is_expired(s, now) {
-                CleanupReason::Expired
-            } else if annotation(s, TOKEN_NODE_REGISTERED_ANNOTATION) == Some("true") {
-                CleanupReason::NodeRegistered
-            } else {
-                match nodeclaim_of(s).and_then(|nc| nodeclaims.get(nc)) {
-                    None => CleanupReason::NodeClaimGone,
-                    Some(NodeClaimState::Registered) => CleanupReason::NodeRegistered,
-                    Some(NodeClaimState::Launching) => return None,
-                }
-            };
-            Some((name, reason))
-        })
-        .collect()
-}
-
-/// Names of our token Secrets that expired.
-pub fn expired_tokens<'a>(
-    secrets: impl IntoIterator<Item = &'a Secret>,
-    now: DateTime<Utc>,
-) -> Vec<String> {
-    secrets
-        .into_iter()
-        .filter(|s| is_ours(s) && is_expired(s, now))
-        .filter_map(|s| s.metadata.name.clone())
-        .collect()
-}
-
-/// When the cleanup controller should look at a live token again.
-pub fn requeue_after(secret: &Secret, now: DateTime<Utc>) -> Duration {
-    remaining(secret, now).max(Duration::from_secs(30))
-}
-
 // ---- Kubernetes I/O: kept small; the decisions above are the tested part ----
 
 fn secrets(client: &Client) -> Api<Secret> {
     Api::namespaced(client.clone(), NAMESPACE)
-}
-
-fn label_selector() -> String {
-    format!("{TOKEN_PROVIDER_LABEL}={TOKEN_PROVIDER_VALUE}")
 }
 
 /// Creates a fresh token Secret for `nodeclaim`, retrying on an id collision.
@@ -351,19 +285,8 @@ pub async fn create_for_nodeclaim(
     Err(TokenError::Collision)
 }
 
-/// All token Secrets this provider made.
-pub async fn list_tokens(client: &Client) -> Result<Vec<Secret>, TokenError> {
-    let list = secrets(client)
-        .list(&ListParams::default().labels(&label_selector()))
-        .await
-        .map_err(|source| TokenError::Kube {
-            name: format!("{NAMESPACE}/{SECRET_NAME_PREFIX}*"),
-            source,
-        })?;
-    Ok(list.items.into_iter().filter(is_ours).collect())
-}
-
-/// Deletes one token Secret; an already deleted one is fine.
+/// Deletes one token Secret by name; an already deleted one is fine. Tokens are never listed:
+/// the controller may not read Secrets at all, it deletes the names it recorded.
 pub async fn delete_token(client: &Client, name: &str) -> Result<(), TokenError> {
     match secrets(client).delete(name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
@@ -375,18 +298,20 @@ pub async fn delete_token(client: &Client, name: &str) -> Result<(), TokenError>
     }
 }
 
-/// Deletes every token Secret made for `nodeclaim`; returns how many went.
-pub async fn delete_for_nodeclaim(client: &Client, nodeclaim: &str) -> Result<usize, TokenError> {
-    let names: BTreeSet<String> = list_tokens(client)
-        .await?
-        .iter()
-        .filter(|s| nodeclaim_of(s) == Some(nodeclaim))
-        .filter_map(|s| s.metadata.name.clone())
-        .collect();
-    for name in &names {
-        delete_token(client, name).await?;
-    }
-    Ok(names.len())
+/// The token Secret names recorded on a NodeClaim's annotation value.
+pub fn recorded(annotation: Option<&str>) -> BTreeSet<String> {
+    annotation
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|n| n.starts_with(SECRET_NAME_PREFIX))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The annotation value recording `names`.
+pub fn record(names: &BTreeSet<String>) -> String {
+    names.iter().cloned().collect::<Vec<_>>().join(",")
 }
 
 #[cfg(test)]
@@ -496,7 +421,6 @@ mod tests {
         assert!(!is_expired(&s, at(5 * 60)));
         assert!(is_expired(&s, at(11 * 60)));
         assert_eq!(remaining(&s, at(60)), Duration::from_secs(9 * 60));
-        assert_eq!(requeue_after(&s, at(590)), Duration::from_secs(30));
 
         // Without an `expiration` (a Secret of an older version): created + the default TTL.
         let without_expiration = || {
@@ -532,46 +456,18 @@ mod tests {
     }
 
     #[test]
-    fn cleanup_deletes_expired_registered_and_orphaned_tokens_only() {
-        let mk = |nc: &str, created: i64| {
-            build_secret(&BootstrapToken::generate(), nc, at(created), TOKEN_TTL)
-        };
-        let launching = mk("launching", 0);
-        let registered = mk("registered", 0);
-        let orphan = mk("gone", 0);
-        let expired = mk("launching", -700);
-        let mut marked = mk("launching", 0);
-        marked
-            .metadata
-            .annotations
-            .as_mut()
-            .unwrap()
-            .insert(TOKEN_NODE_REGISTERED_ANNOTATION.into(), "true".into());
-        let mut foreign = mk("gone", -700);
-        foreign.type_ = Some("Opaque".into());
-        let claims = BTreeMap::from([
-            ("launching".to_string(), NodeClaimState::Launching),
-            ("registered".to_string(), NodeClaimState::Registered),
-        ]);
-        let all = [
-            &launching,
-            &registered,
-            &orphan,
-            &expired,
-            &marked,
-            &foreign,
-        ];
-        let out = tokens_to_delete(all, &claims, at(60));
-        let name = |s: &Secret| s.metadata.name.clone().unwrap();
+    fn recorded_token_names_round_trip_and_foreign_entries_are_ignored() {
+        let names = recorded(Some(
+            "bootstrap-token-abc123, bootstrap-token-def456,kube-root-ca,",
+        ));
         assert_eq!(
-            out,
-            vec![
-                (name(&registered), CleanupReason::NodeRegistered),
-                (name(&orphan), CleanupReason::NodeClaimGone),
-                (name(&expired), CleanupReason::Expired),
-                (name(&marked), CleanupReason::NodeRegistered),
-            ]
+            names,
+            BTreeSet::from([
+                "bootstrap-token-abc123".to_string(),
+                "bootstrap-token-def456".to_string()
+            ])
         );
-        assert_eq!(expired_tokens(all, at(60)), vec![name(&expired)]);
+        assert_eq!(recorded(Some(&record(&names))), names);
+        assert!(recorded(None).is_empty());
     }
 }

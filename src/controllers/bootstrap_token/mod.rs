@@ -1,59 +1,72 @@
 //! Bootstrap-token cleanup (exoscale-provider §3.2, defect 11 fixed): the cloud provider creates
-//! one token Secret per NodeClaim at launch; this controller deletes it once the NodeClaim's
-//! Node registered, the NodeClaim is gone, or the token expired. Runs on the leader only, on a
-//! timer, reading NodeClaims from cluster state.
+//! one token Secret per launch and records its name on the NodeClaim; this controller deletes
+//! the recorded tokens once the NodeClaim's Node registered, then drops the record. Tokens of a
+//! NodeClaim deleted before that go with its instance (the provider's delete). Secrets are
+//! never listed or read — the controller may only create and delete them — so a token whose
+//! name was never recorded (a crash between creating it and recording it) is left to expire:
+//! its lifetime is the registration TTL plus a margin. Runs on the leader only, on a timer,
+//! reading NodeClaims from cluster state.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::ResourceExt;
+use kube::api::Api;
 
-use crate::apis::ConditionsExt;
-use crate::apis::labels::conditions;
-use crate::providers::bootstrap_token::{self, NodeClaimState};
+use crate::apis::labels::{NODECLAIM_TOKENS_ANNOTATION, conditions};
+use crate::apis::{ConditionsExt, NodeClaim};
+use crate::providers::bootstrap_token;
 use crate::state::ClusterIndex;
 
-use super::Context;
+use super::{Context, absent_ok, patch_object};
 
 /// How often tokens are checked.
 pub const INTERVAL: Duration = Duration::from_secs(30);
 
-/// The state of every NodeClaim as the token decision needs it.
-pub fn nodeclaim_states(index: &ClusterIndex) -> BTreeMap<String, NodeClaimState> {
+/// The tokens to delete now: those recorded on NodeClaims whose Node registered (the kubelet
+/// has its own credentials), by NodeClaim.
+pub fn release_plan(index: &ClusterIndex) -> Vec<(String, BTreeSet<String>)> {
     index
         .nodeclaims()
         .iter()
-        .map(|c| {
-            let registered = c
-                .status
+        .filter(|c| {
+            c.status
                 .as_ref()
-                .is_some_and(|s| s.conditions.is_true(conditions::REGISTERED));
-            let state = if registered {
-                NodeClaimState::Registered
-            } else {
-                NodeClaimState::Launching
-            };
-            (c.name_any(), state)
+                .is_some_and(|s| s.conditions.is_true(conditions::REGISTERED))
+        })
+        .filter_map(|c| {
+            let names = bootstrap_token::recorded(
+                c.annotations()
+                    .get(NODECLAIM_TOKENS_ANNOTATION)
+                    .map(String::as_str),
+            );
+            (!names.is_empty()).then(|| (c.name_any(), names))
         })
         .collect()
 }
 
 /// One cleanup pass; returns how many tokens were deleted.
-pub async fn cleanup_once(ctx: &Context) -> Result<usize, bootstrap_token::TokenError> {
-    if !ctx.cluster.synced() {
-        // Without a complete NodeClaim list every token would look orphaned.
+pub async fn cleanup_once(ctx: &Context) -> Result<usize, super::Error> {
+    if !ctx.cluster.synced() || !ctx.leadership.is_leader() {
         return Ok(0);
     }
-    let secrets = bootstrap_token::list_tokens(&ctx.client).await?;
-    let states = nodeclaim_states(&ctx.cluster.read());
-    let now = chrono::DateTime::from_timestamp(ctx.clock.now_unix(), 0).unwrap_or_default();
-    let doomed = bootstrap_token::tokens_to_delete(&secrets, &states, now);
-    for (name, reason) in &doomed {
-        tracing::info!(secret = %name, ?reason, "deleting bootstrap token");
-        bootstrap_token::delete_token(&ctx.client, name).await?;
+    let plan = release_plan(&ctx.cluster.read());
+    let api: Api<NodeClaim> = Api::all(ctx.client.clone());
+    let mut deleted = 0;
+    for (claim, names) in plan {
+        for name in &names {
+            tracing::info!(secret = %name, nodeclaim = %claim, "deleting bootstrap token: its node registered");
+            bootstrap_token::delete_token(&ctx.client, name)
+                .await
+                .map_err(|e| super::Error::Invalid(e.to_string()))?;
+            deleted += 1;
+        }
+        let forget =
+            serde_json::json!({"metadata": {"annotations": {NODECLAIM_TOKENS_ANNOTATION: null}}});
+        absent_ok(patch_object(&api, &claim, forget, None).await)?;
     }
-    Ok(doomed.len())
+    Ok(deleted)
 }
 
 /// Runs cleanup passes until the task is dropped.
@@ -71,14 +84,37 @@ mod tests {
     use super::*;
     use crate::state::testing::{nodeclaim, registered};
 
+    fn with_tokens(mut claim: NodeClaim, value: &str) -> NodeClaim {
+        claim
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(NODECLAIM_TOKENS_ANNOTATION.into(), value.into());
+        claim
+    }
+
     #[test]
-    fn registered_claims_release_their_tokens() {
+    fn only_tokens_recorded_on_registered_claims_are_released() {
         let mut index = ClusterIndex::default();
-        index.apply_nodeclaim(nodeclaim("launching", "p", None));
-        index.apply_nodeclaim(registered(nodeclaim("joined", "p", Some("exoscale://1"))));
-        let states = nodeclaim_states(&index);
-        assert_eq!(states["launching"], NodeClaimState::Launching);
-        assert_eq!(states["joined"], NodeClaimState::Registered);
-        assert_eq!(states.len(), 2);
+        index.apply_nodeclaim(with_tokens(
+            nodeclaim("launching", "p", None),
+            "bootstrap-token-aaaaaa",
+        ));
+        index.apply_nodeclaim(with_tokens(
+            registered(nodeclaim("joined", "p", Some("exoscale://1"))),
+            "bootstrap-token-bbbbbb,bootstrap-token-cccccc, not-a-token",
+        ));
+        index.apply_nodeclaim(registered(nodeclaim("none", "p", Some("exoscale://2"))));
+        let plan = release_plan(&index);
+        assert_eq!(
+            plan,
+            vec![(
+                "joined".to_string(),
+                BTreeSet::from([
+                    "bootstrap-token-bbbbbb".to_string(),
+                    "bootstrap-token-cccccc".to_string()
+                ])
+            )]
+        );
     }
 }

@@ -11,8 +11,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::apis::labels::{
-    DO_NOT_SYNC_TAINTS_LABEL, NODE_INITIALIZED_LABEL, NODE_REGISTERED_LABEL, TERMINATION_FINALIZER,
-    UNREGISTERED_TAINT_KEY, conditions,
+    DO_NOT_SYNC_TAINTS_LABEL, NODE_INITIALIZED_LABEL, NODE_REGISTERED_LABEL,
+    NODECLAIM_TOKENS_ANNOTATION, TERMINATION_FINALIZER, UNREGISTERED_TAINT_KEY, conditions,
 };
 use crate::apis::{
     Condition, ConditionStatus, ConditionsExt, NodeClaim, NodeClaimStatus, Taint, TaintEffect,
@@ -108,7 +108,14 @@ pub fn synced_node(claim: &NodeClaim, node: &Node) -> Node {
     labels.insert(NODE_REGISTERED_LABEL.into(), "true".into());
     out.metadata.labels = Some(labels);
     let mut annotations = out.annotations().clone();
-    annotations.extend(claim.annotations().clone());
+    // The bootstrap-token record is the NodeClaim's bookkeeping, not node metadata.
+    annotations.extend(
+        claim
+            .annotations()
+            .iter()
+            .filter(|(k, _)| k.as_str() != NODECLAIM_TOKENS_ANNOTATION)
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
     out.metadata.annotations = (!annotations.is_empty()).then_some(annotations);
 
     let finalizers = out.metadata.finalizers.get_or_insert_with(Vec::new);
@@ -403,6 +410,10 @@ mod tests {
         )];
         claim.spec.startup_taints = vec![Taint::new("cni/not-ready", None, TaintEffect::NoExecute)];
         claim.annotations_mut().insert("a".into(), "b".into());
+        claim.annotations_mut().insert(
+            NODECLAIM_TOKENS_ANNOTATION.into(),
+            "bootstrap-token-abcdef".into(),
+        );
         let n = node(
             "n",
             Some("exoscale://i"),
@@ -414,6 +425,11 @@ mod tests {
         assert_eq!(synced.labels()[NODE_REGISTERED_LABEL], "true");
         assert_eq!(synced.labels()["karpenter.sh/nodepool"], "pool");
         assert_eq!(synced.annotations()["a"], "b");
+        assert!(
+            !synced
+                .annotations()
+                .contains_key(NODECLAIM_TOKENS_ANNOTATION)
+        );
         assert_eq!(synced.finalizers(), &[TERMINATION_FINALIZER.to_string()]);
         let owner = &synced.owner_references()[0];
         assert_eq!(
