@@ -40,6 +40,10 @@ enum Command {
         /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
         output: OutputFormat,
+        /// Exit 0 even when some pods are invalid (a negative request, `maxSkew: 0`, …);
+        /// without it the report is printed and the exit code is 3.
+        #[arg(long)]
+        allow_invalid_pods: bool,
     },
     /// Check configuration, credentials, zone, instance types, SKS cluster and templates.
     Doctor,
@@ -99,12 +103,22 @@ fn main() -> ExitCode {
             zone,
             currency,
             output,
-        } => simulate(paths, zone, currency, output),
+            allow_invalid_pods,
+        } => simulate(paths, zone, currency, output, allow_invalid_pods),
         Command::Run(args) => karpenter_exoscale::operator::run::main(&args),
     }
 }
 
-fn simulate(paths: Vec<PathBuf>, zone: String, currency: String, output: OutputFormat) -> ExitCode {
+/// `simulate`'s exit code when the report was printed but some pods are invalid.
+const EXIT_INVALID_PODS: u8 = 3;
+
+fn simulate(
+    paths: Vec<PathBuf>,
+    zone: String,
+    currency: String,
+    output: OutputFormat,
+    allow_invalid_pods: bool,
+) -> ExitCode {
     use karpenter_exoscale::simulate;
     let options = simulate::Options {
         paths,
@@ -122,10 +136,17 @@ fn simulate(paths: Vec<PathBuf>, zone: String, currency: String, output: OutputF
                     )
                 }
             }
+            let invalid = report.invalid_pods();
+            if invalid > 0 && !allow_invalid_pods {
+                eprintln!(
+                    "simulate: {invalid} invalid pod(s), listed as unschedulable with the field at fault; pass --allow-invalid-pods to exit 0 regardless"
+                );
+                return ExitCode::from(EXIT_INVALID_PODS);
+            }
             ExitCode::SUCCESS
         }
         Err(error) => {
-            eprintln!("simulate: {error}");
+            eprintln!("simulate: {}", simulate::printable(&error.to_string()));
             ExitCode::FAILURE
         }
     }

@@ -127,3 +127,99 @@ fn cli_reports_a_bad_manifest_with_file_and_field() {
         "{stderr}"
     );
 }
+
+const POOL: &str = "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  template:\n    spec:\n      nodeClassRef: {group: karpenter.exoscale.com, kind: ExoscaleNodeClass, name: default}\n      requirements: []\n";
+
+fn simulate_cli(text: &str, extra: &[&str]) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("input.yaml");
+    std::fs::write(&file, text).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_karpenter-exoscale"))
+        .args(["simulate", "-f"])
+        .arg(&file)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// An invalid pod is reported with its field and makes the exit code 3, unless allowed.
+#[test]
+fn cli_exits_non_zero_for_invalid_pods_unless_allowed() {
+    let text = format!(
+        "{POOL}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: neg}}\nspec: {{containers: [{{name: c, resources: {{requests: {{cpu: '-1'}}}}}}]}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: ok}}\nspec: {{containers: [{{name: c, resources: {{requests: {{cpu: '1'}}}}}}]}}\n"
+    );
+    let output = simulate_cli(&text, &["-o", "json"]);
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    let report: Report = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        report.node_claims.len(),
+        1,
+        "the valid pod still gets a node"
+    );
+    assert_eq!(report.invalid_pods(), 1);
+    assert!(
+        report.unschedulable[0].reason.contains(
+            "spec.containers[0].resources.requests[cpu]: must be greater than or equal to 0"
+        ),
+        "{:?}",
+        report.unschedulable
+    );
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--allow-invalid-pods"));
+    let allowed = simulate_cli(&text, &["--allow-invalid-pods"]);
+    assert_eq!(allowed.status.code(), Some(0), "{allowed:?}");
+}
+
+/// Names reach the terminal with control characters escaped, and an empty total is `0`.
+#[test]
+fn cli_escapes_control_characters_and_prints_no_negative_zero() {
+    let text = format!(
+        "{POOL}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: \"evil\\e[2K\\rfake ✓\"}}\nspec: {{containers: [{{name: c, resources: {{requests: {{cpu: '500'}}}}}}]}}\n"
+    );
+    let output = simulate_cli(&text, &[]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        !stdout.contains('\u{1b}') && !stdout.contains('\r'),
+        "{stdout:?}"
+    );
+    assert!(
+        stdout.contains("default/evil\\u{1b}[2K\\rfake ✓"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Total: 0.00000 EUR"), "{stdout}");
+    let json = simulate_cli(&text, &["-o", "json"]);
+    let value: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(value["totalPricePerHour"].to_string(), "0.0");
+}
+
+/// Input that used to hang or exhaust memory fails fast with the path.
+#[test]
+fn cli_refuses_devices_cycles_and_absurd_replicas() {
+    let output = Command::new(env!("CARGO_BIN_EXE_karpenter-exoscale"))
+        .args(["simulate", "-f", "/dev/zero"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("/dev/zero: not a regular file"));
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("pool.yaml"), POOL).unwrap();
+    std::os::unix::fs::symlink(dir.path(), dir.path().join("loop")).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_karpenter-exoscale"))
+        .args(["simulate", "-f"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+
+    let replicas = format!(
+        "{POOL}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: web}}\nspec:\n  replicas: 2147483647\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    spec: {{containers: [{{name: c}}]}}\n"
+    );
+    let output = simulate_cli(&replicas, &[]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("spec.replicas: 2147483647 pods would exceed"),
+        "{output:?}"
+    );
+}

@@ -41,6 +41,20 @@ pub enum ConvertError {
     },
     #[error("DaemonSet {0} has no pod template spec")]
     MissingTemplate(String),
+    /// A value the API server's validation rejects, with its field path.
+    #[error("{object}: {field}: {problem}")]
+    Invalid {
+        object: String,
+        field: String,
+        problem: &'static str,
+    },
+    /// Requests whose sum does not fit (absurd quantities): the pod cannot be placed.
+    #[error("{object}: {what} of {resource} overflow")]
+    Overflow {
+        object: String,
+        what: &'static str,
+        resource: String,
+    },
 }
 
 const DAEMONSET_KIND: &str = "DaemonSet";
@@ -91,8 +105,11 @@ pub fn is_provisionable(pod: &core::Pod) -> bool {
         && !owned_by_kind(&pod.metadata, NODE_KIND)
 }
 
+/// A resource list; `field` is its path, for errors (`spec.containers[0].resources.requests`).
+/// Negative quantities are refused as the API server refuses them.
 fn resource_list(
     object: &str,
+    field: &str,
     list: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
 ) -> Result<Resources, ConvertError> {
     let mut r = Resources::new();
@@ -101,16 +118,35 @@ fn resource_list(
             object: object.to_string(),
             source,
         })?;
+        if q.milli() < 0 {
+            return Err(ConvertError::Invalid {
+                object: object.to_string(),
+                field: format!("{field}[{k}]"),
+                problem: "must be greater than or equal to 0",
+            });
+        }
         r.set(k, q);
     }
     Ok(r)
 }
 
 /// Requests, with limits standing in for missing requests (as the API server defaults them).
-fn container_requests(object: &str, c: &core::Container) -> Result<Resources, ConvertError> {
+fn container_requests(
+    object: &str,
+    field: &str,
+    c: &core::Container,
+) -> Result<Resources, ConvertError> {
     let res = c.resources.as_ref();
-    let mut requests = resource_list(object, res.and_then(|r| r.requests.as_ref()))?;
-    let limits = resource_list(object, res.and_then(|r| r.limits.as_ref()))?;
+    let mut requests = resource_list(
+        object,
+        &format!("{field}.resources.requests"),
+        res.and_then(|r| r.requests.as_ref()),
+    )?;
+    let limits = resource_list(
+        object,
+        &format!("{field}.resources.limits"),
+        res.and_then(|r| r.limits.as_ref()),
+    )?;
     for (k, v) in limits.iter() {
         if !requests.contains(k) {
             requests.set(k, v);
@@ -128,26 +164,39 @@ fn max_resources(a: &Resources, b: &Resources) -> Resources {
 /// The Kubernetes effective-resources rule over one per-container list (requests or limits):
 /// max(containers + sidecars, init-container peaks), then the pod-level list overrides.
 fn effective_resources(
+    object: &str,
+    what: &'static str,
     spec: &core::PodSpec,
-    per_container: impl Fn(&core::Container) -> Result<Resources, ConvertError>,
+    per_container: impl Fn(&str, &core::Container) -> Result<Resources, ConvertError>,
     pod_level: Resources,
 ) -> Result<Resources, ConvertError> {
+    let sum = |a: &Resources, b: &Resources| {
+        a.checked_plus(b)
+            .map_err(|resource| ConvertError::Overflow {
+                object: object.to_string(),
+                what,
+                resource,
+            })
+    };
     let mut containers = Resources::new();
-    for c in &spec.containers {
-        containers += &per_container(c)?;
+    for (i, c) in spec.containers.iter().enumerate() {
+        containers = sum(
+            &containers,
+            &per_container(&format!("spec.containers[{i}]"), c)?,
+        )?;
     }
     let mut sidecars = Resources::new();
     let mut init_peak = Resources::new();
-    for c in spec.init_containers.iter().flatten() {
-        let r = per_container(c)?;
+    for (i, c) in spec.init_containers.iter().flatten().enumerate() {
+        let r = per_container(&format!("spec.initContainers[{i}]"), c)?;
         if c.restart_policy.as_deref() == Some("Always") {
-            sidecars += &r;
+            sidecars = sum(&sidecars, &r)?;
             init_peak = max_resources(&init_peak, &sidecars);
         } else {
-            init_peak = max_resources(&init_peak, &sidecars.clone().plus(&r));
+            init_peak = max_resources(&init_peak, &sum(&sidecars, &r)?);
         }
     }
-    let mut total = max_resources(&containers.plus(&sidecars), &init_peak);
+    let mut total = max_resources(&sum(&containers, &sidecars)?, &init_peak);
     for (k, v) in pod_level.iter() {
         total.set(k, v);
     }
@@ -158,13 +207,23 @@ fn effective_resources(
 /// pod-level resources override, plus pod overhead, plus `pods: 1`.
 pub fn pod_requests(object: &str, spec: &core::PodSpec) -> Result<Resources, ConvertError> {
     let pod_level = spec.resources.as_ref().and_then(|r| r.requests.as_ref());
-    let mut total = effective_resources(
+    let total = effective_resources(
+        object,
+        "requests",
         spec,
-        |c| container_requests(object, c),
-        resource_list(object, pod_level)?,
+        |field, c| container_requests(object, field, c),
+        resource_list(object, "spec.resources.requests", pod_level)?,
     )?;
-    total += &resource_list(object, spec.overhead.as_ref())?;
-    total.set(PODS, total.pods() + Quantity::from_units(1));
+    let overhead = resource_list(object, "spec.overhead", spec.overhead.as_ref())?;
+    let overflow = |resource| ConvertError::Overflow {
+        object: object.to_string(),
+        what: "requests",
+        resource,
+    };
+    let mut total = total.checked_plus(&overhead).map_err(overflow)?;
+    let mut one_pod = Resources::new();
+    one_pod.set(PODS, Quantity::from_units(1));
+    total = total.checked_plus(&one_pod).map_err(overflow)?;
     Ok(total)
 }
 
@@ -172,15 +231,30 @@ pub fn pod_requests(object: &str, spec: &core::PodSpec) -> Result<Resources, Con
 /// without a `pods` entry. A resource no container limits is absent.
 pub fn pod_limits(object: &str, spec: &core::PodSpec) -> Result<Resources, ConvertError> {
     let pod_level = spec.resources.as_ref().and_then(|r| r.limits.as_ref());
-    let mut total = effective_resources(
+    let total = effective_resources(
+        object,
+        "limits",
         spec,
-        |c| resource_list(object, c.resources.as_ref().and_then(|r| r.limits.as_ref())),
-        resource_list(object, pod_level)?,
+        |field, c| {
+            resource_list(
+                object,
+                &format!("{field}.resources.limits"),
+                c.resources.as_ref().and_then(|r| r.limits.as_ref()),
+            )
+        },
+        resource_list(object, "spec.resources.limits", pod_level)?,
     )?;
-    if !total.is_empty() {
-        total += &resource_list(object, spec.overhead.as_ref())?;
+    if total.is_empty() {
+        return Ok(total);
     }
-    Ok(total)
+    let overhead = resource_list(object, "spec.overhead", spec.overhead.as_ref())?;
+    total
+        .checked_plus(&overhead)
+        .map_err(|resource| ConvertError::Overflow {
+            object: object.to_string(),
+            what: "limits",
+            resource,
+        })
 }
 
 fn taint(object: &str, t: &core::Taint) -> Result<Taint, ConvertError> {
@@ -353,8 +427,20 @@ fn policy(
 
 fn spread(
     object: &str,
+    index: usize,
     c: &core::TopologySpreadConstraint,
 ) -> Result<TopologySpreadConstraint, ConvertError> {
+    let invalid = |field: &str| ConvertError::Invalid {
+        object: object.to_string(),
+        field: format!("spec.topologySpreadConstraints[{index}].{field}"),
+        problem: "must be greater than zero",
+    };
+    if c.max_skew <= 0 {
+        return Err(invalid("maxSkew"));
+    }
+    if c.min_domains.is_some_and(|m| m <= 0) {
+        return Err(invalid("minDomains"));
+    }
     let when_unsatisfiable = match c.when_unsatisfiable.as_str() {
         "DoNotSchedule" | "" => WhenUnsatisfiable::DoNotSchedule,
         "ScheduleAnyway" => WhenUnsatisfiable::ScheduleAnyway,
@@ -367,11 +453,11 @@ fn spread(
         }
     };
     Ok(TopologySpreadConstraint {
-        max_skew: c.max_skew.max(1) as u32,
+        max_skew: c.max_skew as u32,
         topology_key: c.topology_key.clone(),
         when_unsatisfiable,
         selector: label_selector(object, c.label_selector.as_ref())?,
-        min_domains: c.min_domains.map(|m| m.max(1) as u32),
+        min_domains: c.min_domains.map(|m| m as u32),
         node_affinity_policy: policy(
             object,
             "nodeAffinityPolicy",
@@ -495,7 +581,8 @@ pub fn pod_from_k8s(pod: &core::Pod) -> Result<Pod, ConvertError> {
             .topology_spread_constraints
             .iter()
             .flatten()
-            .map(|c| spread(&object, c))
+            .enumerate()
+            .map(|(i, c)| spread(&object, i, c))
             .collect::<Result<Vec<_>, _>>()?,
         host_ports: host_ports(spec),
         volume_requirements: None,
@@ -555,6 +642,7 @@ pub fn existing_node_from_k8s(
     }
     let allocatable = resource_list(
         &object,
+        "status.allocatable",
         node.status.as_ref().and_then(|s| s.allocatable.as_ref()),
     )?;
     Ok(ExistingNode {
@@ -733,6 +821,62 @@ mod tests {
         assert_eq!(c.node_taints_policy, InclusionPolicy::Honor);
         assert_eq!(c.node_affinity_policy, InclusionPolicy::Honor);
         assert_eq!(c.match_label_keys, ["rev"]);
+    }
+
+    #[test]
+    fn values_the_api_server_rejects_are_refused_naming_the_field() {
+        let negative = k8s_pod(json!({
+            "metadata": {"name": "neg", "namespace": "ns"},
+            "spec": {"containers": [{"name": "a"}, {"name": "b", "resources": {"requests": {"cpu": "-1"}}}]}
+        }));
+        assert_eq!(
+            pod_from_k8s(&negative).unwrap_err().to_string(),
+            "ns/neg: spec.containers[1].resources.requests[cpu]: must be greater than or equal to 0"
+        );
+        let skew = |max_skew: i32, min_domains: Option<i32>| {
+            k8s_pod(json!({
+                "metadata": {"name": "s", "namespace": "ns"},
+                "spec": {"containers": [{"name": "c"}], "topologySpreadConstraints": [
+                    {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"},
+                    {"maxSkew": max_skew, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule", "minDomains": min_domains}
+                ]}
+            }))
+        };
+        assert_eq!(
+            pod_from_k8s(&skew(0, None)).unwrap_err().to_string(),
+            "ns/s: spec.topologySpreadConstraints[1].maxSkew: must be greater than zero"
+        );
+        assert!(
+            pod_from_k8s(&skew(1, Some(0)))
+                .unwrap_err()
+                .to_string()
+                .contains("[1].minDomains: must be greater than zero")
+        );
+        assert_eq!(
+            pod_from_k8s(&skew(3, Some(2))).unwrap().topology_spread[1].max_skew,
+            3
+        );
+    }
+
+    #[test]
+    fn requests_that_overflow_make_the_pod_invalid_instead_of_wrapping() {
+        // Each fits in the exact representation; their sum does not (it used to wrap to a
+        // negative total and fit on the smallest type).
+        let huge = "100000000000000000E";
+        let pod = k8s_pod(json!({
+            "metadata": {"name": "big", "namespace": "ns"},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"requests": {"cpu": huge}}},
+                {"name": "b", "resources": {"requests": {"cpu": huge}}}
+            ]}
+        }));
+        assert_eq!(
+            pod_from_k8s(&pod).unwrap_err().to_string(),
+            "ns/big: requests of cpu overflow"
+        );
+        // Sums used elsewhere saturate rather than wrap.
+        let one = Resources::from_literals(&[("cpu", huge)]);
+        assert!(one.clone().plus(&one).cpu().milli() > one.cpu().milli());
     }
 
     #[test]

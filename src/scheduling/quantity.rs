@@ -26,7 +26,7 @@ impl Quantity {
     }
 
     pub fn from_units(units: i128) -> Self {
-        Quantity(units * 1000)
+        Quantity(units.saturating_mul(1000))
     }
 
     pub fn milli(self) -> i128 {
@@ -143,17 +143,18 @@ impl std::str::FromStr for Quantity {
     }
 }
 
+/// Saturating: quantities from manifests can be absurd, and a wrapped sum would look small.
 impl Add for Quantity {
     type Output = Quantity;
     fn add(self, rhs: Quantity) -> Quantity {
-        Quantity(self.0 + rhs.0)
+        Quantity(self.0.saturating_add(rhs.0))
     }
 }
 
 impl Sub for Quantity {
     type Output = Quantity;
     fn sub(self, rhs: Quantity) -> Quantity {
-        Quantity(self.0 - rhs.0)
+        Quantity(self.0.saturating_sub(rhs.0))
     }
 }
 
@@ -280,9 +281,10 @@ impl Resources {
     /// True when `self + extra` fits in `available`, without building the sum.
     #[inline]
     pub fn sum_fits_in(&self, extra: &Resources, available: &Resources) -> bool {
-        (0..4).all(|i| self.well_known[i] + extra.well_known[i] <= available.well_known[i])
-            && (self.extended.is_empty() && extra.extended.is_empty()
-                || self.clone().plus(extra).fits_in(available))
+        (0..4).all(|i| {
+            self.well_known[i].saturating_add(extra.well_known[i]) <= available.well_known[i]
+        }) && (self.extended.is_empty() && extra.extended.is_empty()
+            || self.clone().plus(extra).fits_in(available))
     }
 
     /// Names of the resources in `self` that exceed `available`.
@@ -302,11 +304,11 @@ impl Resources {
     pub fn saturating_minus(&self, other: &Resources) -> Resources {
         let mut out = self.clone();
         for i in 0..4 {
-            out.well_known[i] = (out.well_known[i] - other.well_known[i]).max(0);
+            out.well_known[i] = out.well_known[i].saturating_sub(other.well_known[i]).max(0);
         }
         for (k, v) in &other.extended {
             let cur = out.get(k).0;
-            out.set(k, Quantity((cur - v).max(0)));
+            out.set(k, Quantity(cur.saturating_sub(*v).max(0)));
         }
         out
     }
@@ -341,12 +343,25 @@ impl Resources {
 impl AddAssign<&Resources> for Resources {
     fn add_assign(&mut self, other: &Resources) {
         for i in 0..4 {
-            self.well_known[i] += other.well_known[i];
+            self.well_known[i] = self.well_known[i].saturating_add(other.well_known[i]);
         }
         for (k, v) in &other.extended {
             let cur = self.get(k).0;
-            self.set(k, Quantity(cur + v));
+            self.set(k, Quantity(cur.saturating_add(*v)));
         }
+    }
+}
+
+impl Resources {
+    /// `self + other`, or the first resource whose sum does not fit (sums elsewhere saturate,
+    /// so an absurd request can never wrap around to a small one).
+    pub fn checked_plus(&self, other: &Resources) -> Result<Resources, String> {
+        let mut out = self.clone();
+        for (k, v) in other.iter() {
+            let sum = out.get(k).0.checked_add(v.0).ok_or_else(|| k.to_string())?;
+            out.set(k, Quantity(sum));
+        }
+        Ok(out)
     }
 }
 

@@ -2,7 +2,7 @@
 //! NodePools, ExoscaleNodeClasses, NodeOverlays, workloads (expanded to pods), DaemonSets and
 //! Nodes. Invalid objects fail with the file, the document index and the field.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
@@ -12,16 +12,12 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use thiserror::Error;
 
+use super::input::{self, InputError};
 use crate::apis::validation::{self, deserialize_with_path};
 use crate::apis::{ExoscaleNodeClass, NodeOverlay, NodePool};
 
 #[derive(Debug, Error)]
 pub enum ManifestError {
-    #[error("{path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
     #[error("{path}: document {index}: {message}")]
     Invalid {
         path: String,
@@ -30,7 +26,14 @@ pub enum ManifestError {
     },
     #[error("no manifests found in {0}")]
     Empty(String),
+    #[error(transparent)]
+    Input(#[from] InputError),
 }
+
+/// Pods `simulate` expands from all workloads together (`replicas`, `parallelism`): enough for
+/// any cluster Karpenter manages, small enough that a typo (`replicas: 2147483647`) is an
+/// error rather than gigabytes of pods.
+pub const MAX_PODS: usize = 100_000;
 
 /// Everything the simulation needs, as typed objects.
 #[derive(Debug, Default)]
@@ -46,20 +49,20 @@ pub struct Manifests {
     pub nodes: Vec<Node>,
     /// Kinds that were skipped, and other things worth telling the user.
     pub warnings: Vec<String>,
+    /// Where each named object came from (`kind namespace/name` → `file: document N`), so a
+    /// second object of the same name is refused as the API server would refuse it.
+    seen: std::collections::BTreeMap<String, String>,
 }
 
 /// Reads every path (a file, or a directory searched recursively for `.yaml`/`.yml`/`.json`).
 pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
     let mut files = Vec::new();
     for path in paths {
-        collect_files(path, &mut files)?;
+        files.extend(input::manifest_files(path)?);
     }
     let mut manifests = Manifests::default();
     for file in &files {
-        let text = std::fs::read_to_string(file).map_err(|source| ManifestError::Read {
-            path: file.display().to_string(),
-            source,
-        })?;
+        let text = input::read_manifest(file)?;
         load_text(&file.display().to_string(), &text, &mut manifests)?;
     }
     if manifests.node_pools.is_empty()
@@ -72,37 +75,9 @@ pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
     Ok(manifests)
 }
 
-fn collect_files(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), ManifestError> {
-    let read_error = |source| ManifestError::Read {
-        path: path.display().to_string(),
-        source,
-    };
-    let metadata = std::fs::metadata(path).map_err(read_error)?;
-    if !metadata.is_dir() {
-        out.push(path.to_path_buf());
-        return Ok(());
-    }
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(read_error)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    entries.sort();
-    for entry in entries {
-        let is_manifest = entry
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
-        if entry.is_dir() {
-            collect_files(&entry, out)?;
-        } else if is_manifest {
-            out.push(entry);
-        }
-    }
-    Ok(())
-}
-
 /// Parses one file's documents into `manifests`.
 pub fn load_text(path: &str, text: &str, manifests: &mut Manifests) -> Result<(), ManifestError> {
+    input::check_nesting(path, text)?;
     for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let invalid = |message: String| ManifestError::Invalid {
             path: path.to_string(),
@@ -114,6 +89,7 @@ pub fn load_text(path: &str, text: &str, manifests: &mut Manifests) -> Result<()
         if value.is_null() {
             continue;
         }
+        record_name(&value, &format!("{path}: document {index}"), manifests).map_err(invalid)?;
         add_document(value, manifests).map_err(invalid)?;
     }
     Ok(())
@@ -144,14 +120,20 @@ fn add_document(value: Value, m: &mut Manifests) -> Result<(), String> {
         ("karpenter.sh/v1alpha1", "NodeOverlay") => m.overlays.push(ours(&value)?),
         ("v1", "Pod") => {
             let pod: Pod = typed(&value)?;
-            push_pod(with_default_namespace(pod), m);
+            push_pod(with_default_namespace(pod), m)?;
         }
         ("v1", "Node") => m.nodes.push(typed(&value)?),
         ("apps/v1", "DaemonSet") => m.daemon_sets.push(typed(&value)?),
         ("apps/v1", "Deployment") => {
             let d: Deployment = typed(&value)?;
             let spec = d.spec.ok_or("spec: required field is missing")?;
-            expand(&d.metadata, &spec.template, spec.replicas.unwrap_or(1), m);
+            expand(
+                &d.metadata,
+                &spec.template,
+                "spec.replicas",
+                spec.replicas,
+                m,
+            )?;
         }
         ("apps/v1", "ReplicaSet") => {
             let r: ReplicaSet = typed(&value)?;
@@ -159,12 +141,18 @@ fn add_document(value: Value, m: &mut Manifests) -> Result<(), String> {
             let template = spec
                 .template
                 .ok_or("spec.template: required field is missing")?;
-            expand(&r.metadata, &template, spec.replicas.unwrap_or(1), m);
+            expand(&r.metadata, &template, "spec.replicas", spec.replicas, m)?;
         }
         ("apps/v1", "StatefulSet") => {
             let s: StatefulSet = typed(&value)?;
             let spec = s.spec.ok_or("spec: required field is missing")?;
-            expand(&s.metadata, &spec.template, spec.replicas.unwrap_or(1), m);
+            expand(
+                &s.metadata,
+                &spec.template,
+                "spec.replicas",
+                spec.replicas,
+                m,
+            )?;
         }
         ("batch/v1", "Job") => {
             let j: Job = typed(&value)?;
@@ -172,9 +160,10 @@ fn add_document(value: Value, m: &mut Manifests) -> Result<(), String> {
             expand(
                 &j.metadata,
                 &spec.template,
-                spec.parallelism.unwrap_or(1),
+                "spec.parallelism",
+                spec.parallelism,
                 m,
-            );
+            )?;
         }
         ("", _) | (_, "") => return Err("apiVersion and kind are required".into()),
         _ => {
@@ -203,7 +192,12 @@ fn with_default_namespace(mut pod: Pod) -> Pod {
     pod
 }
 
-fn push_pod(pod: Pod, m: &mut Manifests) {
+fn push_pod(pod: Pod, m: &mut Manifests) -> Result<(), String> {
+    if m.pending_pods.len() + m.bound_pods.len() >= MAX_PODS {
+        return Err(format!(
+            "more than {MAX_PODS} pods in the manifests, the most simulate expands"
+        ));
+    }
     let bound = pod
         .spec
         .as_ref()
@@ -214,12 +208,32 @@ fn push_pod(pod: Pod, m: &mut Manifests) {
     } else {
         m.pending_pods.push(pod)
     }
+    Ok(())
 }
 
-/// A workload becomes `count` pods named `<name>-<i>` from its template.
-fn expand(owner: &ObjectMeta, template: &PodTemplateSpec, count: i32, m: &mut Manifests) {
+/// A workload becomes `count` pods named `<name>-<i>` from its template (`count` is the
+/// workload's `field`, 1 when unset, refused when negative or above [`MAX_PODS`]).
+fn expand(
+    owner: &ObjectMeta,
+    template: &PodTemplateSpec,
+    field: &str,
+    count: Option<i32>,
+    m: &mut Manifests,
+) -> Result<(), String> {
+    let count = count.unwrap_or(1);
+    if count < 0 {
+        return Err(format!(
+            "{field}: {count}: must be greater than or equal to 0"
+        ));
+    }
+    let room = MAX_PODS.saturating_sub(m.pending_pods.len() + m.bound_pods.len());
+    if count as usize > room {
+        return Err(format!(
+            "{field}: {count} pods would exceed the {MAX_PODS} pods simulate expands (room left: {room})"
+        ));
+    }
     let name = owner.name.clone().unwrap_or_default();
-    for i in 0..count.max(0) {
+    for i in 0..count {
         let mut metadata = template.metadata.clone().unwrap_or_default();
         metadata.name = Some(format!("{name}-{i}"));
         metadata.namespace = owner.namespace.clone();
@@ -228,8 +242,64 @@ fn expand(owner: &ObjectMeta, template: &PodTemplateSpec, count: i32, m: &mut Ma
             spec: template.spec.clone(),
             status: None,
         };
-        push_pod(with_default_namespace(pod), m);
+        let pod = with_default_namespace(pod);
+        let key = format!(
+            "Pod {}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.name.as_deref().unwrap_or_default()
+        );
+        if let Some(first) = m.seen.get(&key) {
+            return Err(format!(
+                "{key} (replica {i} of {name}) has the name of an object in {first}"
+            ));
+        }
+        m.seen.insert(key, format!("replica {i} of {name}"));
+        push_pod(pod, m)?;
     }
+    Ok(())
+}
+
+/// Refuses a second object of the same kind, namespace and name (the API server would
+/// refuse to create it; here it would silently double a workload or shadow a NodePool).
+fn record_name(value: &Value, origin: &str, m: &mut Manifests) -> Result<(), String> {
+    let (Some(kind), Some(name)) = (
+        value.get("kind").and_then(Value::as_str),
+        value.pointer("/metadata/name").and_then(Value::as_str),
+    ) else {
+        return Ok(());
+    };
+    let cluster_scoped = matches!(
+        kind,
+        "NodePool" | "ExoscaleNodeClass" | "NodeOverlay" | "Node"
+    );
+    let namespace = if cluster_scoped {
+        String::new()
+    } else {
+        value
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .unwrap_or("default")
+            .to_string()
+            + "/"
+    };
+    let group = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .and_then(|v| v.split_once('/').map(|(g, _)| g))
+        .unwrap_or_default();
+    // Core kinds keep their bare name so an explicit Pod and a workload's replica collide.
+    let kind = if group.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}.{group}")
+    };
+    let key = format!("{kind} {namespace}{name}");
+    if let Some(first) = m.seen.get(&key) {
+        return Err(format!("metadata.name: {key} already defined in {first}"));
+    }
+    m.seen.insert(key, origin.to_string());
+    Ok(())
 }
 
 #[cfg(test)]
@@ -312,6 +382,7 @@ spec:
                 "requirements: []",
                 "requirements: []\n      expireAfter: 30d"
             )
+            .replace("name: default}", "name: second}")
         );
         let err = load_str(&text).unwrap_err().to_string();
         assert!(err.starts_with("test.yaml: document 1:"), "{err}");
@@ -333,5 +404,70 @@ spec:
     fn documents_without_kind_are_rejected() {
         let err = load_str("metadata: {name: x}\n").unwrap_err().to_string();
         assert!(err.contains("apiVersion and kind are required"), "{err}");
+    }
+
+    fn deployment(name: &str, replicas: &str) -> String {
+        format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}}}\nspec:\n  replicas: {replicas}\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    spec: {{containers: [{{name: c}}]}}\n"
+        )
+    }
+
+    #[test]
+    fn replica_counts_are_bounded_and_never_negative() {
+        let started = std::time::Instant::now();
+        let err = load_str(&deployment("web", "2147483647"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("spec.replicas: 2147483647 pods would exceed the 100000 pods"),
+            "{err}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        let err = load_str(&deployment("web", "-3")).unwrap_err().to_string();
+        assert!(
+            err.contains("spec.replicas: -3: must be greater than or equal to 0"),
+            "{err}"
+        );
+        let job = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: j}\nspec:\n  parallelism: 2147483647\n  template:\n    spec: {containers: [{name: c}], restartPolicy: Never}\n";
+        let err = load_str(job).unwrap_err().to_string();
+        assert!(err.contains("spec.parallelism: 2147483647 pods"), "{err}");
+        // Several workloads together are bounded too.
+        let text = format!(
+            "{}---\n{}",
+            deployment("a", "60000"),
+            deployment("b", "60000")
+        );
+        let err = load_str(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("document 1: spec.replicas: 60000 pods"),
+            "{err}"
+        );
+        assert!(err.contains("room left: 40000"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_names_are_refused_as_the_api_server_would() {
+        let err = load_str(&format!("{POOL}---\n{POOL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("test.yaml: document 1: metadata.name: NodePool.karpenter.sh default already defined in test.yaml: document 0"), "{err}");
+        // Same name, other namespace or kind: fine.
+        let ok = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c}]}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: other}\nspec: {containers: [{name: c}]}\n";
+        assert_eq!(load_str(ok).unwrap().pending_pods.len(), 2);
+        // A Pod named like a workload's replica would be reported twice under one name.
+        let text = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: web-1}}\nspec: {{containers: [{{name: c}}]}}\n---\n{}",
+            deployment("web", "2")
+        );
+        let err = load_str(&text).unwrap_err().to_string();
+        assert!(err.contains("Pod default/web-1 (replica 1 of web) has the name of an object in test.yaml: document 0"), "{err}");
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_with_the_file_and_line() {
+        let text = format!("{POOL}---\nx: {}\n", "[".repeat(10_000));
+        let err = load_str(&text).unwrap_err().to_string();
+        assert!(err.contains("test.yaml: line"), "{err}");
+        assert!(err.contains("nesting deeper than 256 levels"), "{err}");
     }
 }

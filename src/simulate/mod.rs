@@ -2,6 +2,7 @@
 //! same scheduler, instance-type pipeline and NodeClaim builder as the controller, without a
 //! cluster or credentials. The JSON output is a stable contract.
 
+mod input;
 pub mod manifests;
 mod output;
 
@@ -23,7 +24,9 @@ use crate::scheduling::{
 };
 
 pub use manifests::{ManifestError, Manifests};
-pub use output::{ExistingNodeReport, NodeClaimReport, Report, UnschedulableReport, render_table};
+pub use output::{
+    ExistingNodeReport, NodeClaimReport, Report, UnschedulableReport, printable, render_table,
+};
 
 #[derive(Debug, Error)]
 pub enum SimulateError {
@@ -208,6 +211,7 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
             Err(e) => unschedulable.push(UnschedulableReport {
                 pod: id,
                 reason: format!("invalid pod: {e}"),
+                invalid: true,
             }),
         }
     }

@@ -49,11 +49,42 @@ pub struct ExistingNodeReport {
 pub struct UnschedulableReport {
     pub pod: String,
     pub reason: String,
+    /// The pod has a value the API server would refuse (a negative request, `maxSkew: 0`, …);
+    /// `simulate` exits non-zero unless `--allow-invalid-pods`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub invalid: bool,
+}
+
+impl Report {
+    /// How many pods were refused as invalid rather than found no room.
+    pub fn invalid_pods(&self) -> usize {
+        self.unschedulable.iter().filter(|u| u.invalid).count()
+    }
 }
 
 /// Prices rounded like the list prices (8 decimals) so the JSON carries no float noise.
 fn round_price(p: f64) -> f64 {
-    (p * 1e8).round() / 1e8
+    // `+ 0.0` turns the -0.0 of an empty sum into 0.0, so nothing prints `-0`.
+    (p * 1e8).round() / 1e8 + 0.0
+}
+
+/// Text from manifests for a terminal: control characters (escape sequences, carriage
+/// returns, newlines) are shown escaped, so an object name cannot rewrite what is printed.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    std::borrow::Cow::Owned(
+        text.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
 }
 
 /// `namespace/name`, with `default` for a missing namespace.
@@ -127,6 +158,7 @@ pub(super) fn report(
     unschedulable.extend(results.unschedulable.iter().map(|u| UnschedulableReport {
         pod: pod_ids[u.pod].clone(),
         reason: u.reason.clone(),
+        invalid: false,
     }));
     let total = node_claims.iter().map(|c| c.price_per_hour).sum::<f64>();
     Report {
@@ -154,30 +186,35 @@ pub fn render_table(r: &Report) -> String {
             "NODEPOOL", "INSTANCE TYPE", "PRICE/H", "OPTS", "REQUESTS"
         );
         for c in &r.node_claims {
-            let requests: Vec<String> =
-                c.requests.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let requests: Vec<String> = c
+                .requests
+                .iter()
+                .map(|(k, v)| printable(&format!("{k}={v}")).into_owned())
+                .collect();
+            let pods: Vec<_> = c.pods.iter().map(|p| printable(p)).collect();
             let _ = writeln!(
                 out,
                 "  {:<14} {:<22} {:>9.5} {:>5} {:<28} {}",
-                c.node_pool,
-                c.instance_type,
+                printable(&c.node_pool),
+                printable(&c.instance_type),
                 c.price_per_hour,
                 c.instance_type_options.len(),
                 requests.join(","),
-                c.pods.join(" ")
+                pods.join(" ")
             );
         }
     }
     if !r.existing_nodes.is_empty() {
         let _ = writeln!(out, "\nPods placed on existing nodes:");
         for n in &r.existing_nodes {
-            let _ = writeln!(out, "  {:<30} {}", n.name, n.pods.join(" "));
+            let pods: Vec<_> = n.pods.iter().map(|p| printable(p)).collect();
+            let _ = writeln!(out, "  {:<30} {}", printable(&n.name), pods.join(" "));
         }
     }
     if !r.unschedulable.is_empty() {
         let _ = writeln!(out, "\nUnschedulable pods ({}):", r.unschedulable.len());
         for u in &r.unschedulable {
-            let _ = writeln!(out, "  {}: {}", u.pod, u.reason);
+            let _ = writeln!(out, "  {}: {}", printable(&u.pod), printable(&u.reason));
         }
     }
     let _ = writeln!(
@@ -186,7 +223,7 @@ pub fn render_table(r: &Report) -> String {
         r.total_price_per_hour, r.currency
     );
     for w in &r.warnings {
-        let _ = writeln!(out, "warning: {w}");
+        let _ = writeln!(out, "warning: {}", printable(w));
     }
     out
 }
