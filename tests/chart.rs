@@ -6,6 +6,7 @@
 
 #[path = "chart/scan.rs"]
 mod scan;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -828,4 +829,234 @@ fn image_runs_the_static_binary_as_non_root() {
     let docs = render(&[]);
     let pod = &deployment(&docs)["spec"]["template"]["spec"];
     assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+}
+
+#[test]
+fn the_secret_admission_policy_names_the_rendered_service_account() {
+    let docs = render(&[]);
+    let account = find(&docs, "ServiceAccount")[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let policy = find(&docs, "ValidatingAdmissionPolicy");
+    assert_eq!(policy.len(), 1);
+    let condition = policy[0]["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        condition,
+        format!(
+            "request.userInfo.username == \"system:serviceaccount:{RELEASE_NAMESPACE}:{account}\""
+        )
+    );
+    let binding = find(&docs, "ValidatingAdmissionPolicyBinding");
+    assert_eq!(
+        binding[0]["spec"]["policyName"],
+        policy[0]["metadata"]["name"]
+    );
+    assert_eq!(
+        binding[0]["spec"]["validationActions"],
+        serde_json::json!(["Deny"])
+    );
+    let off = render(&["secretAdmissionPolicy.enabled=false"]);
+    assert!(find(&off, "ValidatingAdmissionPolicy").is_empty());
+    assert!(find(&off, "ValidatingAdmissionPolicyBinding").is_empty());
+}
+
+#[test]
+fn the_network_policy_is_optional_and_opens_only_the_served_ports() {
+    assert!(find(&render(&[]), "NetworkPolicy").is_empty());
+    let docs = render(&["networkPolicy.enabled=true", "metrics.port=9090"]);
+    let policy = find(&docs, "NetworkPolicy")[0];
+    let deployment = find(&docs, "Deployment")[0];
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let ingress: Vec<i64> = policy["spec"]["ingress"][0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["port"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ingress, [9090, 8081]);
+    let egress: Vec<i64> = policy["spec"]["egress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|rule| rule["ports"].as_array().unwrap().iter())
+        .map(|p| p["port"].as_i64().unwrap())
+        .collect();
+    assert_eq!(egress, [53, 53, 443, 6443]);
+}
+
+fn typed<K: serde::de::DeserializeOwned>(v: &Value) -> K {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+/// The rendered policy, Role and RoleBinding on a real kube-apiserver: the controller's
+/// ServiceAccount (impersonated) may create and delete its bootstrap tokens and nothing else
+/// in kube-system, even though RBAC alone grants `create` on every Secret there.
+#[tokio::test]
+async fn the_secret_admission_policy_admits_only_our_bootstrap_tokens() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use karpenter_exoscale::providers::bootstrap_token::{BootstrapToken, build_secret};
+    use kube::api::{Api, DeleteParams, PostParams};
+
+    let Some(plane) = support::shared() else {
+        return;
+    };
+    let admin = plane.client().await;
+    // A release name of its own: the policy is cluster-wide and matches only its account.
+    let docs = render(&["fullnameOverride=vap-test"]);
+    let account = find(&docs, "ServiceAccount")[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pp = PostParams::default();
+    let policy: ValidatingAdmissionPolicy = typed(find(&docs, "ValidatingAdmissionPolicy")[0]);
+    let binding: ValidatingAdmissionPolicyBinding =
+        typed(find(&docs, "ValidatingAdmissionPolicyBinding")[0]);
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .create(&pp, &policy)
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .create(&pp, &binding)
+        .await
+        .unwrap();
+    for doc in find(&docs, "Role") {
+        if doc["metadata"]["namespace"] == "kube-system" {
+            let role: Role = typed(doc);
+            Api::<Role>::namespaced(admin.clone(), "kube-system")
+                .create(&pp, &role)
+                .await
+                .unwrap();
+        }
+    }
+    for doc in find(&docs, "RoleBinding") {
+        if doc["metadata"]["namespace"] == "kube-system" {
+            let rb: RoleBinding = typed(doc);
+            Api::<RoleBinding>::namespaced(admin.clone(), "kube-system")
+                .create(&pp, &rb)
+                .await
+                .unwrap();
+        }
+    }
+    let mut config = plane.config().await;
+    config.auth_info.impersonate = Some(format!(
+        "system:serviceaccount:{RELEASE_NAMESPACE}:{account}"
+    ));
+    let controller = kube::Client::try_from(config).unwrap();
+    let as_controller: Api<Secret> = Api::namespaced(controller, "kube-system");
+    let as_admin: Api<Secret> = Api::namespaced(admin.clone(), "kube-system");
+
+    // What a compromised controller would try: a service-account token Secret.
+    let forged: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "vap-test-forged", "annotations": {"kubernetes.io/service-account.name": "default"}},
+        "type": "kubernetes.io/service-account-token"
+    }))
+    .unwrap();
+    // The policy is compiled asynchronously after creation: wait until it denies.
+    let started = std::time::Instant::now();
+    let denial = loop {
+        match as_controller.create(&pp, &forged).await {
+            Err(kube::Error::Api(status)) if status.code == 422 || status.code == 403 => {
+                if status.message.contains("ValidatingAdmissionPolicy") {
+                    break status.message;
+                }
+                panic!("refused, but not by the policy: {status:?}");
+            }
+            Err(other) => panic!("{other}"),
+            Ok(_) => {
+                // Created before the policy was active: remove it and try again.
+                as_admin
+                    .delete("vap-test-forged", &DeleteParams::default())
+                    .await
+                    .unwrap();
+            }
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the policy never took effect"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(
+        denial.contains("type bootstrap.kubernetes.io/token"),
+        "{denial}"
+    );
+
+    let now = chrono::Utc::now();
+    let token = BootstrapToken::generate();
+    let ours = build_secret(&token, "claim", now, std::time::Duration::from_secs(600));
+    let denied = |secret: Secret, why: &'static str| {
+        let api = as_controller.clone();
+        async move {
+            match api.create(&PostParams::default(), &secret).await {
+                Err(kube::Error::Api(status)) => {
+                    assert!(status.message.contains(why), "{status:?}")
+                }
+                other => panic!("expected a denial naming {why:?}, got {other:?}"),
+            }
+        }
+    };
+    let mut unlabelled = build_secret(
+        &BootstrapToken::generate(),
+        "claim",
+        now,
+        std::time::Duration::from_secs(600),
+    );
+    unlabelled.metadata.labels = None;
+    denied(
+        unlabelled,
+        "labelled exoscale.com/token-provider=karpenter-exoscale",
+    )
+    .await;
+    let mut renamed = build_secret(
+        &BootstrapToken::generate(),
+        "claim",
+        now,
+        std::time::Duration::from_secs(600),
+    );
+    renamed.metadata.name = Some("kube-proxy-token".into());
+    denied(renamed, "named bootstrap-token-*").await;
+
+    // Its own token: created, and deleted by name.
+    as_controller.create(&pp, &ours).await.unwrap();
+    as_controller
+        .delete(&token.secret_name(), &DeleteParams::default())
+        .await
+        .unwrap();
+    // Another Secret of kube-system cannot be deleted even though RBAC grants delete.
+    let other: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "vap-test-other"}, "type": "Opaque", "stringData": {"k": "v"}
+    }))
+    .unwrap();
+    as_admin.create(&pp, &other).await.unwrap();
+    match as_controller
+        .delete("vap-test-other", &DeleteParams::default())
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert!(
+            status
+                .message
+                .contains("type bootstrap.kubernetes.io/token"),
+            "{status:?}"
+        ),
+        other => panic!("deleting another Secret was not refused: {other:?}"),
+    }
+    // Nor read: RBAC grants no get or list.
+    match as_controller.get("vap-test-other").await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 403),
+        other => panic!("reading a Secret was not forbidden: {other:?}"),
+    }
+    as_admin
+        .delete("vap-test-other", &DeleteParams::default())
+        .await
+        .unwrap();
 }
