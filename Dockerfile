@@ -3,8 +3,15 @@
 #   docker build -t karpenter-exoscale .
 #   docker buildx build --platform linux/amd64,linux/arm64 -t <registry>/karpenter-exoscale:<tag> --push .
 # The build stage runs on the target platform, so the musl target is the native one.
+#
+# Base images are pinned by digest (of the multi-platform index), the tag kept beside it for
+# people: a tag says what the image is, the digest decides which image is used. To update one,
+# read the new digest and change both in one reviewed commit:
+#   docker buildx imagetools inspect rust:1.95-bookworm | grep -m1 Digest
+#   docker buildx imagetools inspect gcr.io/distroless/static-debian12:nonroot | grep -m1 Digest
+# (or `crane digest <image>`). The `chart` test refuses a FROM without a digest.
 
-FROM rust:1.95-bookworm AS build
+FROM rust:1.95-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends musl-tools \
  && rm -rf /var/lib/apt/lists/*
@@ -25,7 +32,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && install -D -m 0555 "target/$target/release/karpenter-exoscale" /out/karpenter-exoscale
 
 # distroless/static: CA certificates, /etc/passwd with nonroot (65532), no shell, no libc.
-FROM gcr.io/distroless/static-debian12:nonroot
+FROM gcr.io/distroless/static-debian12:nonroot@sha256:d093aa3e30dbadd3efe1310db061a14da60299baff8450a17fe0ccc514a16639
 LABEL org.opencontainers.image.title="karpenter-exoscale" \
       org.opencontainers.image.description="Karpenter node autoscaler with the Exoscale cloud provider" \
       org.opencontainers.image.licenses="Apache-2.0" \

@@ -832,6 +832,30 @@ fn image_runs_the_static_binary_as_non_root() {
 }
 
 #[test]
+fn every_base_image_is_pinned_by_digest() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let froms: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .collect();
+    assert!(froms.len() >= 2);
+    for from in froms {
+        let image = from.split_whitespace().next().unwrap();
+        let (tagged, digest) = image
+            .split_once("@sha256:")
+            .unwrap_or_else(|| panic!("{image} is not pinned by digest"));
+        assert!(
+            tagged.contains(':'),
+            "{image}: keep the tag beside the digest"
+        );
+        assert!(
+            digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{image}: malformed digest"
+        );
+    }
+}
+
+#[test]
 fn the_secret_admission_policy_names_the_rendered_service_account() {
     let docs = render(&[]);
     let account = find(&docs, "ServiceAccount")[0]["metadata"]["name"]
