@@ -759,3 +759,144 @@ async fn nodes_the_pods_cannot_use_do_not_cause_a_runaway_scale_up() {
         .unwrap();
     world.finish().await;
 }
+
+/// Holds every events.k8s.io write until `open` turns true: an API server slow to take events.
+#[derive(Clone)]
+struct HoldEventWrites {
+    inner: kube::Client,
+    open: tokio::sync::watch::Receiver<bool>,
+    held: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tower_service::Service<http::Request<kube::client::Body>> for HoldEventWrites {
+    type Response = http::Response<kube::client::Body>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let event_write = request.method() != http::Method::GET
+            && request.uri().path().starts_with("/apis/events.k8s.io/");
+        let (inner, mut open, held) = (self.inner.clone(), self.open.clone(), self.held.clone());
+        Box::pin(async move {
+            if event_write {
+                held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = open.wait_for(|open| *open).await;
+            }
+            inner.send(request).await.map_err(Into::into)
+        })
+    }
+}
+
+/// 1 000 pending pods: the round's NodeClaims are created while not one of its events has been
+/// written (event writes are held); once they go through, the pods' Nominated events appear.
+#[tokio::test]
+async fn a_thousand_pending_pods_get_their_nodeclaims_before_any_event_is_written() {
+    use futures::StreamExt;
+    use karpenter_exoscale::kubelet_sim::Join;
+
+    let policy: harness::KubeletPolicy = Arc::new(|_: &str| KubeletBehaviour {
+        join: Join::Never,
+        ..KubeletBehaviour::default()
+    });
+    let Some(world) = World::start("e2e-events", policy).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let (open, open_rx) = tokio::sync::watch::channel(false);
+    let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let gated = kube::Client::new(
+        HoldEventWrites {
+            inner: world.client.clone(),
+            open: open_rx,
+            held: held.clone(),
+        },
+        world.namespace.clone(),
+    );
+    world.start_replica_with("events-a", gated).await;
+    world.ready_nodeclass().await;
+    let pool_name = format!("events-{}", &world.namespace[world.namespace.len() - 6..]);
+    create_nodepool(&world, &pool_name).await;
+
+    let pods = world.pods();
+    futures::stream::iter(0..1000)
+        .map(|i| {
+            let pods = pods.clone();
+            async move {
+                let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+                    "metadata": {"name": format!("p-{i}"), "labels": {"app": "many"}},
+                    "spec": {"containers": [{"name": "c", "image": "registry.example.com/app:1",
+                        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}}]}
+                }))
+                .unwrap();
+                pods.create(&PostParams::default(), &pod)
+                    .await
+                    .expect("create pod");
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+
+    let claims = world.nodeclaims();
+    let selector = ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}"));
+    let created = eventually(
+        "NodeClaims for the 1 000 pods while events are held",
+        || {
+            let (claims, selector) = (claims.clone(), selector.clone());
+            async move {
+                let list = claims.list(&selector).await.ok()?;
+                (!list.items.is_empty()).then_some(list.items.len())
+            }
+        },
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(world.client.clone(), &world.namespace);
+    let written = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reporting_controller.as_deref() == Some("karpenter"))
+        .count();
+    assert_eq!(written, 0, "no event of the round was written yet");
+    eprintln!(
+        "{created} NodeClaims created with {} event writes held",
+        held.load(std::sync::atomic::Ordering::SeqCst)
+    );
+
+    open.send(true).unwrap();
+    eventually("the pods' Nominated events once writes go through", || {
+        let events = events.clone();
+        async move {
+            let nominated = events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some("Nominated")
+                        && e.note
+                            .as_deref()
+                            .is_some_and(|n| n.starts_with("Pod should schedule on: nodeclaim/"))
+                })
+                .count();
+            (nominated >= 100).then_some(())
+        }
+    })
+    .await;
+    assert!(held.load(std::sync::atomic::Ordering::SeqCst) > 0);
+
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(&pool_name, &DeleteParams::default())
+        .await;
+    world.finish().await;
+}

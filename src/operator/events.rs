@@ -203,6 +203,91 @@ impl SeriesCache {
     }
 }
 
+/// Events waiting to be written, at most; beyond that new ones are dropped (and counted).
+pub const QUEUE_CAPACITY: usize = 10_000;
+/// An identical event (object, type, reason, message) within this window is dropped before it
+/// reaches the API, as upstream's recorder dedupes.
+pub const DEDUPE_WINDOW: Duration = Duration::from_secs(2 * 60);
+
+/// An [`EventSink`] that never makes its caller wait: events go into a bounded queue that a
+/// background task drains into the inner sink, one at a time. Provisioning with 1 000 pending
+/// pods publishes 1 000 events; through the API directly that was 1 000 sequential calls in
+/// front of the NodeClaims.
+pub struct QueuedEvents {
+    queue: tokio::sync::mpsc::Sender<Recorded>,
+    recent: Mutex<RecentEvents>,
+    dropped: std::sync::atomic::AtomicU64,
+}
+
+impl QueuedEvents {
+    /// Starts the publisher task; it ends when the returned sink is dropped and the queue is
+    /// drained.
+    pub fn spawn(inner: std::sync::Arc<dyn EventSink>, capacity: usize) -> Self {
+        let (queue, mut pending) = tokio::sync::mpsc::channel::<Recorded>(capacity.max(1));
+        tokio::spawn(async move {
+            while let Some(event) = pending.recv().await {
+                inner.publish(event).await;
+            }
+        });
+        QueuedEvents {
+            queue,
+            recent: Mutex::new(RecentEvents::default()),
+            dropped: Default::default(),
+        }
+    }
+
+    /// Events dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl EventSink for QueuedEvents {
+    fn publish(&self, event: Recorded) -> BoxFuture<'_, ()> {
+        let now = std::time::Instant::now();
+        let fresh = self
+            .recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(SeriesKey::of(&event, &event.message), now);
+        if fresh && let Err(error) = self.queue.try_send(event) {
+            let dropped = self
+                .dropped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            // One line per thousand, not one per event, while the API is slow.
+            if dropped % 1000 == 1 {
+                tracing::warn!(dropped, %error, "event queue full; dropping events");
+            }
+        }
+        Box::pin(std::future::ready(()))
+    }
+}
+
+/// Identical events seen within [`DEDUPE_WINDOW`]; pure, time passed in.
+#[derive(Debug, Default)]
+struct RecentEvents {
+    seen: HashMap<SeriesKey, std::time::Instant>,
+}
+
+impl RecentEvents {
+    /// Whether an event with this key should be written (not seen within the window).
+    fn admit(&mut self, key: SeriesKey, now: std::time::Instant) -> bool {
+        // Bounded by the window: older entries are swept on each full pass of the map.
+        if self.seen.len() >= QUEUE_CAPACITY {
+            self.seen
+                .retain(|_, at| now.saturating_duration_since(*at) < DEDUPE_WINDOW);
+        }
+        match self.seen.get(&key) {
+            Some(at) if now.saturating_duration_since(*at) < DEDUPE_WINDOW => false,
+            _ => {
+                self.seen.insert(key, now);
+                true
+            }
+        }
+    }
+}
+
 /// Keeps events in memory (tests, `simulate`).
 #[derive(Default)]
 pub struct MemoryEvents {
@@ -313,6 +398,78 @@ mod tests {
         // The repeat at 300 s extended it; 6 minutes after that it is over.
         assert!(cache.repeat(&key, at(300 + 360)).is_none());
         assert!(cache.entries.is_empty());
+    }
+
+    /// A sink whose writes wait until the gate opens (an API server that does not answer).
+    struct GatedSink {
+        gate: tokio::sync::Semaphore,
+        written: MemoryEvents,
+    }
+
+    impl EventSink for GatedSink {
+        fn publish(&self, event: Recorded) -> BoxFuture<'_, ()> {
+            Box::pin(async move {
+                let _permit = self.gate.acquire().await.expect("gate open");
+                self.written.publish(event).await;
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn publishing_never_waits_for_the_api_and_everything_is_written_in_order() {
+        let inner = std::sync::Arc::new(GatedSink {
+            gate: tokio::sync::Semaphore::new(0),
+            written: MemoryEvents::default(),
+        });
+        let queued = QueuedEvents::spawn(inner.clone(), QUEUE_CAPACITY);
+        for i in 0..1000 {
+            // Ready at once although not one write has gone through.
+            use futures::FutureExt;
+            queued
+                .publish(recorded("Nominated", &format!("pod {i}")))
+                .now_or_never()
+                .expect("publish returned without waiting");
+        }
+        assert!(inner.written.all().is_empty());
+        inner.gate.add_permits(usize::MAX >> 4);
+        while inner.written.all().len() < 1000 {
+            tokio::task::yield_now().await;
+        }
+        let messages: Vec<String> = inner.written.all().into_iter().map(|e| e.message).collect();
+        let expected: Vec<String> = (0..1000).map(|i| format!("pod {i}")).collect();
+        assert_eq!(messages, expected);
+        assert_eq!(queued.dropped(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_and_counts_instead_of_blocking() {
+        let inner = std::sync::Arc::new(GatedSink {
+            gate: tokio::sync::Semaphore::new(0),
+            written: MemoryEvents::default(),
+        });
+        let queued = QueuedEvents::spawn(inner.clone(), 5);
+        for i in 0..20 {
+            use futures::FutureExt;
+            queued
+                .publish(recorded("Nominated", &format!("pod {i}")))
+                .now_or_never()
+                .expect("publish returned without waiting");
+        }
+        // 5 queued, and at most one taken by the publisher task: the rest dropped.
+        assert!(queued.dropped() >= 14, "{}", queued.dropped());
+    }
+
+    #[test]
+    fn identical_events_within_the_window_are_written_once() {
+        let mut recent = RecentEvents::default();
+        let start = std::time::Instant::now();
+        let e = recorded("FailedScheduling", "no instance type fits");
+        let key = || SeriesKey::of(&e, &e.message);
+        assert!(recent.admit(key(), start));
+        assert!(!recent.admit(key(), start + Duration::from_secs(60)));
+        let other = recorded("FailedScheduling", "another reason");
+        assert!(recent.admit(SeriesKey::of(&other, &other.message), start));
+        assert!(recent.admit(key(), start + DEDUPE_WINDOW + Duration::from_secs(1)));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::exoscale::{self, Clock, SystemClock};
 use crate::state::{self, Cluster};
 
 use super::config::Config;
-use super::events::KubeEvents;
+use super::events::{self, KubeEvents, QueuedEvents};
 use super::fenced_client::fenced;
 use super::health::{Readiness, bind_and_serve, health_router, metrics_router};
 use super::leader::{Leadership, LeaseTimings, elect};
@@ -373,7 +373,11 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                     client: writer.clone(),
                     cluster: cluster.clone(),
                     cloud,
-                    events: Arc::new(KubeEvents::new(writer, Some(config.identity.clone()))),
+                    // Queued: no reconcile or provisioning round waits on an event write.
+                    events: Arc::new(QueuedEvents::spawn(
+                        Arc::new(KubeEvents::new(writer, Some(config.identity.clone()))),
+                        events::QUEUE_CAPACITY,
+                    )),
                     metrics: metrics.clone(),
                     clock,
                     timings: config.timings.clone(),

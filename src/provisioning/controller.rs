@@ -191,8 +191,13 @@ impl Provisioner {
         for (pool, why) in &prepared.skipped_pools {
             tracing::info!(nodepool = %pool, reason = %why, "NodePool left out of provisioning");
         }
-        self.report_invalid(&prepared).await;
-        let Prepared { input, pods, .. } = prepared;
+        self.metrics.ignored_pods.set(prepared.invalid.len() as i64);
+        let Prepared {
+            input,
+            pods,
+            invalid,
+            ..
+        } = prepared;
         let started = Instant::now();
         let domain_pods: Vec<_> = pods.iter().map(|p| p.pod.clone()).collect();
         let results =
@@ -215,32 +220,11 @@ impl Provisioner {
         for assignment in &results.existing_nodes {
             self.nominations
                 .nominate(&assignment.node_name, nominate_until);
-            for &i in &assignment.pods {
-                let message = format!("Pod should schedule on: node/{}", assignment.node_name);
-                self.ctx
-                    .event(
-                        pods[i].object.as_ref(),
-                        Severity::Normal,
-                        "Nominated",
-                        message,
-                    )
-                    .await;
-            }
-        }
-        for u in &results.unschedulable {
-            let message = format!("Failed to schedule pod, {}", u.reason);
-            self.ctx
-                .event(
-                    pods[u.pod].object.as_ref(),
-                    Severity::Warning,
-                    "FailedScheduling",
-                    message,
-                )
-                .await;
         }
 
         let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
         let mut created = 0;
+        let mut pod_events = Vec::new();
         for claim in &results.new_node_claims {
             let Some(pool) = self.ctx.cluster.read().nodepool(&claim.node_pool) else {
                 continue;
@@ -288,20 +272,37 @@ impl Provisioner {
                     }
                     for &i in &claim.pods {
                         let message = format!("Pod should schedule on: nodeclaim/{name}");
-                        self.ctx
-                            .event(
-                                pods[i].object.as_ref(),
-                                Severity::Normal,
-                                "Nominated",
-                                message,
-                            )
-                            .await;
+                        pod_events.push((i, Severity::Normal, "Nominated", message));
                     }
                 }
                 Err(error) => {
                     tracing::warn!(nodepool = %claim.node_pool, %error, "creating a NodeClaim failed");
                 }
             }
+        }
+
+        // Events only once every NodeClaim of the round exists: they are queued (the sink
+        // never waits on the API), and none of them is worth delaying a launch for.
+        for assignment in &results.existing_nodes {
+            for &i in &assignment.pods {
+                let message = format!("Pod should schedule on: node/{}", assignment.node_name);
+                pod_events.push((i, Severity::Normal, "Nominated", message));
+            }
+        }
+        for u in &results.unschedulable {
+            let message = format!("Failed to schedule pod, {}", u.reason);
+            pod_events.push((u.pod, Severity::Warning, "FailedScheduling", message));
+        }
+        for (i, severity, reason, message) in pod_events {
+            self.ctx
+                .event(pods[i].object.as_ref(), severity, reason, message)
+                .await;
+        }
+        for (pod, why) in &invalid {
+            let message = format!("Failed to schedule pod, {why}");
+            self.ctx
+                .event(pod.as_ref(), Severity::Warning, "FailedScheduling", message)
+                .await;
         }
         Ok(created)
     }
@@ -433,16 +434,6 @@ impl Provisioner {
             }
         }
         out
-    }
-
-    async fn report_invalid(&self, prepared: &Prepared) {
-        self.metrics.ignored_pods.set(prepared.invalid.len() as i64);
-        for (pod, why) in &prepared.invalid {
-            let message = format!("Failed to schedule pod, {why}");
-            self.ctx
-                .event(pod.as_ref(), Severity::Warning, "FailedScheduling", message)
-                .await;
-        }
     }
 }
 
