@@ -18,7 +18,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use karpenter_exoscale::apis::labels::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
-use karpenter_exoscale::apis::{ConditionsExt, NodeClaim, NodePool};
+use karpenter_exoscale::apis::{ConditionsExt, NodeClaim, NodeOverlay, NodePool};
 use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
 use karpenter_exoscale::controllers::disruption;
 use karpenter_exoscale::exoscale::{Clock, SystemClock};
@@ -54,8 +54,16 @@ struct Operator {
 
 impl Operator {
     async fn start(world: &World) -> Operator {
+        Operator::start_with(world, &[]).await
+    }
+
+    /// A replica with extra environment (feature gates).
+    async fn start_with(world: &World, extra_env: &[(&str, &str)]) -> Operator {
         let mut env = world.env.clone();
         env.insert("POD_NAME".into(), "disruption".into());
+        for (key, value) in extra_env {
+            env.insert((*key).into(), (*value).into());
+        }
         let mut config =
             Config::resolve(&RunArgs::default(), &env).expect("valid test configuration");
         config.metrics_port = 0;
@@ -744,6 +752,118 @@ async fn two_under_used_nodes_become_one_cheaper_node() {
         (a == [node.clone()] && b == [node.clone()]).then_some(())
     })
     .await;
+    cleanup(world, operator, &pool).await;
+}
+
+#[tokio::test]
+async fn consolidation_honours_a_nodeoverlay_price() {
+    let Some(world) = World::start("dis-overlay", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let operator = Operator::start_with(&world, &[("FEATURE_GATES", "NodeOverlay=true")]).await;
+    world.ready_nodeclass().await;
+    let pool = nodepool_of(
+        &world,
+        &["standard.tiny", "standard.small"],
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}),
+        json!({}),
+    )
+    .await;
+    assert!(price_of("standard.tiny") < price_of("standard.small"));
+    deployment(&world, "app", &pool, 1, "300m", json!({})).await;
+    let old = initialized_claims(&world, &pool, 1).await;
+    let old_claim = world
+        .nodeclaims()
+        .get(old.iter().next().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        type_of(&old_claim),
+        "standard.tiny",
+        "list prices pick tiny"
+    );
+    consolidatable(&world, &old).await;
+
+    // An overlay (scoped to this test's NodePool) makes tiny cost 10/h: at overlay prices the
+    // node is worth replacing with a small one, which list prices would never do.
+    let overlay: NodeOverlay = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
+        "metadata": {"name": pool},
+        "spec": {
+            "requirements": [
+                {"key": NODEPOOL_LABEL, "operator": "In", "values": [pool]},
+                {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": ["standard.tiny"]}
+            ],
+            "price": "10"
+        }
+    }))
+    .expect("NodeOverlay");
+    let overlays: Api<NodeOverlay> = Api::all(world.client.clone());
+    overlays
+        .create(&PostParams::default(), &overlay)
+        .await
+        .expect("create NodeOverlay");
+
+    let replacement = eventually_within("the tiny node replaced by a small one", LONG, || async {
+        let claims = claims_of(&world, &pool).await;
+        let done = claims.len() == 1
+            && !old.contains(&claims[0].name_any())
+            && claims[0]
+                .status
+                .as_ref()
+                .is_some_and(|s| s.conditions.is_true("Initialized"));
+        done.then(|| claims[0].clone())
+    })
+    .await;
+    assert_eq!(type_of(&replacement), "standard.small");
+    let node = node_of(&replacement).expect("the replacement has a node");
+    eventually_within("the pod runs on the replacement", LONG, || async {
+        (bound_pods(&world, "app", 1).await == [node.clone()]).then_some(())
+    })
+    .await;
+    let condition = |o: &NodeOverlay, type_: &str| {
+        o.status
+            .as_ref()
+            .and_then(|s| s.conditions.get_condition(type_))
+            .map(|c| {
+                (
+                    format!("{:?}", c.status),
+                    c.reason.clone(),
+                    c.message.clone(),
+                )
+            })
+    };
+    eventually(
+        "the NodeOverlay reports ValidationSucceeded and Ready",
+        || async {
+            let o = overlays.get(&pool).await.ok()?;
+            let ok = ["ValidationSucceeded", "Ready"]
+                .iter()
+                .all(|t| condition(&o, t).is_some_and(|(status, _, _)| status == "True"));
+            ok.then_some(())
+        },
+    )
+    .await;
+    // A second overlay of the same weight pricing the same offerings: a tie only the name
+    // order settles. The loser (the first overlay: names sort descending) says so.
+    let twin_name = format!("{pool}-twin");
+    let mut twin = overlay.clone();
+    twin.metadata.name = Some(twin_name.clone());
+    overlays
+        .create(&PostParams::default(), &twin)
+        .await
+        .expect("create the twin NodeOverlay");
+    let (_, reason, message) = eventually("the tie reported as a Conflict", || async {
+        let o = overlays.get(&pool).await.ok()?;
+        condition(&o, "ValidationSucceeded").filter(|(status, _, _)| status == "False")
+    })
+    .await;
+    assert_eq!(reason, "Conflict");
+    assert!(message.contains(&twin_name), "{message}");
+    for name in [pool.clone(), twin_name] {
+        let _ = overlays.delete(&name, &DeleteParams::default()).await;
+    }
     cleanup(world, operator, &pool).await;
 }
 

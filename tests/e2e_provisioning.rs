@@ -827,11 +827,13 @@ async fn a_thousand_pending_pods_get_their_nodeclaims_before_any_event_is_writte
     let pods = world.pods();
     futures::stream::iter(0..1000)
         .map(|i| {
-            let pods = pods.clone();
+            let (pods, pool_name) = (pods.clone(), pool_name.clone());
             async move {
                 let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
                     "metadata": {"name": format!("p-{i}"), "labels": {"app": "many"}},
-                    "spec": {"containers": [{"name": "c", "image": "registry.example.com/app:1",
+                    // Only this test's NodePool may take them: the control plane is shared.
+                    "spec": {"nodeSelector": {NODEPOOL_LABEL: pool_name},
+                        "containers": [{"name": "c", "image": "registry.example.com/app:1",
                         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}}]}
                 }))
                 .unwrap();
@@ -895,6 +897,16 @@ async fn a_thousand_pending_pods_get_their_nodeclaims_before_any_event_is_writte
     .await;
     assert!(held.load(std::sync::atomic::Ordering::SeqCst) > 0);
 
+    // A thousand pending pods left behind would weigh on every other test's provisioning.
+    let _ = pods
+        .delete_collection(
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+            &ListParams::default().labels("app=many"),
+        )
+        .await;
     let _ = Api::<NodePool>::all(world.client.clone())
         .delete(&pool_name, &DeleteParams::default())
         .await;

@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
 use crate::apis::labels::NODEPOOL_LABEL;
-use crate::apis::{NodeClaim, NodeOverlay, NodePool};
+use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::{Context, Shutdown};
 use crate::operator::events::Severity;
 use crate::operator::metrics::{Labels, labels};
@@ -378,18 +378,6 @@ impl Provisioner {
 
     async fn nodepools_with_types(&self) -> Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)> {
         let pools = self.ctx.cluster.read().nodepools();
-        let overlays = if self.ctx.feature_gates.node_overlay {
-            let api: Api<NodeOverlay> = Api::all(self.ctx.client.clone());
-            match api.list(&ListParams::default()).await {
-                Ok(list) => list.items,
-                Err(error) => {
-                    tracing::warn!(%error, "cannot list NodeOverlays; provisioning without them");
-                    Vec::new()
-                }
-            }
-        } else {
-            Vec::new()
-        };
         let mut out = Vec::new();
         for pool in pools {
             let name = pool.name_any();
@@ -401,25 +389,7 @@ impl Provisioner {
                 types.as_ref().err().map(|e| e.kind()),
             );
             match types {
-                Ok(types) => {
-                    let types = if overlays.is_empty() {
-                        types
-                    } else {
-                        match crate::cloudprovider::overlay::apply(
-                            &name,
-                            &pool.template_labels(),
-                            &types,
-                            &overlays,
-                        ) {
-                            Ok((adjusted, _)) => adjusted,
-                            Err(error) => {
-                                tracing::warn!(nodepool = %name, %error, "NodeOverlay not applied");
-                                types
-                            }
-                        }
-                    };
-                    out.push((pool, types));
-                }
+                Ok(types) => out.push((pool, types)),
                 Err(error) => {
                     tracing::warn!(nodepool = %name, %error, "no instance types for NodePool");
                     self.ctx

@@ -11,7 +11,7 @@ use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::ResourceExt;
 
 use crate::apis::labels::{CAPACITY_TYPE_LABEL, NODEPOOL_LABEL};
-use crate::apis::{NodeClaim, NodePool, ResourceList};
+use crate::apis::{NodeClaim, NodeOverlay, NodePool, ResourceList};
 
 use super::quantity;
 
@@ -28,6 +28,8 @@ pub enum Kind {
     PersistentVolume,
     StorageClass,
     VolumeAttachment,
+    /// Watched only with the NodeOverlay feature gate; then required like the others.
+    NodeOverlay,
 }
 
 impl Kind {
@@ -72,6 +74,9 @@ pub struct ClusterIndex {
     pvs: BTreeMap<String, Arc<PersistentVolume>>,
     storage_classes: BTreeMap<String, Arc<StorageClass>>,
     volume_attachments: BTreeMap<String, Arc<VolumeAttachment>>,
+    overlays: BTreeMap<String, Arc<NodeOverlay>>,
+    /// Optional kinds that were switched on: required for sync like [`Kind::ALL`].
+    required: BTreeSet<Kind>,
     listed: BTreeSet<Kind>,
     /// Kinds whose watch failed since their last complete list.
     stale: BTreeSet<Kind>,
@@ -100,7 +105,8 @@ fn key_string(kind: Kind, key: &NamespacedName) -> String {
         | Kind::NodePool
         | Kind::PersistentVolume
         | Kind::StorageClass
-        | Kind::VolumeAttachment => key.1.clone(),
+        | Kind::VolumeAttachment
+        | Kind::NodeOverlay => key.1.clone(),
         _ => format!("{}/{}", key.0, key.1),
     }
 }
@@ -194,6 +200,18 @@ impl ClusterIndex {
     pub fn delete_volume_attachment(&mut self, name: &str) {
         self.volume_attachments.remove(name);
     }
+    pub fn apply_overlay(&mut self, overlay: NodeOverlay) {
+        self.seen(Kind::NodeOverlay, &namespaced(&overlay));
+        self.overlays.insert(overlay.name_any(), Arc::new(overlay));
+    }
+    pub fn delete_overlay(&mut self, name: &str) {
+        self.overlays.remove(name);
+    }
+
+    /// Makes an optional kind (one outside [`Kind::ALL`]) a condition of [`Self::synced`].
+    pub fn require(&mut self, kind: Kind) {
+        self.required.insert(kind);
+    }
 
     fn unbind(&mut self, key: &NamespacedName) {
         if let Some(old) = self.pods.get(key)
@@ -260,6 +278,7 @@ impl ClusterIndex {
             Kind::VolumeAttachment => self
                 .volume_attachments
                 .retain(|name, _| seen.contains(name)),
+            Kind::NodeOverlay => self.overlays.retain(|name, _| seen.contains(name)),
         }
         self.listed.insert(kind);
         self.stale.remove(&kind);
@@ -273,6 +292,7 @@ impl ClusterIndex {
     pub fn synced(&self) -> bool {
         self.stale.is_empty()
             && Kind::ALL.iter().all(|k| self.listed.contains(k))
+            && self.required.iter().all(|k| self.listed.contains(k))
             && self
                 .nodeclaims
                 .values()
@@ -298,6 +318,10 @@ impl ClusterIndex {
     }
     pub fn nodepool(&self, name: &str) -> Option<Arc<NodePool>> {
         self.nodepools.get(name).cloned()
+    }
+    /// NodeOverlays, by name (empty unless the NodeOverlay gate watches them).
+    pub fn overlays(&self) -> Vec<Arc<NodeOverlay>> {
+        self.overlays.values().cloned().collect()
     }
     pub fn nodepools(&self) -> Vec<Arc<NodePool>> {
         self.nodepools.values().cloned().collect()
@@ -492,6 +516,40 @@ mod tests {
         assert!(!index.synced(), "c1 has no provider ID yet");
         index.apply_nodeclaim(nodeclaim("c1", "default", Some("exoscale://1")));
         assert!(index.synced());
+    }
+
+    #[test]
+    fn a_required_optional_kind_holds_sync_until_listed_and_its_relist_drops_the_gone() {
+        let overlay = |name: &str| -> NodeOverlay {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
+                "metadata": {"name": name}, "spec": {"requirements": [], "price": "1"}
+            }))
+            .unwrap()
+        };
+        let mut index = ClusterIndex::default();
+        for kind in Kind::ALL {
+            index.begin_list(kind);
+            index.finish_list(kind);
+        }
+        assert!(index.synced(), "overlays are not watched: not needed");
+        index.require(Kind::NodeOverlay);
+        assert!(!index.synced(), "overlays watched but not listed yet");
+        index.begin_list(Kind::NodeOverlay);
+        index.apply_overlay(overlay("a"));
+        index.apply_overlay(overlay("b"));
+        index.finish_list(Kind::NodeOverlay);
+        assert!(index.synced());
+        index.begin_list(Kind::NodeOverlay);
+        index.apply_overlay(overlay("b"));
+        index.finish_list(Kind::NodeOverlay);
+        let names: Vec<String> = index.overlays().iter().map(|o| o.name_any()).collect();
+        assert_eq!(names, vec!["b"]);
+        index.mark_stale(Kind::NodeOverlay);
+        assert!(
+            !index.synced(),
+            "a failed overlay watch unsyncs like any other"
+        );
     }
 
     #[test]

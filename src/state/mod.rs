@@ -27,7 +27,7 @@ pub use index::{
     ClusterIndex, Kind, NamespacedName, NodePoolUsage, node_provider_id, nodeclaim_provider_id,
 };
 
-use crate::apis::{NodeClaim, NodePool};
+use crate::apis::{NodeClaim, NodeOverlay, NodePool};
 
 /// Shared, thread-safe cluster state. Every change bumps a revision that consumers can await.
 pub struct Cluster {
@@ -119,6 +119,7 @@ indexed!(PersistentVolumeClaim, Kind::PersistentVolumeClaim, apply_pvc, namespac
 indexed!(PersistentVolume, Kind::PersistentVolume, apply_pv, cluster delete_pv);
 indexed!(StorageClass, Kind::StorageClass, apply_storage_class, cluster delete_storage_class);
 indexed!(VolumeAttachment, Kind::VolumeAttachment, apply_volume_attachment, cluster delete_volume_attachment);
+indexed!(NodeOverlay, Kind::NodeOverlay, apply_overlay, cluster delete_overlay);
 
 /// Applies one watcher event to the cluster.
 fn apply_event<K: Indexed>(cluster: &Cluster, event: Event<K>) {
@@ -180,9 +181,22 @@ impl Backoff {
     }
 }
 
-/// Starts one watcher per kind feeding `cluster`; the tasks run until aborted.
-pub fn feed(client: kube::Client, cluster: Arc<Cluster>) -> Vec<tokio::task::JoinHandle<()>> {
-    vec![
+/// Starts one watcher per kind feeding `cluster` (NodeOverlays too when `overlays`, which then
+/// must be listed before the state is synced); the tasks run until aborted.
+pub fn feed(
+    client: kube::Client,
+    cluster: Arc<Cluster>,
+    overlays: bool,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut feeds = Vec::new();
+    if overlays {
+        cluster.update(|index| index.require(Kind::NodeOverlay));
+        feeds.push(tokio::spawn(feed_kind(
+            Api::<NodeOverlay>::all(client.clone()),
+            cluster.clone(),
+        )));
+    }
+    feeds.extend([
         tokio::spawn(feed_kind(Api::<Node>::all(client.clone()), cluster.clone())),
         tokio::spawn(feed_kind(
             Api::<NodeClaim>::all(client.clone()),
@@ -216,7 +230,8 @@ pub fn feed(client: kube::Client, cluster: Arc<Cluster>) -> Vec<tokio::task::Joi
         )),
         // Termination waits for a node's VolumeAttachments to go before deleting its instance.
         tokio::spawn(feed_kind(Api::<VolumeAttachment>::all(client), cluster)),
-    ]
+    ]);
+    feeds
 }
 
 #[cfg(test)]
