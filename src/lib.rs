@@ -2,6 +2,7 @@
 
 pub mod apis;
 pub mod catalogue;
+pub mod clock;
 pub mod cloudprovider;
 pub mod controllers;
 pub mod disruption;

@@ -380,6 +380,38 @@ async fn a_wrong_cluster_id_never_lets_gc_delete_another_clusters_instances() {
             .any(|n| n.contains("EXOSCALE_SKS_CLUSTER_ID")),
         "{reported:?}"
     );
+
+    // GC runs as a periodic controller: its passes are timed, and a failed pass (the instance
+    // list refused) is counted as a reconcile error of the collector, then the next one runs.
+    let passes = |text: &str| -> u64 {
+        text.lines()
+            .find(|l| {
+                l.starts_with("karpenter_exoscale_periodic_duration_seconds_count{")
+                    && l.contains("controller=\"instance.garbagecollection\"")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(passes(&metrics) >= 3, "GC passes not timed:\n{metrics}");
+    world.sim.inject(karpenter_exoscale::sim::Fault::status(
+        "list-instances",
+        400,
+        "injected: listing refused",
+    ));
+    let before = passes(&world.replica_metrics("a"));
+    eventually_within(
+        "a failed GC pass counted",
+        Duration::from_secs(60),
+        || async {
+            let text = world.replica_metrics("a");
+            let failed = text.lines().any(|l| {
+                l.starts_with("karpenter_exoscale_reconcile_errors_total{")
+                    && l.contains("controller=\"instance.garbagecollection\"")
+            });
+            (failed && passes(&text) >= before + 2).then_some(())
+        },
+    )
+    .await;
     drop((ours, other_id, same_id));
     world.finish().await;
 }

@@ -18,8 +18,9 @@ use crate::apis::{
     ConditionStatus, ConditionsExt, ExoscaleNodeClass, NodeClaim, NodeClaimSpec,
     NodeClassReference, NodePool, NodeSelectorRequirementWithMinValues, Operator,
 };
+use crate::clock::Clock;
+use crate::exoscale;
 use crate::exoscale::models::{Instance, Labels};
-use crate::exoscale::{self, Clock};
 use crate::providers::bootstrap_token::{self, BootstrapToken};
 use crate::providers::drift::{self, DesiredState};
 use crate::providers::instance::{

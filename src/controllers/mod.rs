@@ -10,11 +10,12 @@ pub mod metrics;
 pub mod node;
 pub mod nodeclaim;
 pub mod nodeclass;
+pub mod nodeoverlay;
 pub mod nodepool;
+pub mod periodic;
 pub mod repair;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -27,7 +28,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 
-use crate::exoscale::Clock;
+use crate::clock::Clock;
 use crate::operator::config::{FeatureGates, Timings};
 use crate::operator::events::{EventSink, Recorded, Severity};
 use crate::operator::leader::Leadership;
@@ -130,25 +131,6 @@ impl Context {
                 message,
             })
             .await;
-    }
-}
-
-/// A clock tests move by hand.
-#[derive(Debug, Default)]
-pub struct ManualClock(AtomicI64);
-
-impl ManualClock {
-    pub fn at(unix: i64) -> Self {
-        ManualClock(AtomicI64::new(unix))
-    }
-    pub fn advance(&self, by: Duration) {
-        self.0.fetch_add(by.as_secs() as i64, Ordering::SeqCst);
-    }
-}
-
-impl Clock for ManualClock {
-    fn now_unix(&self) -> i64 {
-        self.0.load(Ordering::SeqCst)
     }
 }
 
@@ -376,12 +358,39 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
             }
         }
     };
-    let gc = until_shutdown(Box::pin(
-        Arc::new(garbage_collection::Collector::default()).run(ctx.clone()),
-    ));
-    let tokens = until_shutdown(Box::pin(bootstrap_token::run(ctx.clone())));
+    let collector = Arc::new(garbage_collection::Collector::default());
+    let gc = until_shutdown(Box::pin(periodic::every(
+        ctx.clone(),
+        "instance.garbagecollection",
+        ctx.timings.instance_gc_interval,
+        move |ctx| {
+            let collector = collector.clone();
+            async move { collector.collect(&ctx).await }
+        },
+    )));
+    let tokens = until_shutdown(Box::pin(periodic::every(
+        ctx.clone(),
+        "bootstrap_token.cleanup",
+        bootstrap_token::INTERVAL,
+        |ctx| async move { bootstrap_token::cleanup_once(&ctx).await },
+    )));
     let repair = until_shutdown(if ctx.feature_gates.node_repair {
-        Box::pin(repair::run(ctx.clone()))
+        Box::pin(periodic::paced(
+            ctx.clone(),
+            "node.repair",
+            repair::INTERVAL,
+            |ctx| async move { repair::repair_once(&ctx).await },
+        ))
+    } else {
+        Box::pin(std::future::pending())
+    });
+    let overlays = until_shutdown(if ctx.feature_gates.node_overlay {
+        Box::pin(periodic::every(
+            ctx.clone(),
+            "nodeoverlay.status",
+            nodeoverlay::INTERVAL,
+            |ctx| async move { nodeoverlay::update_once(&ctx).await },
+        ))
     } else {
         Box::pin(std::future::pending())
     });
@@ -392,7 +401,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         nodeclasses,
         gc,
         tokens,
-        repair
+        repair,
+        overlays
     );
 }
 
@@ -424,13 +434,5 @@ mod tests {
         assert!(api(409).is_conflict());
         assert!(!api(404).is_conflict());
         assert!(!Error::Invalid("x".into()).is_conflict());
-    }
-
-    #[test]
-    fn manual_clock_moves_only_when_told() {
-        let clock = ManualClock::at(100);
-        assert_eq!(clock.now_unix(), 100);
-        clock.advance(Duration::from_secs(5));
-        assert_eq!(clock.now_unix(), 105);
     }
 }

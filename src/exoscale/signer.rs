@@ -2,8 +2,6 @@
 //! body and an expiry. The sim uses the same message builder to verify.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -19,39 +17,8 @@ pub const SIGNATURE_VALIDITY_SECS: i64 = 600;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// A source of the current UNIX time, injectable so signatures are reproducible.
-pub trait Clock: Send + Sync + std::fmt::Debug {
-    fn now_unix(&self) -> i64;
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_unix(&self) -> i64 {
-        chrono::Utc::now().timestamp()
-    }
-}
-
-/// A clock that returns a settable instant.
-#[derive(Debug, Clone, Default)]
-pub struct FixedClock(Arc<AtomicI64>);
-
-impl FixedClock {
-    pub fn at(unix: i64) -> Self {
-        FixedClock(Arc::new(AtomicI64::new(unix)))
-    }
-
-    pub fn set(&self, unix: i64) {
-        self.0.store(unix, Ordering::SeqCst);
-    }
-}
-
-impl Clock for FixedClock {
-    fn now_unix(&self) -> i64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
+/// The clock signatures are dated with (re-exported from the neutral [`crate::clock`]).
+pub use crate::clock::{Clock, FixedClock, SystemClock};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SignError {

@@ -126,6 +126,7 @@ pub struct Metrics {
     pub cloudprovider_duration: HistogramFamily,
     pub cloudprovider_errors: CounterFamily,
     pub reconcile_errors: CounterFamily,
+    pub periodic_duration: HistogramFamily,
     pub exoscale_api_requests: CounterFamily,
     pub exoscale_api_duration: HistogramFamily,
     pub exoscale_api_errors: CounterFamily,
@@ -298,6 +299,11 @@ impl Metrics {
                 r,
                 "karpenter_exoscale_reconcile_errors",
                 "Reconcile errors, by controller and error kind.",
+            ),
+            periodic_duration: histogram(
+                r,
+                "karpenter_exoscale_periodic_duration_seconds",
+                "Duration of one pass of a periodic controller (garbage collection, token cleanup, repair, NodeOverlay status).",
             ),
             exoscale_api_requests: counter(
                 r,

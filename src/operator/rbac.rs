@@ -84,10 +84,17 @@ pub const PERMISSIONS: &[Permission] = &[
     },
     Permission {
         target: resource(KARPENTER, "nodeoverlays"),
-        verbs: &["list"],
+        verbs: &["list", "watch"],
         scope: Scope::Cluster,
         resource_names: &[],
-        reason: "provisioning applies NodeOverlays to instance types",
+        reason: "the cluster state watches NodeOverlays; the provider applies them to instance types",
+    },
+    Permission {
+        target: resource(KARPENTER, "nodeoverlays/status"),
+        verbs: &["patch"],
+        scope: Scope::Cluster,
+        resource_names: &[],
+        reason: "NodeOverlay ValidationSucceeded and Ready conditions",
     },
     Permission {
         target: resource(EXOSCALE, "exoscalenodeclasses"),

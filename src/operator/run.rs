@@ -12,13 +12,15 @@ use thiserror::Error;
 use tokio::sync::watch;
 
 use crate::apis::ExoscaleNodeClass;
+use crate::clock::{Clock, SystemClock};
 use crate::cloudprovider::CloudProvider;
 use crate::cloudprovider::exoscale::{
     Dependencies, ExoscaleCloudProvider, ExoscaleSettings as ProviderSettings, KubeNodeBootstrap,
 };
+use crate::cloudprovider::overlay::{OverlaySource, WithOverlays};
 use crate::controllers::nodeclass::{ExoscaleResolution, Resolution};
 use crate::controllers::{self, Context, Shutdown, shutdown_signal};
-use crate::exoscale::{self, Clock, SystemClock};
+use crate::exoscale;
 use crate::state::{self, Cluster};
 
 use super::config::Config;
@@ -302,7 +304,21 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
     } = runtime;
     let stop = shutdown_signal(shutdown.clone());
     let cluster = Cluster::new();
-    let feeds = state::feed(client.clone(), cluster.clone());
+    let feeds = state::feed(
+        client.clone(),
+        cluster.clone(),
+        config.feature_gates.node_overlay,
+    );
+    // NodeOverlays act through the provider: provisioning, consolidation, drift all see them.
+    let cloud: Arc<dyn CloudProvider> = if config.feature_gates.node_overlay {
+        let source: OverlaySource = {
+            let cluster = cluster.clone();
+            Arc::new(move || cluster.read().overlays())
+        };
+        Arc::new(WithOverlays::new(cloud, source))
+    } else {
+        cloud
+    };
 
     let readiness = Readiness::default().with_check("cluster-state", {
         let cluster = cluster.clone();

@@ -19,7 +19,8 @@ use crate::apis::labels::{
     LEGACY_INSTANCE_SIZE_LABEL,
 };
 use crate::apis::nodeclass::{ExoscaleNodeClass, KubeletConfiguration};
-use crate::exoscale::{self, Clock};
+use crate::clock::Clock;
+use crate::exoscale;
 use crate::scheduling::labels::{ARCH, CAPACITY_TYPE, INSTANCE_TYPE, OS, REGION, ZONE};
 use crate::scheduling::quantity::{CPU, EPHEMERAL_STORAGE, MEMORY, PODS};
 use crate::scheduling::{InstanceType, Offering, Quantity, Requirement, Resources};

@@ -13,8 +13,9 @@ use thiserror::Error;
 
 use crate::apis::ExoscaleNodeClassSpec;
 use crate::apis::nodeclass::SelectorTerm;
+use crate::clock::Clock;
+use crate::exoscale;
 use crate::exoscale::models::{AntiAffinityGroup, PrivateNetwork, SecurityGroup};
-use crate::exoscale::{self, Clock};
 
 /// How long a list of groups serves name lookups (the Go provider's value).
 pub const NAME_CACHE_TTL: Duration = Duration::from_secs(60);

@@ -11,8 +11,9 @@ use thiserror::Error;
 
 use crate::apis::ExoscaleNodeClass;
 use crate::apis::nodeclass::TemplateVariant;
+use crate::clock::Clock;
+use crate::exoscale;
 use crate::exoscale::models::SksTemplateVariant;
-use crate::exoscale::{self, Clock};
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(5 * 60);
 

@@ -8,7 +8,6 @@
 //! reading NodeClaims from cluster state.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -67,16 +66,6 @@ pub async fn cleanup_once(ctx: &Context) -> Result<usize, super::Error> {
         absent_ok(patch_object(&api, &claim, forget, None).await)?;
     }
     Ok(deleted)
-}
-
-/// Runs cleanup passes until the task is dropped.
-pub async fn run(ctx: Arc<Context>) {
-    loop {
-        if let Err(error) = cleanup_once(&ctx).await {
-            tracing::warn!(%error, "bootstrap token cleanup failed");
-        }
-        tokio::time::sleep(INTERVAL).await;
-    }
 }
 
 #[cfg(test)]

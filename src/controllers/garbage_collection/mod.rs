@@ -11,7 +11,7 @@
 //! whose instance is gone and whose Node is not Ready are deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -275,16 +275,6 @@ impl Collector {
                 ),
             )
             .await;
-        }
-    }
-
-    /// Collects every `interval` until the task is dropped.
-    pub async fn run(self: Arc<Self>, ctx: Arc<Context>) {
-        loop {
-            if let Err(error) = self.collect(&ctx).await {
-                tracing::warn!(%error, "instance garbage collection failed");
-            }
-            tokio::time::sleep(ctx.timings.instance_gc_interval).await;
         }
     }
 }

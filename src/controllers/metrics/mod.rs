@@ -13,7 +13,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use self::state::{PodTransitions, Sample, StateInput, StateSnapshot, snapshot};
-use crate::exoscale::Clock;
+use crate::clock::Clock;
 use crate::operator::leader::Leadership;
 use crate::operator::metrics::{Labels, Metrics, NodeGauge};
 use crate::state::Cluster;

@@ -3,6 +3,7 @@
 //! with an immediate termination deadline — unless more than 20 % of its NodePool's nodes are
 //! unhealthy, when repair is blocked (a cluster-wide problem is not fixed by killing nodes).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,22 +60,23 @@ pub fn repair_allowed(total_nodes: usize, unhealthy_nodes: usize) -> bool {
     unhealthy_nodes <= threshold
 }
 
-/// Nodes of a NodePool (by label) and how many of them are unhealthy right now.
-fn pool_health(
+/// Per NodePool (by the node label; `None` for unlabelled nodes): how many nodes it has and
+/// how many of them are unhealthy right now. Computed once per pass, not once per node.
+pub fn pool_health(
     index: &ClusterIndex,
-    pool: Option<&str>,
     policies: &[RepairPolicy],
-) -> (usize, usize) {
-    let nodes: Vec<_> = index
-        .nodes()
-        .into_iter()
-        .filter(|n| n.labels().get(NODEPOOL_LABEL).map(String::as_str) == pool)
-        .collect();
-    let bad = nodes
-        .iter()
-        .filter(|n| unhealthy(n, policies).is_some())
-        .count();
-    (nodes.len(), bad)
+) -> BTreeMap<Option<String>, (usize, usize)> {
+    let mut out: BTreeMap<Option<String>, (usize, usize)> = BTreeMap::new();
+    for node in index.nodes() {
+        let entry = out
+            .entry(node.labels().get(NODEPOOL_LABEL).cloned())
+            .or_default();
+        entry.0 += 1;
+        if unhealthy(&node, policies).is_some() {
+            entry.1 += 1;
+        }
+    }
+    out
 }
 
 /// What to do about one node.
@@ -94,6 +96,7 @@ pub enum Decision {
 
 pub fn decide(
     index: &ClusterIndex,
+    health: &BTreeMap<Option<String>, (usize, usize)>,
     node: &Node,
     policies: &[RepairPolicy],
     now: Timestamp,
@@ -111,8 +114,8 @@ pub fn decide(
     if claim.metadata.deletion_timestamp.is_some() {
         return Decision::Healthy;
     }
-    let pool = node.labels().get(NODEPOOL_LABEL).map(String::as_str);
-    let (total, bad) = pool_health(index, pool, policies);
+    let pool = node.labels().get(NODEPOOL_LABEL).cloned();
+    let (total, bad) = health.get(&pool).copied().unwrap_or((1, 1));
     if !repair_allowed(total, bad) {
         return Decision::Blocked {
             unhealthy: bad,
@@ -125,24 +128,28 @@ pub fn decide(
     }
 }
 
-/// One pass over all nodes.
-pub async fn repair_once(ctx: &Context) -> Result<()> {
+/// One pass over all nodes; returns when the next pass is due: at the earliest toleration
+/// that ends before [`INTERVAL`] (upstream requeues a Node at its toleration's expiry), else
+/// after [`INTERVAL`].
+pub async fn repair_once(ctx: &Context) -> Result<Duration> {
     let policies = ctx.cloud.repair_policies();
     if policies.is_empty() || !ctx.cluster.synced() {
-        return Ok(());
+        return Ok(INTERVAL);
     }
     let now = ctx.now();
     let decisions: Vec<(Arc<Node>, Decision)> = {
         let index = ctx.cluster.read();
+        let health = pool_health(&index, &policies);
         index
             .nodes()
             .into_iter()
             .map(|n| {
-                let d = decide(&index, &n, &policies, now);
+                let d = decide(&index, &health, &n, &policies, now);
                 (n, d)
             })
             .collect()
     };
+    let next = next_pass(&decisions, now);
     let api: Api<NodeClaim> = Api::all(ctx.client.clone());
     for (node, decision) in decisions {
         match decision {
@@ -175,16 +182,21 @@ pub async fn repair_once(ctx: &Context) -> Result<()> {
             Decision::Healthy | Decision::WaitUntil(_) => {}
         }
     }
-    Ok(())
+    Ok(next)
 }
 
-pub async fn run(ctx: Arc<Context>) {
-    loop {
-        if let Err(error) = repair_once(&ctx).await {
-            tracing::warn!(%error, "node repair pass failed");
-        }
-        tokio::time::sleep(INTERVAL).await;
-    }
+/// Time until the earliest toleration ends (at least a second), at most [`INTERVAL`].
+fn next_pass(decisions: &[(Arc<Node>, Decision)], now: Timestamp) -> Duration {
+    decisions
+        .iter()
+        .filter_map(|(_, d)| match d {
+            Decision::WaitUntil(at) => Some(at.as_second().saturating_sub(now.as_second())),
+            _ => None,
+        })
+        .min()
+        .map_or(INTERVAL, |secs| {
+            Duration::from_secs(u64::try_from(secs).unwrap_or(0).max(1)).min(INTERVAL)
+        })
 }
 
 #[cfg(test)]
@@ -203,6 +215,28 @@ mod tests {
         }]);
         n.labels_mut().insert(NODEPOOL_LABEL.into(), "pool".into());
         n
+    }
+
+    #[test]
+    fn the_next_pass_comes_when_the_earliest_toleration_ends() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        let at = |s: i64| Timestamp::from_second(s).unwrap();
+        let node = Arc::new(Node::default());
+        let waiting = |s: i64| (node.clone(), Decision::WaitUntil(at(s)));
+        assert_eq!(next_pass(&[], now), INTERVAL);
+        assert_eq!(
+            next_pass(
+                &[
+                    waiting(1_020),
+                    waiting(1_007),
+                    (node.clone(), Decision::Healthy)
+                ],
+                now
+            ),
+            Duration::from_secs(7)
+        );
+        assert_eq!(next_pass(&[waiting(5_000)], now), INTERVAL);
+        assert_eq!(next_pass(&[waiting(1_000)], now), Duration::from_secs(1));
     }
 
     #[test]
@@ -230,11 +264,23 @@ mod tests {
         }
         let sick = index.node("n0").unwrap();
         assert_eq!(
-            decide(&index, &sick, &policies, ts(60).0),
+            decide(
+                &index,
+                &pool_health(&index, &policies),
+                &sick,
+                &policies,
+                ts(60).0
+            ),
             Decision::WaitUntil(ts(900).0)
         );
         assert_eq!(
-            decide(&index, &sick, &policies, ts(900).0),
+            decide(
+                &index,
+                &pool_health(&index, &policies),
+                &sick,
+                &policies,
+                ts(900).0
+            ),
             Decision::Repair {
                 nodeclaim: "c0".into(),
                 condition: "Ready".into()
@@ -249,7 +295,13 @@ mod tests {
             ));
         }
         assert_eq!(
-            decide(&index, &sick, &policies, ts(900).0),
+            decide(
+                &index,
+                &pool_health(&index, &policies),
+                &sick,
+                &policies,
+                ts(900).0
+            ),
             Decision::Blocked {
                 unhealthy: 3,
                 total: 10
