@@ -37,6 +37,7 @@ use crate::providers::{cluster_ca, nodeclass::NodeClassResolver};
 use crate::scheduling::InstanceType;
 use crate::scheduling::labels::{CAPACITY_TYPE, INSTANCE_TYPE, ZONE};
 
+use super::NodeClassState;
 use super::error::reasons;
 use super::{
     CloudProvider, CloudProviderError, DriftReason, NodeClassKind, RepairPolicy, Result,
@@ -68,11 +69,21 @@ pub struct ExoscaleSettings {
 /// Where NodeClasses are read from (a reflector store in production).
 pub trait NodeClassSource: Send + Sync {
     fn get(&self, name: &str) -> Option<ExoscaleNodeClass>;
+    /// Whether the first complete list arrived.
+    fn synced(&self) -> bool {
+        true
+    }
 }
 
 impl NodeClassSource for Store<ExoscaleNodeClass> {
     fn get(&self, name: &str) -> Option<ExoscaleNodeClass> {
         Store::get(self, &ObjectRef::new(name)).map(|nc| (*nc).clone())
+    }
+    fn synced(&self) -> bool {
+        use futures::FutureExt;
+        self.wait_until_ready()
+            .now_or_never()
+            .is_some_and(|r| r.is_ok())
     }
 }
 
@@ -942,6 +953,26 @@ impl CloudProvider for ExoscaleCloudProvider {
             group: EXOSCALE_GROUP.into(),
             kind: NODECLASS_KIND.into(),
         }]
+    }
+
+    fn nodeclasses_synced(&self) -> bool {
+        self.nodeclasses.synced()
+    }
+
+    fn nodeclass(&self, reference: &NodeClassReference) -> Option<NodeClassState> {
+        let nodeclass = self.nodeclass_of(reference).ok()?;
+        Some(NodeClassState {
+            generation: nodeclass.metadata.generation,
+            terminating: nodeclass.metadata.deletion_timestamp.is_some(),
+            ready: nodeclass
+                .status
+                .as_ref()
+                .and_then(|s| {
+                    s.conditions
+                        .get_condition(crate::apis::labels::conditions::READY)
+                })
+                .cloned(),
+        })
     }
 }
 

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use futures::future::BoxFuture;
 
-use crate::apis::labels::EXOSCALE_GROUP;
-use crate::apis::{NodeClaim, NodePool};
+use crate::apis::{NodeClaim, NodeClassReference, NodePool};
+use crate::cloudprovider::NodeClassState;
 use crate::providers::instance_types::to_resource_list;
 use crate::scheduling::labels::{CAPACITY_TYPE, ZONE};
 use crate::scheduling::{InstanceType, fixtures};
@@ -20,6 +20,10 @@ use super::{
 };
 
 pub const PROVIDER_ID_PREFIX: &str = "fake://";
+
+/// The NodeClass kind the fake serves (core tests use it; the core never names a real one).
+pub const NODECLASS_GROUP: &str = "karpenter.test.sh";
+pub const NODECLASS_KIND: &str = "TestNodeClass";
 
 /// The state of the fake cloud; every knob is safe to turn while it is in use.
 #[derive(Default)]
@@ -208,9 +212,27 @@ impl CloudProvider for FakeCloudProvider {
 
     fn supported_node_classes(&self) -> Vec<NodeClassKind> {
         vec![NodeClassKind {
-            group: EXOSCALE_GROUP.into(),
-            kind: "ExoscaleNodeClass".into(),
+            group: NODECLASS_GROUP.into(),
+            kind: NODECLASS_KIND.into(),
         }]
+    }
+
+    /// Every NodeClass of a served kind exists and is ready.
+    fn nodeclass(&self, reference: &NodeClassReference) -> Option<NodeClassState> {
+        self.serves(reference).then(|| NodeClassState {
+            generation: Some(1),
+            terminating: false,
+            ready: Some(crate::apis::Condition {
+                type_: "Ready".into(),
+                status: crate::apis::ConditionStatus::True,
+                reason: "Ready".into(),
+                message: String::new(),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+                observed_generation: Some(1),
+            }),
+        })
     }
 }
 
@@ -235,8 +257,8 @@ mod tests {
                 }],
                 resources: Default::default(),
                 node_class_ref: NodeClassReference {
-                    group: EXOSCALE_GROUP.into(),
-                    kind: "ExoscaleNodeClass".into(),
+                    group: NODECLASS_GROUP.into(),
+                    kind: NODECLASS_KIND.into(),
                     name: "default".into(),
                 },
                 termination_grace_period: None,
@@ -292,7 +314,7 @@ mod tests {
             "metadata": {"name": "default"},
             "spec": {"template": {"spec": {
                 "requirements": [],
-                "nodeClassRef": {"group": EXOSCALE_GROUP, "kind": "ExoscaleNodeClass", "name": "default"}
+                "nodeClassRef": {"group": NODECLASS_GROUP, "kind": NODECLASS_KIND, "name": "default"}
             }}}
         }))
         .unwrap()

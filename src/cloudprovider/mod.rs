@@ -13,7 +13,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use crate::apis::{
-    NodeClaim, NodePool, NodeSelectorRequirementWithMinValues, Operator as ApiOperator,
+    NodeClaim, NodeClassReference, NodePool, NodeSelectorRequirementWithMinValues,
+    Operator as ApiOperator,
 };
 use crate::scheduling::{
     InstanceType, Offering, Operator, Quantity, Requirement, RequirementError, Requirements,
@@ -51,6 +52,16 @@ impl RepairPolicy {
 pub struct NodeClassKind {
     pub group: String,
     pub kind: String,
+}
+
+/// What the core reads from a NodeClass, whatever its kind: upstream reads the same from the
+/// provider's NodeClass object (generation, deletion, the `Ready` condition).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeClassState {
+    pub generation: Option<i64>,
+    pub terminating: bool,
+    /// The NodeClass's `Ready` condition; `None` until it reports one.
+    pub ready: Option<crate::apis::Condition>,
 }
 
 /// What the core asks of a cloud. Every method may be called concurrently.
@@ -91,6 +102,24 @@ pub trait CloudProvider: Send + Sync {
 
     /// NodeClass kinds served; the first is the default.
     fn supported_node_classes(&self) -> Vec<NodeClassKind>;
+
+    /// The referenced NodeClass as the provider holds it (its watch, not an API call);
+    /// `None` when it does not exist or is of a kind this provider does not serve.
+    fn nodeclass(&self, reference: &NodeClassReference) -> Option<NodeClassState>;
+
+    /// Whether [`CloudProvider::nodeclass`] answers from a complete list (a `None` before that
+    /// means "not seen yet", not "absent").
+    fn nodeclasses_synced(&self) -> bool {
+        true
+    }
+
+    /// Whether this provider serves `reference`'s kind (a NodeClaim of another kind is left
+    /// to the provider that does).
+    fn serves(&self, reference: &NodeClassReference) -> bool {
+        self.supported_node_classes()
+            .iter()
+            .any(|k| k.group == reference.group && k.kind == reference.kind)
+    }
 
     /// Whether an instance from [`CloudProvider::list`] is proven to be this cluster's. Only
     /// proven instances may ever be deleted by garbage collection.

@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use thiserror::Error;
 
 use crate::apis::labels::{NODEPOOL_LABEL, WELL_KNOWN_LABELS};
-use crate::apis::{NodeClaim, NodeOverlay, NodePool};
+use crate::apis::{NodeClaim, NodeClassReference, NodeOverlay, NodePool};
 use crate::providers::pricing::{PricingError, apply_price_adjustment, parse_overlay_price};
 use crate::scheduling::labels::{CAPACITY_TYPE, ZONE};
 use crate::scheduling::{
@@ -19,8 +19,8 @@ use crate::scheduling::{
 };
 
 use super::{
-    CloudProvider, DriftReason, NodeClassKind, Ownership, RepairPolicy, Result as ProviderResult,
-    requirements_from_api,
+    CloudProvider, DriftReason, NodeClassKind, NodeClassState, Ownership, RepairPolicy,
+    Result as ProviderResult, requirements_from_api,
 };
 
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -197,6 +197,12 @@ impl CloudProvider for WithOverlays {
     }
     fn supported_node_classes(&self) -> Vec<NodeClassKind> {
         self.inner.supported_node_classes()
+    }
+    fn nodeclass(&self, reference: &NodeClassReference) -> Option<NodeClassState> {
+        self.inner.nodeclass(reference)
+    }
+    fn nodeclasses_synced(&self) -> bool {
+        self.inner.nodeclasses_synced()
     }
     fn ownership(&self, instance: &NodeClaim) -> Ownership {
         self.inner.ownership(instance)

@@ -9,7 +9,6 @@ pub mod garbage_collection;
 pub mod metrics;
 pub mod node;
 pub mod nodeclaim;
-pub mod nodeclass;
 pub mod nodeoverlay;
 pub mod nodepool;
 pub mod periodic;
@@ -83,10 +82,6 @@ pub struct Context {
     pub feature_gates: FeatureGates,
     pub leadership: Leadership,
     pub registration_health: nodepool::status::RegistrationHealth,
-    /// Resolves NodeClass references (Exoscale API); `None` disables the NodeClass controller.
-    pub nodeclass_resolution: Option<Arc<dyn nodeclass::Resolution>>,
-    /// When each NodeClass generation was last resolved (status patches re-trigger reconciles).
-    pub nodeclass_checks: nodeclass::CheckTimes,
 }
 
 impl Context {
@@ -268,7 +263,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     use kube::runtime::reflector::ObjectRef;
     use kube::runtime::{Controller, watcher};
 
-    use crate::apis::{ExoscaleNodeClass, NodeClaim, NodePool};
+    use crate::apis::{NodeClaim, NodePool};
 
     let client = ctx.client.clone();
     fn drain<T, E: std::fmt::Display>(
@@ -339,15 +334,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     )
     .for_each(drain("nodepool"));
 
-    // The NodeClass controller itself skips cloud calls for status-only changes.
-    let nodeclasses = Controller::new(
-        Api::<ExoscaleNodeClass>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .graceful_shutdown_on(shutdown.clone())
-    .run(nodeclass::reconcile, error_policy("nodeclass"), ctx.clone())
-    .for_each(drain("nodeclass"));
-
     // Timers run inside this future (not spawned) so that dropping it stops them too.
     let until_shutdown = |work: BoxFuture<'static, ()>| {
         let stop = shutdown.clone();
@@ -394,16 +380,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     } else {
         Box::pin(std::future::pending())
     });
-    futures::join!(
-        nodeclaims,
-        nodes,
-        nodepools,
-        nodeclasses,
-        gc,
-        tokens,
-        repair,
-        overlays
-    );
+    futures::join!(nodeclaims, nodes, nodepools, gc, tokens, repair, overlays);
 }
 
 #[cfg(test)]

@@ -146,7 +146,7 @@ mod tests {
             serde_json::from_value(serde_json::json!({
                 "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
                 "spec": {"template": {"spec": {"nodeClassRef":
-                    {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": "x"},
+                    {"group": "karpenter.test.sh", "kind": "TestNodeClass", "name": "x"},
                     "requirements": []}}}
             }))
             .unwrap(),

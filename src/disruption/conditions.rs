@@ -254,7 +254,7 @@ spec:
   disruption: {{consolidateAfter: {consolidate_after}}}
   template:
     spec:
-      nodeClassRef: {{group: karpenter.exoscale.com, kind: ExoscaleNodeClass, name: default}}
+      nodeClassRef: {{group: karpenter.test.sh, kind: TestNodeClass, name: default}}
       requirements:
         - {{key: topology.kubernetes.io/zone, operator: In, values: [ch-gva-2]}}
 "#
@@ -273,7 +273,7 @@ apiVersion: karpenter.sh/v1
 kind: NodeClaim
 metadata: {name: nc, labels: {topology.kubernetes.io/zone: ch-gva-2}}
 spec:
-  nodeClassRef: {group: karpenter.exoscale.com, kind: ExoscaleNodeClass, name: default}
+  nodeClassRef: {group: karpenter.test.sh, kind: TestNodeClass, name: default}
   requirements: []
 "#,
         )

@@ -61,7 +61,7 @@ spec:
   disruption: {disruption}
   template:
     spec:
-      nodeClassRef: {{group: karpenter.exoscale.com, kind: ExoscaleNodeClass, name: default}}
+      nodeClassRef: {{group: karpenter.test.sh, kind: TestNodeClass, name: default}}
       requirements: []
 "#
     );

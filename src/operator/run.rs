@@ -18,9 +18,9 @@ use crate::cloudprovider::exoscale::{
     Dependencies, ExoscaleCloudProvider, ExoscaleSettings as ProviderSettings, KubeNodeBootstrap,
 };
 use crate::cloudprovider::overlay::{OverlaySource, WithOverlays};
-use crate::controllers::nodeclass::{ExoscaleResolution, Resolution};
 use crate::controllers::{self, Context, Shutdown, shutdown_signal};
 use crate::exoscale;
+use crate::providers::nodeclass_controller::{self, ExoscaleResolution, Resolution};
 use crate::state::{self, Cluster};
 
 use super::config::Config;
@@ -400,10 +400,12 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                     feature_gates: config.feature_gates.clone(),
                     leadership: leadership.clone(),
                     registration_health: Default::default(),
-                    nodeclass_resolution,
-                    nodeclass_checks: Default::default(),
                 });
-                let mut tasks: Vec<BoxFuture<'static, ()>> = vec![Box::pin(controllers::run(ctx.clone(), stop.clone()))];
+                let mut tasks: Vec<BoxFuture<'static, ()>> = vec![
+                    Box::pin(controllers::run(ctx.clone(), stop.clone())),
+                    // The provider's own controller, beside the core's.
+                    Box::pin(nodeclass_controller::run(ctx.clone(), nodeclass_resolution, stop.clone())),
+                ];
                 for extra in extra_controllers {
                     tasks.push(extra(ctx.clone(), stop.clone()));
                 }

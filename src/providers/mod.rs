@@ -8,6 +8,7 @@ pub mod drift;
 pub mod instance;
 pub mod instance_types;
 pub mod nodeclass;
+pub mod nodeclass_controller;
 pub mod pricing;
 pub mod template;
 pub mod userdata;

@@ -225,7 +225,7 @@ mod tests {
             crate::apis::validation::parse(&serde_json::json!({
                 "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
                 "spec": {"template": {"spec": {"requirements": [],
-                    "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": "default"}}}}
+                    "nodeClassRef": {"group": "karpenter.test.sh", "kind": "TestNodeClass", "name": "default"}}}}
             }))
             .unwrap(),
         )
@@ -333,7 +333,7 @@ mod tests {
                 conditions::READY,
                 crate::apis::ConditionStatus::False,
                 "NodeClassNotReady",
-                "ExoscaleNodeClass default is not ready",
+                "NodeClass default is not ready",
                 None,
                 now,
             );

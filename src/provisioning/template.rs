@@ -225,7 +225,7 @@ spec:
   template:
     metadata: {labels: {team: a}}
     spec:
-      nodeClassRef: {group: karpenter.exoscale.com, kind: ExoscaleNodeClass, name: standard}
+      nodeClassRef: {group: karpenter.test.sh, kind: TestNodeClass, name: standard}
       requirements:
         - {key: karpenter.exoscale.com/instance-family, operator: In, values: [standard, cpu], minValues: 2}
         - {key: karpenter.exoscale.com/instance-cpu, operator: Gt, values: ["3"]}

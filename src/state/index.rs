@@ -420,14 +420,11 @@ impl ClusterIndex {
             .collect()
     }
 
-    /// NodeClaims referencing an ExoscaleNodeClass by name.
-    pub fn nodeclaims_of_nodeclass(&self, nodeclass: &str) -> Vec<Arc<NodeClaim>> {
+    /// NodeClaims referencing the NodeClass of `kind` named `name`.
+    pub fn nodeclaims_of_nodeclass(&self, kind: &str, name: &str) -> Vec<Arc<NodeClaim>> {
         self.nodeclaims
             .values()
-            .filter(|c| {
-                c.spec.node_class_ref.name == nodeclass
-                    && c.spec.node_class_ref.kind == "ExoscaleNodeClass"
-            })
+            .filter(|c| c.spec.node_class_ref.name == name && c.spec.node_class_ref.kind == kind)
             .cloned()
             .collect()
     }

@@ -82,8 +82,8 @@ pub fn nodeclaim(name: &str, nodepool: &str, provider_id: Option<&str>) -> NodeC
             requirements: vec![],
             resources: ResourceRequirements::default(),
             node_class_ref: NodeClassReference {
-                group: "karpenter.exoscale.com".into(),
-                kind: "ExoscaleNodeClass".into(),
+                group: crate::cloudprovider::fake::NODECLASS_GROUP.into(),
+                kind: crate::cloudprovider::fake::NODECLASS_KIND.into(),
                 name: "default".into(),
             },
             termination_grace_period: None,

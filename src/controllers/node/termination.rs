@@ -20,6 +20,7 @@ use crate::apis::labels::{
     TERMINATION_FINALIZER, ZONE_LABEL, conditions,
 };
 use crate::apis::{ConditionStatus, ConditionsExt, NodeClaim};
+use crate::cloudprovider::NodeClassKind;
 use crate::controllers::nodeclaim::reconcile::deadline_annotation;
 use crate::controllers::{
     Context, Result, absent_ok, ignore_not_found, patch_object, patch_status, without_finalizer,
@@ -77,13 +78,26 @@ pub fn with_disrupted_taint(taints: &[CoreTaint]) -> Option<Vec<CoreTaint>> {
     Some(out)
 }
 
-/// A NodeClaim stand-in carrying only the provider ID, to delete an instance whose NodeClaim
-/// is already gone.
-fn claim_for(provider_id: &str, name: &str) -> NodeClaim {
-    let mut claim = NodeClaim::new(name, serde_json::from_value(serde_json::json!({
-        "requirements": [],
-        "nodeClassRef": {"group": crate::apis::labels::EXOSCALE_GROUP, "kind": "ExoscaleNodeClass", "name": ""}
-    })).expect("static NodeClaim spec"));
+/// A NodeClaim stand-in carrying only the provider ID (and the provider's default NodeClass
+/// kind), to delete an instance whose NodeClaim is already gone.
+fn claim_for(provider_id: &str, name: &str, kind: Option<NodeClassKind>) -> NodeClaim {
+    let kind = kind.unwrap_or(NodeClassKind {
+        group: String::new(),
+        kind: String::new(),
+    });
+    let spec = crate::apis::NodeClaimSpec {
+        node_class_ref: crate::apis::NodeClassReference {
+            group: kind.group,
+            kind: kind.kind,
+            name: String::new(),
+        },
+        ..serde_json::from_value(serde_json::json!({
+            "requirements": [],
+            "nodeClassRef": {"group": "", "kind": "", "name": ""}
+        }))
+        .expect("static NodeClaim spec")
+    };
+    let mut claim = NodeClaim::new(name, spec);
     claim.status = Some(crate::apis::NodeClaimStatus {
         provider_id: Some(provider_id.into()),
         ..Default::default()
@@ -358,7 +372,13 @@ pub async fn reconcile(
 
     // 7. Instance termination.
     if let Some(pid) = &provider_id {
-        let target = claim.clone().unwrap_or_else(|| claim_for(pid, &name));
+        let target = claim.clone().unwrap_or_else(|| {
+            claim_for(
+                pid,
+                &name,
+                ctx.cloud.supported_node_classes().into_iter().next(),
+            )
+        });
         match ctx.cloud.delete(&target).await {
             Ok(()) => {
                 set_claim_condition(
@@ -715,7 +735,12 @@ mod tests {
 
     #[test]
     fn provider_id_stand_in_claim_carries_the_id() {
-        let claim = claim_for("exoscale://abc", "node-1");
+        let kind = NodeClassKind {
+            group: "example.com".into(),
+            kind: "ExampleNodeClass".into(),
+        };
+        let claim = claim_for("exoscale://abc", "node-1", Some(kind));
+        assert_eq!(claim.spec.node_class_ref.kind, "ExampleNodeClass");
         assert_eq!(
             claim.status.unwrap().provider_id.as_deref(),
             Some("exoscale://abc")

@@ -13,11 +13,11 @@ use kube::runtime::controller::Action;
 
 use crate::apis::duration::parse_duration;
 use crate::apis::labels::{
-    EXOSCALE_GROUP, NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION, NODEPOOL_LABEL,
-    TERMINATION_FINALIZER, UNREGISTERED_TAINT_KEY, ZONE_LABEL, conditions,
+    NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION, NODEPOOL_LABEL, TERMINATION_FINALIZER,
+    UNREGISTERED_TAINT_KEY, ZONE_LABEL, conditions,
 };
 use crate::apis::{ConditionStatus, ConditionsExt, NodeClaim, NodeClaimStatus};
-use crate::cloudprovider::CloudProviderError;
+use crate::cloudprovider::{CloudProvider, CloudProviderError};
 use crate::operator::events::{Severity, truncate};
 use crate::operator::metrics::labels;
 use crate::state::{ClusterIndex, nodeclaim_provider_id};
@@ -37,10 +37,9 @@ const INSTANCE_POLL: Duration = Duration::from_secs(5);
 /// Resync of a NodeClaim that is waiting for nothing in particular.
 const RESYNC: Duration = Duration::from_secs(60);
 
-/// NodeClaims of our NodeClass kind; others belong to another provider.
-pub fn is_managed(claim: &NodeClaim) -> bool {
-    claim.spec.node_class_ref.group == EXOSCALE_GROUP
-        && claim.spec.node_class_ref.kind == "ExoscaleNodeClass"
+/// NodeClaims of a NodeClass kind the provider serves; others belong to another provider.
+pub fn is_managed(claim: &NodeClaim, cloud: &dyn CloudProvider) -> bool {
+    cloud.serves(&claim.spec.node_class_ref)
 }
 
 fn nodepool_of(claim: &NodeClaim) -> String {
@@ -107,7 +106,7 @@ async fn delete_claim(ctx: &Context, claim: &NodeClaim, reason: &str) -> Result<
 }
 
 pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action> {
-    if !is_managed(&claim) {
+    if !is_managed(&claim, ctx.cloud.as_ref()) {
         return Ok(Action::await_change());
     }
     if claim.metadata.deletion_timestamp.is_some() {
@@ -626,10 +625,11 @@ mod tests {
     }
 
     #[test]
-    fn only_exoscale_nodeclasses_are_managed() {
+    fn only_nodeclasses_the_provider_serves_are_managed() {
+        let cloud = crate::cloudprovider::fake::FakeCloudProvider::new();
         let mut claim = nodeclaim("c", "p", None);
-        assert!(is_managed(&claim));
+        assert!(is_managed(&claim, &cloud));
         claim.spec.node_class_ref.group = "karpenter.k8s.aws".into();
-        assert!(!is_managed(&claim));
+        assert!(!is_managed(&claim, &cloud));
     }
 }

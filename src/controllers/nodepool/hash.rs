@@ -46,7 +46,7 @@ mod tests {
                     "metadata": {"labels": {"team": "a"}},
                     "spec": {
                         "requirements": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}],
-                        "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": "default"},
+                        "nodeClassRef": {"group": "karpenter.test.sh", "kind": "TestNodeClass", "name": "default"},
                         "taints": [{"key": "a", "effect": "NoSchedule"}, {"key": "b", "effect": "NoExecute"}]
                     }
                 },

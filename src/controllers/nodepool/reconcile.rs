@@ -10,7 +10,7 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 
 use crate::apis::labels::{NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION_ANNOTATION, conditions};
-use crate::apis::{ConditionsExt, ExoscaleNodeClass, NodeClaim, NodePool};
+use crate::apis::{ConditionsExt, NodeClaim, NodePool};
 use crate::controllers::{Context, Result, absent_ok, patch_object, patch_status};
 use crate::operator::metrics::labels;
 use crate::state::quantity::parse_milli;
@@ -44,10 +44,12 @@ pub async fn reconcile(pool: Arc<NodePool>, ctx: Arc<Context>) -> Result<Action>
     }
 
     // Status.
-    let nodeclass_name = &pool.spec.template.spec.node_class_ref.name;
-    let nodeclass = Api::<ExoscaleNodeClass>::all(ctx.client.clone())
-        .get_opt(nodeclass_name)
-        .await?;
+    // From the provider's NodeClass watch: no API call per reconcile. Before its first list a
+    // missing NodeClass is unknown, not absent: no status from it.
+    if !ctx.cloud.nodeclasses_synced() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let nodeclass = ctx.cloud.nodeclass(&pool.spec.template.spec.node_class_ref);
     let usage = ctx.cluster.read().nodepool_usage(&name);
     let health = ctx
         .registration_health

@@ -9,9 +9,8 @@ use k8s_openapi::jiff::Timestamp;
 use crate::apis::labels::{
     CAPACITY_TYPE_LABEL, NODEPOOL_LABEL, conditions, is_restricted_label, normalize_label,
 };
-use crate::apis::{
-    ConditionStatus, ConditionsExt, ExoscaleNodeClass, NodePool, NodePoolStatus, Operator,
-};
+use crate::apis::{ConditionStatus, ConditionsExt, NodePool, NodePoolStatus, Operator};
+use crate::cloudprovider::NodeClassState;
 use crate::state::NodePoolUsage;
 
 /// Runtime validation beyond the CRD schema; `Err` names every problem.
@@ -90,7 +89,7 @@ pub fn validate(pool: &NodePool) -> Result<(), String> {
 
 /// NodeClassReady from the referenced NodeClass (None = not found).
 pub fn nodeclass_readiness(
-    nodeclass: Option<&ExoscaleNodeClass>,
+    nodeclass: Option<&NodeClassState>,
 ) -> (ConditionStatus, String, String) {
     let Some(nc) = nodeclass else {
         return (
@@ -99,18 +98,14 @@ pub fn nodeclass_readiness(
             "NodeClass not found on cluster".into(),
         );
     };
-    if nc.metadata.deletion_timestamp.is_some() {
+    if nc.terminating {
         return (
             ConditionStatus::False,
             "NodeClassTerminating".into(),
             "NodeClass is terminating".into(),
         );
     }
-    match nc
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.get_condition(conditions::READY))
-    {
+    match &nc.ready {
         Some(c) if c.status == ConditionStatus::True => (
             ConditionStatus::True,
             conditions::NODECLASS_READY.into(),
@@ -179,18 +174,18 @@ impl RegistrationHealth {
 }
 
 /// The epoch of a NodePool: its generation and its NodeClass's.
-pub fn epoch(pool: &NodePool, nodeclass: Option<&ExoscaleNodeClass>) -> String {
+pub fn epoch(pool: &NodePool, nodeclass: Option<&NodeClassState>) -> String {
     format!(
         "{}/{}",
         pool.metadata.generation.unwrap_or(0),
-        nodeclass.and_then(|n| n.metadata.generation).unwrap_or(0)
+        nodeclass.and_then(|n| n.generation).unwrap_or(0)
     )
 }
 
 /// The whole status the NodePool controller writes.
 pub fn desired_status(
     pool: &NodePool,
-    nodeclass: Option<&ExoscaleNodeClass>,
+    nodeclass: Option<&NodeClassState>,
     usage: &NodePoolUsage,
     health: HealthVerdict,
     now: Timestamp,
@@ -199,7 +194,7 @@ pub fn desired_status(
     let generation = pool.metadata.generation;
     status.resources = usage.resources.clone();
     status.nodes = usage.nodes;
-    let nodeclass_generation = nodeclass.and_then(|n| n.metadata.generation);
+    let nodeclass_generation = nodeclass.and_then(|n| n.generation);
     let conds = &mut status.conditions;
     match validate(pool) {
         Ok(()) => conds.set_condition(
@@ -307,7 +302,6 @@ pub fn desired_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apis::ExoscaleNodeClassStatus;
     use crate::state::testing::{resources, ts};
     use serde_json::json;
 
@@ -317,22 +311,16 @@ mod tests {
             "metadata": {"name": "default", "generation": 1},
             "spec": {"template": {"spec": {
                 "requirements": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}],
-                "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": "default"}
+                "nodeClassRef": {"group": "karpenter.test.sh", "kind": "TestNodeClass", "name": "default"}
             }}}
         }))
         .unwrap()
     }
 
-    fn nodeclass(ready: Option<ConditionStatus>) -> ExoscaleNodeClass {
-        let mut nc: ExoscaleNodeClass = serde_json::from_value(json!({
-            "apiVersion": "karpenter.exoscale.com/v1", "kind": "ExoscaleNodeClass",
-            "metadata": {"name": "default", "generation": 3},
-            "spec": {"templateID": "8f6ad5a8-3ab7-4b2b-9a1c-6c0d0a4b8a3e"}
-        }))
-        .unwrap();
+    fn nodeclass(ready: Option<ConditionStatus>) -> NodeClassState {
+        let mut conditions = Vec::new();
         if let Some(st) = ready {
-            let mut status = ExoscaleNodeClassStatus::default();
-            status.conditions.set_condition(
+            conditions.set_condition(
                 "Ready",
                 st,
                 "SecurityGroupResolutionFailed",
@@ -340,9 +328,12 @@ mod tests {
                 None,
                 ts(0).0,
             );
-            nc.status = Some(status);
         }
-        nc
+        NodeClassState {
+            generation: Some(3),
+            terminating: false,
+            ready: conditions.pop(),
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! ExoscaleNodeClass controller (exoscale-provider §3.1, with §8 defects 3, 6, 19 and 21 fixed):
 //! resolves the template, security groups, anti-affinity groups and private networks into the
 //! status; Ready is computed from all four and names what failed; a finalizer blocks deletion
-//! while NodeClaims use the class; resolution is re-checked periodically.
+//! while NodeClaims use the class; resolution is re-checked periodically. The provider's own
+//! controller: `serve` starts it beside the core's, which never name the NodeClass kind.
 
 use std::sync::Arc;
 
@@ -16,7 +17,10 @@ use crate::apis::{ConditionStatus, ConditionsExt, ExoscaleNodeClass, ExoscaleNod
 use crate::operator::events::Severity;
 use crate::state::quantity::parse_milli;
 
-use super::{Context, Result, patch_object, patch_status, with_finalizer, without_finalizer};
+use crate::controllers::{
+    Context, Result, Shutdown, error_policy, patch_object, patch_status, with_finalizer,
+    without_finalizer,
+};
 
 /// The outcome of resolving each part of a NodeClass; errors are human-readable messages.
 #[derive(Clone, Debug, PartialEq)]
@@ -236,17 +240,62 @@ pub fn desired_status(
 fn users(ctx: &Context, name: &str) -> usize {
     ctx.cluster
         .read()
-        .nodeclaims_of_nodeclass(name)
+        .nodeclaims_of_nodeclass(crate::cloudprovider::exoscale::NODECLASS_KIND, name)
         .iter()
         .filter(|c| c.metadata.deletion_timestamp.is_none())
         .count()
 }
 
-pub async fn reconcile(nc: Arc<ExoscaleNodeClass>, ctx: Arc<Context>) -> Result<Action> {
+/// The controller's own state beside the shared [`Context`].
+pub struct NodeClassController {
+    pub ctx: Arc<Context>,
+    /// Resolves references against the cloud; `None` validates and reports only.
+    pub resolution: Option<Arc<dyn Resolution>>,
+    /// When each NodeClass generation was last resolved (status patches re-trigger reconciles).
+    pub checks: CheckTimes,
+}
+
+/// Runs the controller until `shutdown`; call only while leading.
+pub async fn run(ctx: Arc<Context>, resolution: Option<Arc<dyn Resolution>>, shutdown: Shutdown) {
+    use futures::StreamExt;
+    use kube::runtime::{Controller, watcher};
+
+    let client = ctx.client.clone();
+    let this = Arc::new(NodeClassController {
+        ctx,
+        resolution,
+        checks: CheckTimes::default(),
+    });
+    let policy = error_policy::<ExoscaleNodeClass>("nodeclass");
+    // The reconcile itself skips cloud calls for status-only changes.
+    Controller::new(
+        Api::<ExoscaleNodeClass>::all(client),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(shutdown)
+    .run(
+        reconcile,
+        move |nc, error, this: Arc<NodeClassController>| policy(nc, error, this.ctx.clone()),
+        this,
+    )
+    .for_each(|result| {
+        if let Err(error) = result {
+            tracing::debug!(controller = "nodeclass", %error, "controller event");
+        }
+        std::future::ready(())
+    })
+    .await;
+}
+
+pub async fn reconcile(
+    nc: Arc<ExoscaleNodeClass>,
+    this: Arc<NodeClassController>,
+) -> Result<Action> {
+    let ctx = &this.ctx;
     let api: Api<ExoscaleNodeClass> = Api::all(ctx.client.clone());
     let name = nc.name_any();
     if nc.metadata.deletion_timestamp.is_some() {
-        let count = users(&ctx, &name);
+        let count = users(ctx, &name);
         if count > 0 {
             ctx.event(
                 nc.as_ref(),
@@ -280,21 +329,20 @@ pub async fn reconcile(nc: Arc<ExoscaleNodeClass>, ctx: Arc<Context>) -> Result<
     }
     let generation = nc.metadata.generation.unwrap_or(0);
     let interval = ctx.timings.nodeclass_recheck_interval;
-    let due_in = ctx
-        .nodeclass_checks
+    let due_in = this
+        .checks
         .due_in(&name, generation, ctx.clock.now_unix(), interval);
     if due_in > 0 && nc.status.is_some() {
         // A status-only change: nothing new to resolve yet.
         return Ok(Action::requeue(std::time::Duration::from_secs(due_in)));
     }
     let validation = validate(&nc);
-    let resolved = match (&validation, &ctx.nodeclass_resolution) {
+    let resolved = match (&validation, &this.resolution) {
         (Ok(()), Some(resolution)) => Some(resolution.resolve(&nc).await),
         _ => None,
     };
     let status = desired_status(&nc, validation, resolved.as_ref(), ctx.now());
-    ctx.nodeclass_checks
-        .checked(&name, generation, ctx.clock.now_unix());
+    this.checks.checked(&name, generation, ctx.clock.now_unix());
     let before = nc.status.clone().unwrap_or_default();
     if status != before {
         patch_status(&api, &nc, &status).await?;
