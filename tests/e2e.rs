@@ -955,3 +955,152 @@ async fn an_unhealthy_node_is_repaired_and_replaced() {
     let _ = nodepools.delete(&pool, &DeleteParams::default()).await;
     world.finish().await;
 }
+
+/// Open watch requests per collection path: now, and the most at once.
+type WatchCounts = Arc<std::sync::Mutex<std::collections::BTreeMap<String, (usize, usize)>>>;
+
+/// A kube client transport that counts watch requests while their response streams are open.
+struct CountWatches {
+    inner: kube::Client,
+    watches: WatchCounts,
+}
+
+/// Closes its watch in [`WatchCounts`] when the response body is dropped.
+struct OpenWatch {
+    path: String,
+    watches: WatchCounts,
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        if let Some(entry) = self.watches.lock().unwrap().get_mut(&self.path) {
+            entry.0 -= 1;
+        }
+    }
+}
+
+/// A response body that holds an [`OpenWatch`] (if any) as long as it lives.
+struct CountedBody {
+    inner: kube::client::Body,
+    _open: Option<OpenWatch>,
+}
+
+impl http_body::Body for CountedBody {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner)
+            .poll_frame(cx)
+            .map_err(Into::into)
+    }
+}
+
+impl tower_service::Service<http::Request<kube::client::Body>> for CountWatches {
+    type Response = http::Response<CountedBody>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let is_watch = request
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+        let open = is_watch.then(|| {
+            let path = request.uri().path().to_string();
+            let mut watches = self.watches.lock().unwrap();
+            let entry = watches.entry(path.clone()).or_default();
+            entry.0 += 1;
+            entry.1 = entry.1.max(entry.0);
+            OpenWatch {
+                path,
+                watches: self.watches.clone(),
+            }
+        });
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let response = inner.send(request).await?;
+            Ok(response.map(|body| CountedBody {
+                inner: body,
+                _open: open,
+            }))
+        })
+    }
+}
+
+/// One replica, leading, with every controller running: no kind has two watches open at once
+/// (the cluster index, the Controllers and the provider share one per kind).
+#[tokio::test]
+async fn each_kind_is_watched_once() {
+    let Some(world) = World::start("e2e-watch", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let watches: WatchCounts = Arc::default();
+    let client = kube::Client::new(
+        CountWatches {
+            inner: world.client.clone(),
+            watches: watches.clone(),
+        },
+        world.namespace.clone(),
+    );
+    world.start_replica_with("watch-a", client).await;
+    // Ready is written by the NodeClass controller, which runs beside the core controllers
+    // only once this replica leads: by then every Controller has started.
+    world.ready_nodeclass().await;
+    let expected = [
+        "/api/v1/nodes",
+        "/api/v1/pods",
+        "/apis/karpenter.sh/v1/nodeclaims",
+        "/apis/karpenter.sh/v1/nodepools",
+        "/apis/karpenter.exoscale.com/v1/exoscalenodeclasses",
+        "/apis/apps/v1/daemonsets",
+        "/apis/policy/v1/poddisruptionbudgets",
+        "/apis/storage.k8s.io/v1/volumeattachments",
+    ];
+    eventually("every kind watched", || async {
+        let seen = watches.lock().unwrap().clone();
+        expected
+            .iter()
+            .all(|path| seen.get(*path).is_some_and(|(_, most)| *most >= 1))
+            .then_some(())
+    })
+    .await;
+    // A NodePool and a pod make the NodePool, NodeClaim and Node controllers reconcile.
+    let pool = format!("watch-{}", suffix(&world));
+    let nodepool: karpenter_exoscale::apis::NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": pool},
+        "spec": {"template": {"spec": {
+            "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
+            "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass}
+        }}}
+    }))
+    .unwrap();
+    let pools: Api<karpenter_exoscale::apis::NodePool> = Api::all(world.client.clone());
+    pools
+        .create(&PostParams::default(), &nodepool)
+        .await
+        .unwrap();
+    eventually("the NodePool reconciled", || async {
+        let p = pools.get(&pool).await.ok()?;
+        p.status
+            .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready"))
+    })
+    .await;
+    let seen = watches.lock().unwrap().clone();
+    for (path, (_, most)) in &seen {
+        assert_eq!(*most, 1, "{path} had {most} watches open at once: {seen:?}");
+    }
+    let _ = pools.delete(&pool, &DeleteParams::default()).await;
+    world.finish().await;
+}

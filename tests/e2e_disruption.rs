@@ -107,7 +107,7 @@ impl Operator {
             config,
             client: world.client.clone(),
             cloud: cloud.provider.clone(),
-            nodeclass_resolution: Some(cloud.resolution.clone()),
+            nodeclasses: Some(cloud.nodeclass_wiring()),
             clock,
             bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
             extra_controllers: controllers,

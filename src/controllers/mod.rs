@@ -82,6 +82,8 @@ pub struct Context {
     pub feature_gates: FeatureGates,
     pub leadership: Leadership,
     pub registration_health: nodepool::status::RegistrationHealth,
+    /// Stores and change streams of the cluster watch: Controllers open no watch of their own.
+    pub shared: crate::state::SharedKinds,
 }
 
 impl Context {
@@ -260,12 +262,11 @@ pub fn shutdown_signal(mut rx: tokio::sync::watch::Receiver<bool>) -> Shutdown {
 pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     use futures::StreamExt;
     use k8s_openapi::api::core::v1::Node;
+    use kube::runtime::Controller;
     use kube::runtime::reflector::ObjectRef;
-    use kube::runtime::{Controller, watcher};
 
     use crate::apis::{NodeClaim, NodePool};
 
-    let client = ctx.client.clone();
     fn drain<T, E: std::fmt::Display>(
         name: &'static str,
     ) -> impl FnMut(std::result::Result<T, E>) -> std::future::Ready<()> {
@@ -285,25 +286,19 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
                 .map(|c| ObjectRef::new(&kube::ResourceExt::name_any(c.as_ref())))
         }
     };
-    let nodeclaims = Controller::new(
-        Api::<NodeClaim>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .watches(
-        Api::<Node>::all(client.clone()),
-        watcher::Config::default(),
-        node_to_claim,
-    )
-    .graceful_shutdown_on(shutdown.clone())
-    .run(
-        nodeclaim::reconcile::reconcile,
-        error_policy("nodeclaim"),
-        ctx.clone(),
-    )
-    .for_each(drain("nodeclaim"));
+    let shared = &ctx.shared;
+    let nodeclaims = Controller::for_stream(shared.nodeclaims.changes(), shared.nodeclaims.store())
+        .watches_stream(shared.nodes.changes(), node_to_claim)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            nodeclaim::reconcile::reconcile,
+            error_policy("nodeclaim"),
+            ctx.clone(),
+        )
+        .for_each(drain("nodeclaim"));
 
     let termination = Arc::new(node::termination::Termination::default());
-    let nodes = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default())
+    let nodes = Controller::for_stream(shared.nodes.changes(), shared.nodes.store())
         .graceful_shutdown_on(shutdown.clone())
         .run(
             move |node, ctx| node::termination::reconcile(node, ctx, termination.clone()),
@@ -317,22 +312,15 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
             .get(crate::apis::labels::NODEPOOL_LABEL)
             .map(|pool| ObjectRef::<NodePool>::new(pool))
     };
-    let nodepools = Controller::new(
-        Api::<NodePool>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .watches(
-        Api::<NodeClaim>::all(client.clone()),
-        watcher::Config::default(),
-        claim_to_pool,
-    )
-    .graceful_shutdown_on(shutdown.clone())
-    .run(
-        nodepool::reconcile::reconcile,
-        error_policy("nodepool"),
-        ctx.clone(),
-    )
-    .for_each(drain("nodepool"));
+    let nodepools = Controller::for_stream(shared.nodepools.changes(), shared.nodepools.store())
+        .watches_stream(shared.nodeclaims.changes(), claim_to_pool)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            nodepool::reconcile::reconcile,
+            error_policy("nodepool"),
+            ctx.clone(),
+        )
+        .for_each(drain("nodepool"));
 
     // Timers run inside this future (not spawned) so that dropping it stops them too.
     let until_shutdown = |work: BoxFuture<'static, ()>| {

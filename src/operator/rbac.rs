@@ -98,10 +98,10 @@ pub const PERMISSIONS: &[Permission] = &[
     },
     Permission {
         target: resource(EXOSCALE, "exoscalenodeclasses"),
-        verbs: &["get", "list", "watch", "patch"],
+        verbs: &["list", "watch", "patch"],
         scope: Scope::Cluster,
         resource_names: &[],
-        reason: "NodeClass controller (finalizer), NodePool readiness, doctor",
+        reason: "the provider's NodeClass watch (launches, NodePool readiness), NodeClass controller (finalizer), doctor",
     },
     Permission {
         target: resource(EXOSCALE, "exoscalenodeclasses/status"),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 use thiserror::Error;
 use tokio::sync::watch;
 
@@ -20,7 +20,9 @@ use crate::cloudprovider::exoscale::{
 use crate::cloudprovider::overlay::{OverlaySource, WithOverlays};
 use crate::controllers::{self, Context, Shutdown, shutdown_signal};
 use crate::exoscale;
-use crate::providers::nodeclass_controller::{self, ExoscaleResolution, Resolution};
+use crate::providers::nodeclass_controller::{
+    self, ExoscaleResolution, NodeClassWiring, Resolution,
+};
 use crate::state::{self, Cluster};
 
 use super::config::Config;
@@ -64,7 +66,8 @@ pub struct Runtime {
     pub config: Config,
     pub client: kube::Client,
     pub cloud: Arc<dyn CloudProvider>,
-    pub nodeclass_resolution: Option<Arc<dyn Resolution>>,
+    /// The provider's NodeClass controller (resolution and NodeClass watch); `None` runs none.
+    pub nodeclasses: Option<NodeClassWiring>,
     pub clock: Arc<dyn Clock>,
     /// Address the metrics and health servers bind to.
     pub bind_ip: IpAddr,
@@ -148,7 +151,7 @@ pub async fn run(
             config,
             client,
             cloud: cloud.provider.clone(),
-            nodeclass_resolution: Some(cloud.resolution.clone()),
+            nodeclasses: Some(cloud.nodeclass_wiring()),
             clock,
             bind_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             extra_controllers,
@@ -224,7 +227,18 @@ pub fn same_endpoint(a: &str, b: &str) -> bool {
 pub struct ExoscaleCloud {
     pub provider: Arc<ExoscaleCloudProvider>,
     pub resolution: Arc<dyn Resolution>,
+    nodeclasses: state::Shared<ExoscaleNodeClass>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl ExoscaleCloud {
+    /// What the NodeClass controller needs: the resolution and the provider's NodeClass watch.
+    pub fn nodeclass_wiring(&self) -> NodeClassWiring {
+        NodeClassWiring {
+            resolution: self.resolution.clone(),
+            nodeclasses: self.nodeclasses.clone(),
+        }
+    }
 }
 
 impl Drop for ExoscaleCloud {
@@ -244,16 +258,24 @@ pub async fn build_cloud(
     clock: Arc<dyn Clock>,
 ) -> Result<ExoscaleCloud, RunError> {
     let token_ttl = settings.bootstrap_token_ttl;
-    let (reader, writer) = reflector::store::<ExoscaleNodeClass>();
+    // The one ExoscaleNodeClass watch: the provider reads its store, the NodeClass controller
+    // is triggered by its changes.
+    let (nodeclasses, mut nodeclass_feed_writer) = state::Shared::<ExoscaleNodeClass>::new();
+    let reader = nodeclasses.store();
     let nodeclass_feed = tokio::spawn({
         let api = kube::Api::<ExoscaleNodeClass>::all(client.clone());
         async move {
             use futures::StreamExt;
-            watcher(api, watcher::Config::default())
-                .default_backoff()
-                .reflect(writer)
-                .for_each(|_| std::future::ready(()))
-                .await
+            let events = watcher(api, watcher::Config::default()).default_backoff();
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(event) => nodeclass_feed_writer.publish(&event),
+                    Err(error) => {
+                        tracing::warn!(%error, "ExoscaleNodeClass watch failed; retrying")
+                    }
+                }
+            }
         }
     });
     let provider = Arc::new(ExoscaleCloudProvider::new(
@@ -283,6 +305,7 @@ pub async fn build_cloud(
     Ok(ExoscaleCloud {
         provider,
         resolution,
+        nodeclasses,
         tasks: vec![nodeclass_feed, refresh],
     })
 }
@@ -294,7 +317,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
         config,
         client,
         cloud,
-        nodeclass_resolution,
+        nodeclasses,
         clock,
         bind_ip,
         extra_controllers,
@@ -304,11 +327,13 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
     } = runtime;
     let stop = shutdown_signal(shutdown.clone());
     let cluster = Cluster::new();
+    // The one watch of each kind: the cluster index and the Controllers share it.
     let feeds = state::feed(
         client.clone(),
         cluster.clone(),
         config.feature_gates.node_overlay,
     );
+    let shared = feeds.shared.clone();
     // NodeOverlays act through the provider: provisioning, consolidation, drift all see them.
     let cloud: Arc<dyn CloudProvider> = if config.feature_gates.node_overlay {
         let source: OverlaySource = {
@@ -400,12 +425,14 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                     feature_gates: config.feature_gates.clone(),
                     leadership: leadership.clone(),
                     registration_health: Default::default(),
+                    shared,
                 });
-                let mut tasks: Vec<BoxFuture<'static, ()>> = vec![
-                    Box::pin(controllers::run(ctx.clone(), stop.clone())),
-                    // The provider's own controller, beside the core's.
-                    Box::pin(nodeclass_controller::run(ctx.clone(), nodeclass_resolution, stop.clone())),
-                ];
+                let mut tasks: Vec<BoxFuture<'static, ()>> =
+                    vec![Box::pin(controllers::run(ctx.clone(), stop.clone()))];
+                // The provider's own controller, beside the core's.
+                if let Some(wiring) = nodeclasses {
+                    tasks.push(Box::pin(nodeclass_controller::run(ctx.clone(), wiring, stop.clone())));
+                }
                 for extra in extra_controllers {
                     tasks.push(extra(ctx.clone(), stop.clone()));
                 }
@@ -430,7 +457,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
     if let Some(election) = election {
         election.release().await;
     }
-    for feed in feeds {
+    for feed in feeds.tasks {
         feed.abort();
     }
     metrics_server.abort();

@@ -15,6 +15,7 @@ use kube::runtime::controller::Action;
 use crate::apis::labels::{NODECLASS_FINALIZER, conditions};
 use crate::apis::{ConditionStatus, ConditionsExt, ExoscaleNodeClass, ExoscaleNodeClassStatus};
 use crate::operator::events::Severity;
+use crate::state::Shared;
 use crate::state::quantity::parse_milli;
 
 use crate::controllers::{
@@ -255,36 +256,40 @@ pub struct NodeClassController {
     pub checks: CheckTimes,
 }
 
-/// Runs the controller until `shutdown`; call only while leading.
-pub async fn run(ctx: Arc<Context>, resolution: Option<Arc<dyn Resolution>>, shutdown: Shutdown) {
-    use futures::StreamExt;
-    use kube::runtime::{Controller, watcher};
+/// What the controller needs from the provider: its resolution and its NodeClass watch (the
+/// store the provider reads, so the kind is watched once).
+#[derive(Clone)]
+pub struct NodeClassWiring {
+    pub resolution: Arc<dyn Resolution>,
+    pub nodeclasses: Shared<ExoscaleNodeClass>,
+}
 
-    let client = ctx.client.clone();
+/// Runs the controller until `shutdown`; call only while leading.
+pub async fn run(ctx: Arc<Context>, wiring: NodeClassWiring, shutdown: Shutdown) {
+    use futures::StreamExt;
+    use kube::runtime::Controller;
+
     let this = Arc::new(NodeClassController {
         ctx,
-        resolution,
+        resolution: Some(wiring.resolution),
         checks: CheckTimes::default(),
     });
     let policy = error_policy::<ExoscaleNodeClass>("nodeclass");
     // The reconcile itself skips cloud calls for status-only changes.
-    Controller::new(
-        Api::<ExoscaleNodeClass>::all(client),
-        watcher::Config::default(),
-    )
-    .graceful_shutdown_on(shutdown)
-    .run(
-        reconcile,
-        move |nc, error, this: Arc<NodeClassController>| policy(nc, error, this.ctx.clone()),
-        this,
-    )
-    .for_each(|result| {
-        if let Err(error) = result {
-            tracing::debug!(controller = "nodeclass", %error, "controller event");
-        }
-        std::future::ready(())
-    })
-    .await;
+    Controller::for_stream(wiring.nodeclasses.changes(), wiring.nodeclasses.store())
+        .graceful_shutdown_on(shutdown)
+        .run(
+            reconcile,
+            move |nc, error, this: Arc<NodeClassController>| policy(nc, error, this.ctx.clone()),
+            this,
+        )
+        .for_each(|result| {
+            if let Err(error) = result {
+                tracing::debug!(controller = "nodeclass", %error, "controller event");
+            }
+            std::future::ready(())
+        })
+        .await;
 }
 
 pub async fn reconcile(

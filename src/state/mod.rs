@@ -18,10 +18,11 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 pub use index::{
     ClusterIndex, Kind, NamespacedName, NodePoolUsage, node_provider_id, nodeclaim_provider_id,
@@ -75,10 +76,18 @@ impl Cluster {
     }
 }
 
-/// How one kind is written into the index.
-trait Indexed:
+/// A kind that can be watched and shared with Controllers.
+pub trait Watched:
     Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static
 {
+}
+impl<K> Watched for K where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static
+{
+}
+
+/// How one kind is written into the index.
+pub trait Indexed: Watched {
     const KIND: Kind;
     fn apply(self, index: &mut ClusterIndex);
     fn delete(&self, index: &mut ClusterIndex);
@@ -135,7 +144,11 @@ fn apply_event<K: Indexed>(cluster: &Cluster, event: Event<K>) {
 /// client-side idle margin) and re-listed within about a minute, not five.
 const WATCH_TIMEOUT_SECS: u32 = 60;
 
-async fn feed_kind<K: Indexed>(api: Api<K>, cluster: Arc<Cluster>) {
+async fn feed_kind<K: Indexed>(
+    api: Api<K>,
+    cluster: Arc<Cluster>,
+    mut shared: Option<SharedFeed<K>>,
+) {
     let mut backoff = Backoff::default();
     loop {
         let stream = watcher::watcher(
@@ -148,6 +161,9 @@ async fn feed_kind<K: Indexed>(api: Api<K>, cluster: Arc<Cluster>) {
                 Ok(event) => {
                     if matches!(event, Event::InitDone) {
                         backoff.reset();
+                    }
+                    if let Some(shared) = shared.as_mut() {
+                        shared.publish(&event);
                     }
                     apply_event(&cluster, event)
                 }
@@ -162,6 +178,113 @@ async fn feed_kind<K: Indexed>(api: Api<K>, cluster: Arc<Cluster>) {
         }
         tokio::time::sleep(backoff.next()).await;
     }
+}
+
+/// How many changed objects a slow Controller may fall behind by before it misses triggers
+/// (its periodic requeue still reconciles every object).
+const CHANGES_CAPACITY: usize = 4096;
+
+/// The writing side of [`Shared`]: keeps the store and announces changes, from the same watch
+/// events that feed the cluster index.
+pub struct SharedFeed<K: Watched> {
+    writer: Writer<K>,
+    changes: broadcast::Sender<K>,
+}
+
+impl<K: Watched> SharedFeed<K> {
+    /// Applies one watch event to the store and announces what changed.
+    pub fn publish(&mut self, event: &Event<K>) {
+        self.writer.apply_watcher_event(event);
+        // No receiver is not an error: Controllers only run on the leader.
+        match event {
+            Event::Apply(obj) | Event::Delete(obj) => {
+                let _ = self.changes.send(obj.clone());
+            }
+            // Listed objects reach the store only when the list completes: announce them then.
+            Event::InitDone => {
+                for obj in self.writer.as_reader().state() {
+                    let _ = self.changes.send((*obj).clone());
+                }
+            }
+            Event::Init | Event::InitApply(_) => {}
+        }
+    }
+}
+
+/// One kind as the cluster watch sees it, for kube-rs Controllers: a reflector store and the
+/// stream of changed objects, so a Controller needs no watch of its own.
+pub struct Shared<K: Watched> {
+    store: Store<K>,
+    changes: broadcast::Sender<K>,
+}
+
+impl<K: Watched> Clone for Shared<K> {
+    fn clone(&self) -> Self {
+        Shared {
+            store: self.store.clone(),
+            changes: self.changes.clone(),
+        }
+    }
+}
+
+impl<K: Watched> Shared<K> {
+    /// A store and its change stream, and the feed that writes both.
+    pub fn new() -> (Self, SharedFeed<K>) {
+        let (store, writer) = reflector::store();
+        let changes = broadcast::channel(CHANGES_CAPACITY).0;
+        (
+            Shared {
+                store,
+                changes: changes.clone(),
+            },
+            SharedFeed { writer, changes },
+        )
+    }
+
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    /// Every object in the store, then each object as it changes (applied or deleted): a
+    /// Controller started after the list (on gaining leadership) still sees every object.
+    pub fn changes(
+        &self,
+    ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+        // Subscribed before the snapshot: a change in between is seen twice, never missed.
+        let live = self.changes.subscribe();
+        let snapshot: Vec<Result<K, watcher::Error>> = self
+            .store
+            .state()
+            .iter()
+            .map(|o| Ok((**o).clone()))
+            .collect();
+        let live = futures::stream::unfold(live, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(obj) => return Some((Ok(obj), rx)),
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::warn!(kind = %K::kind(&()), missed, "a controller fell behind the cluster watch; its resync catches up");
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        futures::stream::iter(snapshot).chain(live)
+    }
+}
+
+/// The kinds kube-rs Controllers reconcile or watch, shared with the cluster index.
+#[derive(Clone)]
+pub struct SharedKinds {
+    pub nodes: Shared<Node>,
+    pub nodeclaims: Shared<NodeClaim>,
+    pub nodepools: Shared<NodePool>,
+}
+
+/// The running watches: their tasks and what they share with Controllers.
+pub struct Feeds {
+    pub tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub shared: SharedKinds,
 }
 
 /// Exponential pause between watch restarts: 1 s doubling to 30 s, reset by a complete list.
@@ -181,57 +304,47 @@ impl Backoff {
     }
 }
 
-/// Starts one watcher per kind feeding `cluster` (NodeOverlays too when `overlays`, which then
-/// must be listed before the state is synced); the tasks run until aborted.
-pub fn feed(
-    client: kube::Client,
-    cluster: Arc<Cluster>,
-    overlays: bool,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut feeds = Vec::new();
+/// Starts the one watch of each kind, feeding `cluster` (NodeOverlays too when `overlays`,
+/// which then must be listed before the state is synced) and, for Nodes, NodeClaims and
+/// NodePools, the stores and change streams the Controllers use; the tasks run until aborted.
+pub fn feed(client: kube::Client, cluster: Arc<Cluster>, overlays: bool) -> Feeds {
+    fn spawn<K: Indexed>(
+        api: Api<K>,
+        cluster: &Arc<Cluster>,
+        shared: Option<SharedFeed<K>>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(feed_kind(api, cluster.clone(), shared))
+    }
+    let (nodes, nodes_feed) = Shared::<Node>::new();
+    let (nodeclaims, nodeclaims_feed) = Shared::<NodeClaim>::new();
+    let (nodepools, nodepools_feed) = Shared::<NodePool>::new();
+    let (c, k) = (&client, &cluster);
+    let mut tasks = vec![
+        spawn(Api::<Node>::all(c.clone()), k, Some(nodes_feed)),
+        spawn(Api::<NodeClaim>::all(c.clone()), k, Some(nodeclaims_feed)),
+        spawn(Api::<NodePool>::all(c.clone()), k, Some(nodepools_feed)),
+        spawn(Api::<Pod>::all(c.clone()), k, None),
+        spawn(Api::<DaemonSet>::all(c.clone()), k, None),
+        spawn(Api::<PodDisruptionBudget>::all(c.clone()), k, None),
+        // Volumes: provisioning checks a pending pod's claims and follows their topology.
+        spawn(Api::<PersistentVolumeClaim>::all(c.clone()), k, None),
+        spawn(Api::<PersistentVolume>::all(c.clone()), k, None),
+        spawn(Api::<StorageClass>::all(c.clone()), k, None),
+        // Termination waits for a node's VolumeAttachments to go before deleting its instance.
+        spawn(Api::<VolumeAttachment>::all(c.clone()), k, None),
+    ];
     if overlays {
         cluster.update(|index| index.require(Kind::NodeOverlay));
-        feeds.push(tokio::spawn(feed_kind(
-            Api::<NodeOverlay>::all(client.clone()),
-            cluster.clone(),
-        )));
+        tasks.push(spawn(Api::<NodeOverlay>::all(c.clone()), k, None));
     }
-    feeds.extend([
-        tokio::spawn(feed_kind(Api::<Node>::all(client.clone()), cluster.clone())),
-        tokio::spawn(feed_kind(
-            Api::<NodeClaim>::all(client.clone()),
-            cluster.clone(),
-        )),
-        tokio::spawn(feed_kind(
-            Api::<NodePool>::all(client.clone()),
-            cluster.clone(),
-        )),
-        tokio::spawn(feed_kind(Api::<Pod>::all(client.clone()), cluster.clone())),
-        tokio::spawn(feed_kind(
-            Api::<DaemonSet>::all(client.clone()),
-            cluster.clone(),
-        )),
-        tokio::spawn(feed_kind(
-            Api::<PodDisruptionBudget>::all(client.clone()),
-            cluster.clone(),
-        )),
-        // Volumes: provisioning checks a pending pod's claims and follows their topology.
-        tokio::spawn(feed_kind(
-            Api::<PersistentVolumeClaim>::all(client.clone()),
-            cluster.clone(),
-        )),
-        tokio::spawn(feed_kind(
-            Api::<PersistentVolume>::all(client.clone()),
-            cluster.clone(),
-        )),
-        tokio::spawn(feed_kind(
-            Api::<StorageClass>::all(client.clone()),
-            cluster.clone(),
-        )),
-        // Termination waits for a node's VolumeAttachments to go before deleting its instance.
-        tokio::spawn(feed_kind(Api::<VolumeAttachment>::all(client), cluster)),
-    ]);
-    feeds
+    Feeds {
+        tasks,
+        shared: SharedKinds {
+            nodes,
+            nodeclaims,
+            nodepools,
+        },
+    }
 }
 
 #[cfg(test)]

@@ -246,7 +246,7 @@ impl World {
             config,
             client,
             cloud: cloud.provider.clone(),
-            nodeclass_resolution: Some(cloud.resolution.clone()),
+            nodeclasses: Some(cloud.nodeclass_wiring()),
             clock,
             bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
             extra_controllers,
