@@ -382,9 +382,11 @@ pub fn apply(
         }
         if priced {
             applied.priced.push(it.name.clone());
+            changed.price_overlaid = true;
         }
         if added {
             applied.capacity.push(it.name.clone());
+            changed.capacity_overlaid = true;
         }
         out.push(if priced || added {
             Arc::new(changed)

@@ -461,6 +461,8 @@ pub fn build(
         offerings,
         capacity,
         overhead,
+        price_overlaid: false,
+        capacity_overlaid: false,
     })
 }
 

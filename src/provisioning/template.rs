@@ -9,8 +9,9 @@ use thiserror::Error;
 
 use crate::apis::labels::WELL_KNOWN_LABELS;
 use crate::apis::labels::{
-    NODECLAIM_MIN_VALUES_RELAXED_ANNOTATION, NODECLASS_LABEL, NODEPOOL_HASH_ANNOTATION,
-    NODEPOOL_HASH_VERSION, NODEPOOL_HASH_VERSION_ANNOTATION, NODEPOOL_LABEL, TERMINATION_FINALIZER,
+    CAPACITY_OVERLAY_APPLIED_ANNOTATION, NODECLAIM_MIN_VALUES_RELAXED_ANNOTATION, NODECLASS_LABEL,
+    NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION, NODEPOOL_HASH_VERSION_ANNOTATION,
+    NODEPOOL_LABEL, PRICE_OVERLAY_APPLIED_ANNOTATION, TERMINATION_FINALIZER,
 };
 use crate::apis::nodeclaim::ResourceRequirements;
 use crate::apis::{
@@ -178,6 +179,16 @@ pub fn build_nodeclaim(pool: &NodePool, claim: &NewNodeClaim) -> NodeClaim {
             "true".into(),
         );
     }
+    // Upstream: the NodeClaim says when a NodeOverlay shaped any of its instance-type options.
+    if claim.instance_types.iter().any(|it| it.price_overlaid) {
+        annotations.insert(PRICE_OVERLAY_APPLIED_ANNOTATION.to_string(), "true".into());
+    }
+    if claim.instance_types.iter().any(|it| it.capacity_overlaid) {
+        annotations.insert(
+            CAPACITY_OVERLAY_APPLIED_ANNOTATION.to_string(),
+            "true".into(),
+        );
+    }
     let owner = OwnerReference {
         api_version: NodePool::api_version(&()).into_owned(),
         kind: NodePool::kind(&()).into_owned(),
@@ -214,6 +225,7 @@ pub fn build_nodeclaim(pool: &NodePool, claim: &NewNodeClaim) -> NodeClaim {
 mod tests {
     use super::*;
     use crate::apis::validation;
+    use std::sync::Arc;
 
     fn pool() -> NodePool {
         validation::parse(&serde_yaml_ng::from_str(
@@ -278,6 +290,34 @@ spec:
     }
 
     #[test]
+    fn nodeclaims_say_when_an_overlay_shaped_their_instance_types() {
+        let p = pool();
+        let overlay: crate::apis::NodeOverlay = serde_yaml_ng::from_str(
+            "apiVersion: karpenter.sh/v1alpha1\nkind: NodeOverlay\nmetadata: {name: o}\nspec:\n  requirements: [{key: node.kubernetes.io/instance-type, operator: In, values: [fake-it-1]}]\n  price: \"1\"\n",
+        )
+        .unwrap();
+        let types = crate::scheduling::fixtures::instance_types(2);
+        let (types, _) =
+            crate::cloudprovider::overlay::apply("general", &BTreeMap::new(), &types, &[overlay])
+                .unwrap();
+        let claim = |instance_types: Vec<Arc<crate::scheduling::InstanceType>>| NewNodeClaim {
+            node_pool: "general".into(),
+            requirements: requirements("x", &p.spec.template.spec.requirements).unwrap(),
+            instance_types,
+            pods: vec![0],
+            requests: Resources::new(),
+            daemon_overhead: Resources::new(),
+            min_values_relaxed: false,
+        };
+        let annotations = |c: &NewNodeClaim| build_nodeclaim(&p, c).metadata.annotations.unwrap();
+        let plain = annotations(&claim(vec![types[0].clone()]));
+        assert!(!plain.contains_key(PRICE_OVERLAY_APPLIED_ANNOTATION));
+        let overlaid = annotations(&claim(types.clone()));
+        assert_eq!(overlaid[PRICE_OVERLAY_APPLIED_ANNOTATION], "true");
+        assert!(!overlaid.contains_key(CAPACITY_OVERLAY_APPLIED_ANNOTATION));
+    }
+
+    #[test]
     fn nodeclaims_carry_labels_hash_owner_and_finalizer() {
         let p = pool();
         let reqs = requirements("x", &p.spec.template.spec.requirements).unwrap();
@@ -297,6 +337,8 @@ spec:
         let annotations = nc.metadata.annotations.as_ref().unwrap();
         assert_eq!(annotations[NODEPOOL_HASH_ANNOTATION], "42");
         assert_eq!(annotations[NODECLAIM_MIN_VALUES_RELAXED_ANNOTATION], "true");
+        assert!(!annotations.contains_key(PRICE_OVERLAY_APPLIED_ANNOTATION));
+        assert!(!annotations.contains_key(CAPACITY_OVERLAY_APPLIED_ANNOTATION));
         assert_eq!(nc.metadata.generate_name.as_deref(), Some("general-"));
         assert_eq!(
             nc.metadata.owner_references.as_ref().unwrap()[0].uid,

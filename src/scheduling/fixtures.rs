@@ -73,6 +73,8 @@ pub fn instance_type(name: &str, capacity: Resources, offerings: Vec<Offering>) 
         offerings,
         capacity,
         overhead: Resources::from_literals(&[(CPU, "100m"), (MEMORY, "10Mi")]),
+        price_overlaid: false,
+        capacity_overlaid: false,
     }
 }
 

@@ -314,6 +314,10 @@ pub struct InstanceType {
     pub capacity: Resources,
     /// kube-reserved + system-reserved + eviction threshold.
     pub overhead: Resources,
+    /// A NodeOverlay set or adjusted an offering's price (NodeClaims record it).
+    pub price_overlaid: bool,
+    /// A NodeOverlay added capacity (NodeClaims record it).
+    pub capacity_overlaid: bool,
 }
 
 impl InstanceType {
@@ -386,6 +390,8 @@ mod tests {
                 ("hugepages-2Mi", "1Gi"),
             ]),
             overhead: Resources::from_literals(&[("cpu", "100m"), ("memory", "1Gi")]),
+            price_overlaid: false,
+            capacity_overlaid: false,
         };
         let a = it.allocatable();
         assert_eq!(a.cpu(), Quantity::parse("3900m").unwrap());
