@@ -34,6 +34,10 @@ use crate::operator::leader::Leadership;
 use crate::operator::metrics::{Metrics, labels};
 use crate::state::Cluster;
 
+/// A controller started beside the built-in ones, on the leader, with the same [`Context`]
+/// (provisioning and disruption plug in here).
+pub type ExtraController = Box<dyn FnOnce(Arc<Context>, Shutdown) -> BoxFuture<'static, ()> + Send>;
+
 /// Field manager of every write this process makes.
 pub const FIELD_MANAGER: &str = "karpenter-exoscale";
 

@@ -18,7 +18,7 @@ use crate::cloudprovider::exoscale::{
     Dependencies, ExoscaleCloudProvider, ExoscaleSettings as ProviderSettings, KubeNodeBootstrap,
 };
 use crate::cloudprovider::overlay::{OverlaySource, WithOverlays};
-use crate::controllers::{self, Context, Shutdown, shutdown_signal};
+use crate::controllers::{self, Context, shutdown_signal};
 use crate::exoscale;
 use crate::providers::nodeclass_controller::{
     self, ExoscaleResolution, NodeClassWiring, Resolution,
@@ -57,9 +57,7 @@ pub enum RunError {
     LostLeadership,
 }
 
-/// A controller started beside the built-in ones, on the leader, with the same [`Context`]
-/// (provisioning and disruption plug in here).
-pub type ExtraController = Box<dyn FnOnce(Arc<Context>, Shutdown) -> BoxFuture<'static, ()> + Send>;
+pub use crate::controllers::ExtraController;
 
 /// Everything [`serve`] needs.
 pub struct Runtime {

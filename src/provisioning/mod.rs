@@ -11,8 +11,8 @@ pub mod volumes;
 
 use std::sync::Arc;
 
+use crate::controllers::ExtraController;
 use crate::operator::config::Config;
-use crate::operator::run::ExtraController;
 
 /// Provisioning settings from the operator configuration.
 pub fn settings(config: &Config) -> controller::Settings {

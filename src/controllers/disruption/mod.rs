@@ -114,7 +114,7 @@ pub async fn run(
 pub fn plugin(
     settings: Settings,
     nominations: Arc<Nominations>,
-) -> crate::operator::run::ExtraController {
+) -> crate::controllers::ExtraController {
     Box::new(move |ctx, shutdown| Box::pin(run(ctx, settings, nominations, shutdown)))
 }
 
