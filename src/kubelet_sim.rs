@@ -10,11 +10,8 @@
 //! the API calls ([`register_node`], [`set_node_condition`], [`spawn`]).
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_openapi::api::core::v1::{
     Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint,
 };
@@ -37,7 +34,6 @@ pub const MAX_PODS: u32 = 110;
 /// Taint the node-lifecycle controller keeps on nodes that are not Ready.
 pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 
-const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 const PROVIDER_ID_PREFIX: &str = "exoscale://";
 const FIELD_MANAGER: &str = "simulated-kubelet";
 const MIB: u64 = 1024 * 1024;
@@ -50,10 +46,8 @@ const EVICTION_HARD_NODEFS_PERCENT: u64 = 10;
 /// Errors of the simulated kubelet.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletSimError {
-    #[error("user data is gzip-compressed but does not decompress: {0}")]
-    UserDataGzip(#[source] std::io::Error),
-    #[error("user data is not UTF-8 text")]
-    UserDataNotUtf8,
+    #[error(transparent)]
+    UserData(#[from] crate::providers::userdata::DecodeError),
     #[error("user data is not a valid node-agent TOML document: {0}")]
     UserDataToml(#[source] toml::de::Error),
     #[error("user data has no settings.kubernetes.bootstrap-token: the node cannot join")]
@@ -257,22 +251,7 @@ struct UserDataSettings {
 
 /// Decodes user data the way the SKS node agent does: gzip+base64, base64 or plain TOML.
 pub fn decode_user_data(user_data: &str) -> Result<NodeAgentSettings, KubeletSimError> {
-    let trimmed = user_data.trim();
-    let bytes = match BASE64.decode(trimmed) {
-        Ok(decoded) => decoded,
-        // Not base64: the agent then reads it as plain TOML.
-        Err(_) => trimmed.as_bytes().to_vec(),
-    };
-    let bytes = if bytes.starts_with(&GZIP_MAGIC) {
-        let mut inflated = Vec::new();
-        flate2::read::GzDecoder::new(bytes.as_slice())
-            .read_to_end(&mut inflated)
-            .map_err(KubeletSimError::UserDataGzip)?;
-        inflated
-    } else {
-        bytes
-    };
-    let text = String::from_utf8(bytes).map_err(|_| KubeletSimError::UserDataNotUtf8)?;
+    let text = crate::providers::userdata::decode_text(user_data)?;
     let document: UserDataDocument =
         toml::from_str(&text).map_err(KubeletSimError::UserDataToml)?;
     let settings = document.settings.kubernetes;
@@ -350,49 +329,16 @@ pub fn node_for(
     })
 }
 
-/// Parses a Kubernetes quantity into thousandths of its base unit (millicores, millibytes).
+/// A Kubernetes quantity in thousandths of its base unit (millicores, millibytes), through the
+/// program's one quantity parser; negative values are refused.
 pub fn parse_quantity_milli(field: &str, value: &str) -> Result<u128, KubeletSimError> {
-    let invalid = || KubeletSimError::InvalidQuantity {
-        field: field.to_string(),
-        value: value.to_string(),
-    };
-    let split = value
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(value.len());
-    let (number, suffix) = value.split_at(split);
-    let multiplier_milli: u128 = match suffix {
-        "m" => 1,
-        "" => 1000,
-        "k" => 1000 * 1000,
-        "M" => 1000 * 1000 * 1000,
-        "G" => 1000 * 1000 * 1000 * 1000,
-        "T" => 1000 * 1000 * 1000 * 1000 * 1000,
-        "Ki" => 1000 * 1024,
-        "Mi" => 1000 * 1024 * 1024,
-        "Gi" => 1000 * 1024 * 1024 * 1024,
-        "Ti" => 1000 * 1024 * 1024 * 1024 * 1024,
-        _ => return Err(invalid()),
-    };
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() {
-        return Err(invalid());
-    }
-    let whole: u128 = if whole.is_empty() {
-        0
-    } else {
-        whole.parse().map_err(|_| invalid())?
-    };
-    let mut milli = whole.checked_mul(multiplier_milli).ok_or_else(invalid)?;
-    if !fraction.is_empty() {
-        let digits = u32::try_from(fraction.len()).map_err(|_| invalid())?;
-        let numerator: u128 = fraction.parse().map_err(|_| invalid())?;
-        let scale = 10u128.checked_pow(digits).ok_or_else(invalid)?;
-        milli += numerator
-            .checked_mul(multiplier_milli)
-            .ok_or_else(invalid)?
-            / scale;
-    }
-    Ok(milli)
+    crate::scheduling::Quantity::parse(value.trim())
+        .ok()
+        .and_then(|q| u128::try_from(q.milli()).ok())
+        .ok_or_else(|| KubeletSimError::InvalidQuantity {
+            field: field.to_string(),
+            value: value.to_string(),
+        })
 }
 
 /// Reservations the SKS node agent applies when the user data sets none
@@ -856,6 +802,8 @@ pub fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD as BASE64;
     use std::io::Write;
 
     const USER_DATA_TOML: &str = r#"

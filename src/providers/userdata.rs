@@ -251,20 +251,71 @@ pub fn render(input: &UserDataInput) -> Result<String, UserDataError> {
     encode(&render_toml(input)?)
 }
 
+/// Why stored user data cannot be read back.
+#[derive(Debug, Error)]
+pub enum DecodeError {
+    #[error("user data is gzip-compressed but does not decompress: {0}")]
+    Gzip(#[source] std::io::Error),
+    #[error("user data inflates beyond {MAX_DECODED_BYTES} bytes")]
+    TooLarge,
+    #[error("user data is not UTF-8 text")]
+    NotUtf8,
+}
+
+/// Inflated user data is capped: a gzip bomb in an instance's user data cannot exhaust memory.
+pub const MAX_DECODED_BYTES: u64 = 1024 * 1024;
+
+/// The one user-data decoder (provider tests, the simulated API, the simulated kubelet): the
+/// way the SKS node agent reads it — base64 (else the text as is), then gunzip when
+/// gzip-compressed.
+pub fn decode_text(user_data: &str) -> Result<String, DecodeError> {
+    use std::io::Read;
+    let trimmed = user_data.trim();
+    let bytes = BASE64
+        .decode(trimmed)
+        .unwrap_or_else(|_| trimmed.as_bytes().to_vec());
+    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut inflated = Vec::new();
+        flate2::read::GzDecoder::new(bytes.as_slice())
+            .take(MAX_DECODED_BYTES + 1)
+            .read_to_end(&mut inflated)
+            .map_err(DecodeError::Gzip)?;
+        if inflated.len() as u64 > MAX_DECODED_BYTES {
+            return Err(DecodeError::TooLarge);
+        }
+        inflated
+    } else {
+        bytes
+    };
+    String::from_utf8(bytes).map_err(|_| DecodeError::NotUtf8)
+}
+
 /// Inverse of [`encode`], for tests and diagnostics.
 pub fn decode(encoded: &str) -> Option<String> {
-    use std::io::Read;
-    let raw = BASE64.decode(encoded.trim()).ok()?;
-    let mut out = String::new();
-    flate2::read::GzDecoder::new(&raw[..])
-        .read_to_string(&mut out)
-        .ok()?;
-    Some(out)
+    decode_text(encoded).ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_decoder_reads_plain_base64_and_gzip_and_refuses_a_bomb() {
+        let toml = "[settings.kubernetes]\nbootstrap-token = \"x\"\n";
+        // Plain text is read trimmed, as the agent does.
+        assert_eq!(decode_text(toml).unwrap(), toml.trim());
+        assert_eq!(decode_text(&BASE64.encode(toml)).unwrap(), toml);
+        assert_eq!(decode_text(&encode(toml).unwrap()).unwrap(), toml);
+        let mut bomb = GzEncoder::new(Vec::new(), Compression::best());
+        bomb.write_all(&vec![b'a'; (MAX_DECODED_BYTES + 1) as usize])
+            .unwrap();
+        let bomb = BASE64.encode(bomb.finish().unwrap());
+        assert!(matches!(decode_text(&bomb), Err(DecodeError::TooLarge)));
+        assert!(matches!(
+            decode_text(&BASE64.encode([0x1f, 0x8b, 0, 1, 2])),
+            Err(DecodeError::Gzip(_))
+        ));
+    }
 
     fn input() -> UserDataInput {
         UserDataInput {

@@ -750,19 +750,9 @@ pub(crate) fn quota_exceeded(limit: usize) -> Reply {
     error(403, quota_message(limit))
 }
 
-/// The readable form of stored user data: base64, then gunzip when gzip-compressed.
+/// The readable form of stored user data (the provider's one decoder).
 pub fn decode_user_data(encoded: &str) -> Option<String> {
-    use std::io::Read;
-    let raw = BASE64.decode(encoded).ok()?;
-    if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = String::new();
-        flate2::read::GzDecoder::new(&raw[..])
-            .read_to_string(&mut out)
-            .ok()?;
-        Some(out)
-    } else {
-        Some(String::from_utf8_lossy(&raw).into_owned())
-    }
+    crate::providers::userdata::decode(encoded)
 }
 
 #[cfg(test)]
