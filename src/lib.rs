@@ -9,7 +9,6 @@ pub mod disruption;
 pub mod doctor;
 pub mod exoscale;
 pub mod fence;
-pub mod kubelet_sim;
 pub mod operator;
 pub mod providers;
 pub mod provisioning;

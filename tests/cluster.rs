@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use karpenter_exoscale::kubelet_sim::{
-    self, Fault, InstanceShape, Join, KubeletBehaviour, RunningInstance,
+use karpenter_exoscale::sim::kubelet::{
+    self as kubelet_sim, Fault, InstanceShape, Join, KubeletBehaviour, RunningInstance,
 };
 use kube::Client;
 use kube::api::{

@@ -34,8 +34,8 @@ use karpenter_exoscale::apis::{
 use karpenter_exoscale::cloudprovider::CloudProvider;
 use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
 use karpenter_exoscale::exoscale::{Clock, SystemClock};
-use karpenter_exoscale::kubelet_sim::{Join, KubeletBehaviour};
 use karpenter_exoscale::operator::run::build_cloud;
+use karpenter_exoscale::sim::kubelet::{Join, KubeletBehaviour};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
@@ -915,7 +915,7 @@ async fn an_unhealthy_node_is_repaired_and_replaced() {
     let since = k8s_openapi::jiff::Timestamp::now()
         .checked_sub(k8s_openapi::jiff::SignedDuration::from_mins(20))
         .unwrap();
-    karpenter_exoscale::kubelet_sim::set_node_condition_since(
+    karpenter_exoscale::sim::kubelet::set_node_condition_since(
         &world.client,
         &sick,
         "Ready",

@@ -23,7 +23,6 @@ use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
 use karpenter_exoscale::controllers::disruption;
 use karpenter_exoscale::exoscale::{Clock, SystemClock};
 use karpenter_exoscale::fence::Fence;
-use karpenter_exoscale::kubelet_sim::KubeletBehaviour;
 use karpenter_exoscale::operator::config::{Config, RunArgs};
 use karpenter_exoscale::operator::fenced_client::fenced;
 use karpenter_exoscale::operator::leader::LeaseTimings;
@@ -32,6 +31,7 @@ use karpenter_exoscale::operator::run::{
     ExoscaleCloud, ExtraController, Runtime, build_cloud, serve,
 };
 use karpenter_exoscale::provisioning::controller::{Nominations, Settings as ProvisioningSettings};
+use karpenter_exoscale::sim::kubelet::KubeletBehaviour;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;

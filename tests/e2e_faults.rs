@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use karpenter_exoscale::apis::labels::DISRUPTED_TAINT_KEY;
 use karpenter_exoscale::apis::{ConditionsExt, NodeClaim};
-use karpenter_exoscale::kubelet_sim::{Join, KubeletBehaviour};
+use karpenter_exoscale::sim::kubelet::{Join, KubeletBehaviour};
 use karpenter_exoscale::sim::{Fault, FaultAction, HoldGate};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};

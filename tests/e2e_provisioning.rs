@@ -17,7 +17,7 @@ use karpenter_exoscale::apis::NodePool;
 use karpenter_exoscale::apis::labels::{
     BOOTSTRAP_TOKEN_ANNOTATION, INSTANCE_TYPE_LABEL, NODECLAIM_TOKENS_ANNOTATION, NODEPOOL_LABEL,
 };
-use karpenter_exoscale::kubelet_sim::KubeletBehaviour;
+use karpenter_exoscale::sim::kubelet::KubeletBehaviour;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
@@ -598,7 +598,7 @@ async fn an_instance_type_out_of_capacity_falls_back_to_the_next_type() {
 /// VM with it), and the next batch launches a replacement on which the pod is bound.
 #[tokio::test]
 async fn an_instance_that_never_joins_is_replaced_after_the_registration_ttl() {
-    use karpenter_exoscale::kubelet_sim::Join;
+    use karpenter_exoscale::sim::kubelet::Join;
     use std::sync::Mutex;
 
     let first_instance: Arc<Mutex<Option<String>>> = Arc::default();
@@ -693,7 +693,7 @@ async fn an_instance_that_never_joins_is_replaced_after_the_registration_ttl() {
 #[tokio::test]
 async fn nodes_the_pods_cannot_use_do_not_cause_a_runaway_scale_up() {
     let tainted: harness::KubeletPolicy = Arc::new(|_: &str| KubeletBehaviour {
-        fault: karpenter_exoscale::kubelet_sim::Fault::Tainted {
+        fault: karpenter_exoscale::sim::kubelet::Fault::Tainted {
             key: "example.com/broken".into(),
             value: "true".into(),
             effect: "NoSchedule".into(),
@@ -799,7 +799,7 @@ impl tower_service::Service<http::Request<kube::client::Body>> for HoldEventWrit
 #[tokio::test]
 async fn a_thousand_pending_pods_get_their_nodeclaims_before_any_event_is_written() {
     use futures::StreamExt;
-    use karpenter_exoscale::kubelet_sim::Join;
+    use karpenter_exoscale::sim::kubelet::Join;
 
     let policy: harness::KubeletPolicy = Arc::new(|_: &str| KubeletBehaviour {
         join: Join::Never,

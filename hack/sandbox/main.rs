@@ -11,8 +11,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use karpenter_exoscale::exoscale;
-use karpenter_exoscale::kubelet_sim::{self, Follower, InstanceShape, KubeletBehaviour};
 use karpenter_exoscale::sim::ExoscaleSim;
+use karpenter_exoscale::sim::kubelet::{
+    self as kubelet_sim, Follower, InstanceShape, KubeletBehaviour,
+};
 
 #[tokio::main]
 async fn main() {

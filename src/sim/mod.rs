@@ -7,6 +7,7 @@
 
 mod faults;
 mod http;
+pub mod kubelet;
 mod world;
 
 use std::collections::HashMap;

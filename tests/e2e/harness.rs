@@ -22,12 +22,14 @@ use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
 use karpenter_exoscale::exoscale::models::SksTemplateVariant;
 use karpenter_exoscale::exoscale::{self, Clock, SystemClock};
 use karpenter_exoscale::fence::Fence;
-use karpenter_exoscale::kubelet_sim::{self, InstanceShape, KubeletBehaviour, RunningInstance};
 use karpenter_exoscale::operator::config::{Config, RunArgs};
 use karpenter_exoscale::operator::fenced_client::fenced;
 use karpenter_exoscale::operator::leader::LeaseTimings;
 use karpenter_exoscale::operator::metrics::Metrics;
 use karpenter_exoscale::operator::run::{ExoscaleCloud, Runtime, build_cloud, cluster_uid, serve};
+use karpenter_exoscale::sim::kubelet::{
+    self as kubelet_sim, InstanceShape, KubeletBehaviour, RunningInstance,
+};
 use karpenter_exoscale::sim::{ExoscaleSim, InstanceEvent};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
