@@ -64,7 +64,8 @@ impl LogLevel {
 /// The scheduler's own policy types: configuration parses straight into them.
 pub use crate::scheduling::{MinValuesPolicy, PreferencePolicy};
 
-/// Upstream feature gates; unknown names are refused.
+/// Upstream feature gates. Unknown names are ignored (as upstream does: an older or newer gate
+/// list must not stop a switch-over) and reported by [`FeatureGates::notices`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FeatureGates {
     pub node_repair: bool,
@@ -73,6 +74,8 @@ pub struct FeatureGates {
     pub node_overlay: bool,
     pub static_capacity: bool,
     pub capacity_buffer: bool,
+    /// Gate names this version does not know, in the order given.
+    pub unknown: Vec<String>,
 }
 
 impl Default for FeatureGates {
@@ -84,6 +87,7 @@ impl Default for FeatureGates {
             node_overlay: false,
             static_capacity: false,
             capacity_buffer: false,
+            unknown: Vec::new(),
         }
     }
 }
@@ -107,11 +111,52 @@ impl FeatureGates {
                 "NodeOverlay" => &mut gates.node_overlay,
                 "StaticCapacity" => &mut gates.static_capacity,
                 "CapacityBuffer" => &mut gates.capacity_buffer,
-                other => return Err(format!("unknown feature gate {other:?}")),
+                other => {
+                    gates.unknown.push(other.to_string());
+                    continue;
+                }
             };
             *slot = enabled;
         }
         Ok(gates)
+    }
+
+    /// What start-up logs about the gates: unknown names (ignored) and enabled gates that
+    /// change nothing on Exoscale or in this version.
+    pub fn notices(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .unknown
+            .iter()
+            .map(|name| format!("feature gate {name:?} is unknown to this version and ignored"))
+            .collect();
+        let no_effect = [
+            (
+                self.spot_to_spot_consolidation,
+                "SpotToSpotConsolidation",
+                "Exoscale has no spot capacity",
+            ),
+            (
+                self.reserved_capacity,
+                "ReservedCapacity",
+                "Exoscale has no capacity reservations",
+            ),
+            (
+                self.static_capacity,
+                "StaticCapacity",
+                "static NodePools are not implemented yet; NodePools with replicas are provisioned on demand",
+            ),
+            (
+                self.capacity_buffer,
+                "CapacityBuffer",
+                "capacity buffers are not implemented",
+            ),
+        ];
+        for (enabled, name, why) in no_effect {
+            if enabled {
+                out.push(format!("feature gate {name}=true has no effect: {why}"));
+            }
+        }
+        out
     }
 }
 
@@ -631,6 +676,29 @@ mod tests {
     }
 
     #[test]
+    fn unknown_gates_are_ignored_and_gates_without_effect_are_named() {
+        let gates =
+            FeatureGates::parse("NodeRepair=true, FutureThing=true,SpotToSpotConsolidation=true")
+                .unwrap();
+        assert!(gates.node_repair && gates.spot_to_spot_consolidation);
+        assert_eq!(gates.unknown, vec!["FutureThing".to_string()]);
+        let notices = gates.notices();
+        assert!(
+            notices[0].contains("\"FutureThing\" is unknown"),
+            "{notices:?}"
+        );
+        assert!(
+            notices
+                .iter()
+                .any(|n| n.contains("SpotToSpotConsolidation=true has no effect")),
+            "{notices:?}"
+        );
+        // Malformed entries are still refused.
+        assert!(FeatureGates::parse("NodeRepair").is_err());
+        assert!(FeatureGates::parse("NodeRepair=maybe").is_err());
+    }
+
+    #[test]
     fn every_problem_is_reported_at_once() {
         let e = env(&[
             ("EXOSCALE_SKS_CLUSTER_ID", "not-a-uuid"),
@@ -684,10 +752,10 @@ mod tests {
         let gates = FeatureGates::parse("NodeRepair=true, SpotToSpotConsolidation=false").unwrap();
         assert!(gates.node_repair);
         assert!(gates.reserved_capacity);
-        assert!(
-            FeatureGates::parse("Bogus=true")
-                .unwrap_err()
-                .contains("Bogus")
+        assert!(gates.unknown.is_empty());
+        assert_eq!(
+            FeatureGates::parse("Bogus=true").unwrap().unknown,
+            vec!["Bogus".to_string()]
         );
     }
 

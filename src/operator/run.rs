@@ -496,6 +496,9 @@ pub fn main(args: &super::config::RunArgs) -> std::process::ExitCode {
             let _ = tx.send(true);
         });
         tracing::info!(version = env!("CARGO_PKG_VERSION"), identity = %config.identity, "starting operator");
+        for notice in config.feature_gates.notices() {
+            tracing::warn!("{notice}");
+        }
         let controllers = core_controllers(&config);
         match run(config, controllers, rx).await {
             Ok(()) => ExitCode::SUCCESS,
