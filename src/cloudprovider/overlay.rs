@@ -135,13 +135,15 @@ impl WithOverlays {
     }
 }
 
-/// The valid overlays of `all`; each invalid one is logged and left out.
+/// The valid overlays of `all`; each invalid one is left out (at debug level: this runs per
+/// NodePool on every instance-type lookup, and the NodeOverlay status controller already
+/// warns once when an overlay turns invalid).
 fn valid_overlays(all: &[Arc<NodeOverlay>]) -> Vec<NodeOverlay> {
     all.iter()
         .filter(|o| match validate(o) {
             Ok(()) => true,
             Err(error) => {
-                tracing::warn!(%error, "NodeOverlay ignored");
+                tracing::debug!(%error, "NodeOverlay ignored");
                 false
             }
         })

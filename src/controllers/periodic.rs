@@ -61,8 +61,9 @@ pub async fn every<T, F, Fut>(
     F: FnMut(Arc<Context>) -> Fut,
     Fut: Future<Output = Result<T, Error>>,
 {
-    loop {
-        let _ = pass(&ctx, controller, work(ctx.clone())).await;
-        tokio::time::sleep(interval).await;
-    }
+    let fixed = move |ctx| {
+        let pass = work(ctx);
+        async move { pass.await.map(|_| interval) }
+    };
+    paced(ctx, controller, interval, fixed).await
 }
