@@ -17,14 +17,12 @@ use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::{Context, Shutdown};
 use crate::operator::events::Severity;
 use crate::operator::metrics::{Labels, labels};
-use crate::scheduling::{
-    InstanceType, MinValuesPolicy, PreferencePolicy, Scheduler, SchedulerOptions, WellKnownLabels,
-};
+use crate::scheduling::{InstanceType, MinValuesPolicy, PreferencePolicy, Scheduler};
 
 use super::backoff::LaunchBackoff;
 use super::batcher::Batcher;
 use super::eligibility;
-use super::input::{Prepared, prepare};
+use super::input::{PodsToPlace, Prepared, pools_with_types, prepare, scheduler_options};
 use super::template::build_nodeclaim;
 
 /// Pods still pending are triggered again after this long (upstream requeues every 10 s).
@@ -172,17 +170,13 @@ impl Provisioner {
             return Ok(0);
         }
         let pools = self.nodepools_with_types().await;
-        let options = SchedulerOptions {
-            preference_policy: self.settings.preference_policy,
-            min_values_policy: self.settings.min_values_policy,
-            well_known_labels: WellKnownLabels::with_provider_labels(
-                crate::apis::labels::WELL_KNOWN_LABELS.iter().copied(),
-            ),
-            ..SchedulerOptions::default()
-        };
+        let options = scheduler_options(
+            self.settings.preference_policy,
+            self.settings.min_values_policy,
+        );
         let mut prepared = {
             let index = self.ctx.cluster.read();
-            prepare(&index, pools, options)
+            prepare(&index, pools, options, PodsToPlace::Pending)
         };
         self.hold_back_runaways(&mut prepared).await;
         if prepared.pods.is_empty() {
@@ -190,6 +184,9 @@ impl Provisioner {
         }
         for (pool, why) in &prepared.skipped_pools {
             tracing::info!(nodepool = %pool, reason = %why, "NodePool left out of provisioning");
+        }
+        for what in &prepared.left_out {
+            tracing::debug!(reason = %what, "left out of the simulation");
         }
         self.metrics.ignored_pods.set(prepared.invalid.len() as i64);
         let Prepared {
@@ -378,32 +375,20 @@ impl Provisioner {
 
     async fn nodepools_with_types(&self) -> Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)> {
         let pools = self.ctx.cluster.read().nodepools();
-        let mut out = Vec::new();
-        for pool in pools {
-            let name = pool.name_any();
-            let started = Instant::now();
-            let types = self.ctx.cloud.instance_types(&pool).await;
-            self.ctx.metrics.observe_cloud_call(
-                "GetInstanceTypes",
-                started.elapsed(),
-                types.as_ref().err().map(|e| e.kind()),
-            );
-            match types {
-                Ok(types) => out.push((pool, types)),
-                Err(error) => {
-                    tracing::warn!(nodepool = %name, %error, "no instance types for NodePool");
-                    self.ctx
-                        .event(
-                            pool.as_ref(),
-                            Severity::Warning,
-                            "NoCompatibleInstanceTypes",
-                            error.to_string(),
-                        )
-                        .await;
-                }
-            }
+        let (found, failed) =
+            pools_with_types(self.ctx.cloud.as_ref(), &self.ctx.metrics, pools).await;
+        for (pool, error) in failed {
+            tracing::warn!(nodepool = %pool.name_any(), %error, "no instance types for NodePool");
+            self.ctx
+                .event(
+                    pool.as_ref(),
+                    Severity::Warning,
+                    "NoCompatibleInstanceTypes",
+                    error.to_string(),
+                )
+                .await;
         }
-        out
+        found
     }
 }
 

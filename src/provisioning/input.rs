@@ -1,17 +1,24 @@
-//! Gathers the scheduler's input from cluster state: NodePools (with the instance types the cloud
-//! offers them), existing Nodes and in-flight NodeClaims with their pods, DaemonSets, and the
-//! pods to place. Pure over the state index so it is tested without a cluster.
+//! The one adapter from cluster state to the scheduler's input. Provisioning, every disruption
+//! method (through `controllers::disruption::view`) and `simulate` (which loads its manifests
+//! into a [`ClusterIndex`]) build their NodePool templates, existing capacity, DaemonSets and pods
+//! to place here, so all three see the cluster the same way. Pure over the state index so it is
+//! tested without a cluster.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
-use k8s_openapi::api::core::v1::Pod as K8sPod;
+use k8s_openapi::api::core::v1::{Node, Pod as K8sPod};
 use kube::ResourceExt;
 
-use crate::apis::labels::{DISRUPTED_TAINT_KEY, conditions};
+use crate::apis::labels::{DISRUPTED_TAINT_KEY, NODEPOOL_LABEL, conditions};
 use crate::apis::{ConditionsExt, NodeClaim, NodePool};
+use crate::cloudprovider::{CloudProvider, CloudProviderError};
+use crate::operator::metrics::Metrics;
 use crate::scheduling::{
-    ExistingNode, InstanceType, Pod, Quantity, Resources, SchedulerInput, SchedulerOptions, convert,
+    DaemonSetPod, ExistingNode, InstanceType, MinValuesPolicy, NodePoolTemplate, Pod,
+    PreferencePolicy, Quantity, Resources, SchedulerInput, SchedulerOptions, WellKnownLabels,
+    convert,
 };
 use crate::state::pods::{is_reschedulable, is_terminal};
 use crate::state::{ClusterIndex, nodeclaim_provider_id};
@@ -35,9 +42,79 @@ pub struct Prepared {
     pub invalid: Vec<(Arc<K8sPod>, String)>,
     /// NodePools left out, with the reason (not ready, no instance types, bad template).
     pub skipped_pools: Vec<(String, String)>,
+    /// Nodes and DaemonSets the scheduler cannot read (`Node n1: …`), left out of the input.
+    pub left_out: Vec<String>,
 }
 
-fn being_disrupted(node: &k8s_openapi::api::core::v1::Node) -> bool {
+/// Which pods a round places.
+pub enum PodsToPlace {
+    /// Provisionable pods (kube-scheduler gave up on them) and the pods of nodes being disrupted.
+    Pending,
+    /// Exactly these, in this order (`simulate`: its manifests' unbound pods).
+    These(Vec<Arc<K8sPod>>),
+}
+
+/// A NodePool the scheduler may use, with its template and the instance types offered to it.
+pub struct PoolInput {
+    pub nodepool: Arc<NodePool>,
+    pub template: NodePoolTemplate,
+    pub instance_types: Vec<Arc<InstanceType>>,
+    /// `Some(why)` when the NodePool's Ready condition is False: provisioning does not launch
+    /// into it, disruption still sees its nodes.
+    pub not_ready: Option<String>,
+}
+
+/// A registered Node with the NodeClaim it belongs to (matched by provider ID), if any.
+pub struct RegisteredNode {
+    pub node: Arc<Node>,
+    pub claim: Option<Arc<NodeClaim>>,
+    pub provider_id: String,
+}
+
+/// The policies both provisioning and disruption schedule with.
+pub fn scheduler_options(
+    preference_policy: PreferencePolicy,
+    min_values_policy: MinValuesPolicy,
+) -> SchedulerOptions {
+    SchedulerOptions {
+        preference_policy,
+        min_values_policy,
+        well_known_labels: WellKnownLabels::with_provider_labels(
+            crate::apis::labels::WELL_KNOWN_LABELS.iter().copied(),
+        ),
+        ..SchedulerOptions::default()
+    }
+}
+
+/// Every NodePool with the instance types the cloud offers it; the lookups are timed in
+/// `karpenter_cloudprovider_duration_seconds`. NodePools whose lookup failed come back apart.
+pub async fn pools_with_types(
+    cloud: &dyn CloudProvider,
+    metrics: &Metrics,
+    pools: Vec<Arc<NodePool>>,
+) -> (
+    Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)>,
+    Vec<(Arc<NodePool>, CloudProviderError)>,
+) {
+    let mut found = Vec::new();
+    let mut failed = Vec::new();
+    for pool in pools {
+        let started = Instant::now();
+        let types = cloud.instance_types(&pool).await;
+        metrics.observe_cloud_call(
+            "GetInstanceTypes",
+            started.elapsed(),
+            types.as_ref().err().map(|e| e.kind()),
+        );
+        match types {
+            Ok(types) => found.push((pool, types)),
+            Err(error) => failed.push((pool, error)),
+        }
+    }
+    (found, failed)
+}
+
+fn being_disrupted(node: &Node) -> bool {
     node.metadata.deletion_timestamp.is_some()
         || node
             .spec
@@ -59,133 +136,147 @@ pub fn usage_of(index: &ClusterIndex, pool: &str) -> Resources {
     r
 }
 
-/// A NodeClaim that has launched but whose Node has not registered yet: capacity on the way.
-fn in_flight_node(claim: &NodeClaim) -> Option<ExistingNode> {
-    if claim.metadata.deletion_timestamp.is_some() {
-        return None;
-    }
-    let status = claim.status.as_ref()?;
-    let mut allocatable = Resources::new();
-    for (name, q) in &status.allocatable {
-        allocatable.set(name, Quantity::parse(&q.0).ok()?);
-    }
-    if allocatable.is_empty() {
-        return None;
-    }
-    let labels = claim.labels().clone();
-    Some(ExistingNode {
-        name: claim.name_any(),
-        hostname: claim.name_any(),
-        labels,
-        // Startup taints are gone by the time pods could schedule; only real taints block.
-        taints: claim.spec.taints.iter().map(taint).collect(),
-        allocatable,
-        pods: Vec::new(),
-        node_pool: claim
-            .labels()
-            .get(crate::apis::labels::NODEPOOL_LABEL)
-            .cloned(),
-        initialized: false,
-    })
-}
-
-/// Builds the round's input. `pools` are the NodePools with the instance types the cloud offers
-/// each; `options` carries the policies.
-pub fn prepare(
+/// NodePools with their templates (limits against current usage); deleting NodePools and
+/// unreadable templates are left out with the reason.
+pub fn node_pools(
     index: &ClusterIndex,
     pools: Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)>,
-    options: SchedulerOptions,
-) -> Prepared {
-    let mut input = SchedulerInput {
-        options,
-        ..SchedulerInput::default()
-    };
-    let mut skipped_pools = Vec::new();
-    for (pool, types) in pools {
+) -> (Vec<PoolInput>, Vec<(String, String)>) {
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    for (pool, instance_types) in pools {
         let name = pool.name_any();
         if pool.metadata.deletion_timestamp.is_some() {
-            skipped_pools.push((name, "is being deleted".to_string()));
+            skipped.push((name, "is being deleted".to_string()));
             continue;
         }
-        let ready = pool.status.as_ref().map(|s| &s.conditions);
-        if let Some(c) = ready.and_then(|c| c.get_condition(conditions::READY))
-            && c.status == crate::apis::ConditionStatus::False
-        {
-            skipped_pools.push((name, format!("is not ready: {}", c.message)));
-            continue;
-        }
+        let not_ready = pool
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.get_condition(conditions::READY))
+            .filter(|c| c.status == crate::apis::ConditionStatus::False)
+            .map(|c| format!("is not ready: {}", c.message));
         match nodepool_template(&pool, usage_of(index, &name)) {
-            Ok(template) => {
-                input.node_pools.push(template);
-                input.instance_types.insert(name, types);
-            }
-            Err(e) => skipped_pools.push((name, e.to_string())),
+            Ok(template) => out.push(PoolInput {
+                nodepool: pool,
+                template,
+                instance_types,
+                not_ready,
+            }),
+            Err(e) => skipped.push((name, e.to_string())),
         }
     }
+    (out, skipped)
+}
 
-    // Existing capacity: registered Nodes not being disrupted, and NodeClaims still on the way.
+/// Registered Nodes paired with their NodeClaims, and the NodeClaims no Node has registered
+/// for yet.
+pub fn registered_nodes(index: &ClusterIndex) -> (Vec<RegisteredNode>, Vec<Arc<NodeClaim>>) {
     let claims_by_provider_id: HashMap<String, Arc<NodeClaim>> = index
         .nodeclaims()
         .into_iter()
         .filter_map(|c| nodeclaim_provider_id(&c).map(|p| (p.to_string(), c.clone())))
         .collect();
-    let mut registered_claims = std::collections::HashSet::new();
-    let mut disrupted_pods = Vec::new();
+    let mut registered = HashSet::new();
+    let mut nodes = Vec::new();
     for node in index.nodes() {
-        let name = node.name_any();
-        let provider_id = node.spec.as_ref().and_then(|s| s.provider_id.clone());
-        let claim = provider_id
+        let provider_id = node
+            .spec
             .as_ref()
-            .and_then(|p| claims_by_provider_id.get(p));
-        if let Some(claim) = claim {
-            registered_claims.insert(claim.name_any());
-        }
-        let pods: Vec<K8sPod> = index
-            .pods_on_node(&name)
-            .into_iter()
-            .filter(|p| !is_terminal(p))
-            .map(|p| (*p).clone())
-            .collect();
-        if being_disrupted(&node) {
-            // Their pods need a new home: upstream simulates them as pending.
-            disrupted_pods.extend(
-                index
-                    .pods_on_node(&name)
-                    .into_iter()
-                    .filter(|p| is_reschedulable(p)),
-            );
-            continue;
-        }
-        let startup: Vec<_> = claim
-            .map(|c| c.spec.startup_taints.iter().map(taint).collect())
+            .and_then(|s| s.provider_id.clone())
             .unwrap_or_default();
-        match convert::existing_node_from_k8s(&node, &pods, &startup) {
-            Ok(existing) => input.existing_nodes.push(existing),
-            Err(e) => tracing::debug!(node = %name, error = %e, "node left out of the simulation"),
+        let claim = claims_by_provider_id.get(&provider_id).cloned();
+        if let Some(c) = &claim {
+            registered.insert(c.name_any());
         }
+        nodes.push(RegisteredNode {
+            node,
+            claim,
+            provider_id,
+        });
     }
-    for claim in index.nodeclaims() {
-        if registered_claims.contains(&claim.name_any()) {
-            continue;
-        }
-        if let Some(node) = in_flight_node(&claim) {
-            input.existing_nodes.push(node);
-        }
-    }
-    for ds in index.daemonsets() {
-        if let Ok(d) = convert::daemonset_from_k8s(&ds) {
-            input.daemonsets.push(d);
-        }
-    }
+    let unregistered = index
+        .nodeclaims()
+        .into_iter()
+        .filter(|c| !registered.contains(&c.name_any()))
+        .collect();
+    (nodes, unregistered)
+}
 
-    let mut pods = Vec::new();
-    let mut invalid = Vec::new();
-    let candidates = index
+/// A registered Node as the scheduler sees it: its NodeClaim's startup taints are ignored (gone
+/// by the time pods could schedule) and finished pods hold nothing.
+pub fn existing_node(node: &RegisteredNode, pods: &[Arc<K8sPod>]) -> Result<ExistingNode, String> {
+    let startup: Vec<_> = node
+        .claim
+        .as_ref()
+        .map(|c| c.spec.startup_taints.iter().map(taint).collect())
+        .unwrap_or_default();
+    let active: Vec<K8sPod> = pods
+        .iter()
+        .filter(|p| !is_terminal(p))
+        .map(|p| (**p).clone())
+        .collect();
+    convert::existing_node_from_k8s(&node.node, &active, &startup).map_err(|e| e.to_string())
+}
+
+/// A NodeClaim whose Node has not registered: the capacity it will bring (empty allocatable
+/// while the cloud has not answered yet). Startup taints are ignored, real taints block.
+pub fn claim_capacity(claim: &NodeClaim) -> ExistingNode {
+    let mut allocatable = Resources::new();
+    for (resource, q) in claim
+        .status
+        .as_ref()
+        .map(|s| &s.allocatable)
+        .into_iter()
+        .flatten()
+    {
+        if let Ok(q) = Quantity::parse(&q.0) {
+            allocatable.set(resource, q);
+        }
+    }
+    ExistingNode {
+        name: claim.name_any(),
+        hostname: claim.name_any(),
+        labels: claim.labels().clone(),
+        taints: claim.spec.taints.iter().map(taint).collect(),
+        allocatable,
+        pods: Vec::new(),
+        node_pool: claim.labels().get(NODEPOOL_LABEL).cloned(),
+        initialized: false,
+    }
+}
+
+/// The DaemonSets whose pods every new node will run; unreadable ones come back as messages.
+pub fn daemonsets(index: &ClusterIndex) -> (Vec<DaemonSetPod>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut left_out = Vec::new();
+    for ds in index.daemonsets() {
+        match convert::daemonset_from_k8s(&ds) {
+            Ok(d) => out.push(d),
+            Err(e) => left_out.push(format!("DaemonSet {}: {e}", ds.name_any())),
+        }
+    }
+    (out, left_out)
+}
+
+/// Pods kube-scheduler gave up on that provisioning should find capacity for.
+pub fn provisionable_pods(index: &ClusterIndex) -> Vec<Arc<K8sPod>> {
+    index
         .pods()
         .into_iter()
         .filter(|p| eligibility::check(p).is_ok())
-        .chain(disrupted_pods);
-    for object in candidates {
+        .collect()
+}
+
+/// Converts pods for the scheduler, with the volume topology their claims require; pods the
+/// scheduler cannot read, or whose claims no node can satisfy, come back apart with the reason.
+pub fn pods_to_place(
+    index: &ClusterIndex,
+    objects: impl IntoIterator<Item = Arc<K8sPod>>,
+) -> (Vec<Pending>, Vec<(Arc<K8sPod>, String)>) {
+    let mut pods = Vec::new();
+    let mut invalid = Vec::new();
+    for object in objects {
         let pod = convert::pod_from_k8s(&object).map_err(|e| e.to_string());
         let volumes = volumes::volume_requirements(&object, index).map_err(|e| e.to_string());
         match (pod, volumes) {
@@ -196,11 +287,74 @@ pub fn prepare(
             (Err(e), _) | (_, Err(e)) => invalid.push((object, e)),
         }
     }
+    (pods, invalid)
+}
+
+/// Builds a provisioning round's input. `pools` are the NodePools with the instance types the
+/// cloud offers each; `options` carries the policies.
+pub fn prepare(
+    index: &ClusterIndex,
+    pools: Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)>,
+    options: SchedulerOptions,
+    to_place: PodsToPlace,
+) -> Prepared {
+    let mut input = SchedulerInput {
+        options,
+        ..SchedulerInput::default()
+    };
+    let (usable, mut skipped_pools) = node_pools(index, pools);
+    for pool in usable {
+        let name = pool.nodepool.name_any();
+        if let Some(why) = pool.not_ready {
+            skipped_pools.push((name, why));
+            continue;
+        }
+        input.node_pools.push(pool.template);
+        input.instance_types.insert(name, pool.instance_types);
+    }
+
+    // Existing capacity: registered Nodes not being disrupted, and NodeClaims still on the way.
+    let mut left_out = Vec::new();
+    let mut disrupted_pods = Vec::new();
+    let (nodes, unregistered) = registered_nodes(index);
+    for node in &nodes {
+        let name = node.node.name_any();
+        let pods = index.pods_on_node(&name);
+        if being_disrupted(&node.node) {
+            // Their pods need a new home: upstream simulates them as pending.
+            disrupted_pods.extend(pods.into_iter().filter(|p| is_reschedulable(p)));
+            continue;
+        }
+        match existing_node(node, &pods) {
+            Ok(existing) => input.existing_nodes.push(existing),
+            Err(e) => left_out.push(format!("Node {name}: {e}")),
+        }
+    }
+    for claim in unregistered {
+        let capacity = claim_capacity(&claim);
+        if claim.metadata.deletion_timestamp.is_none() && !capacity.allocatable.is_empty() {
+            input.existing_nodes.push(capacity);
+        }
+    }
+    let (daemonsets, unreadable) = daemonsets(index);
+    input.daemonsets = daemonsets;
+    left_out.extend(unreadable);
+
+    let objects = match to_place {
+        PodsToPlace::Pending => {
+            let mut objects = provisionable_pods(index);
+            objects.extend(disrupted_pods);
+            objects
+        }
+        PodsToPlace::These(objects) => objects,
+    };
+    let (pods, invalid) = pods_to_place(index, objects);
     Prepared {
         input,
         pods,
         invalid,
         skipped_pools,
+        left_out,
     }
 }
 
@@ -241,6 +395,7 @@ mod tests {
             &index,
             vec![(pool("p"), types)],
             SchedulerOptions::default(),
+            PodsToPlace::Pending,
         );
         let names: Vec<_> = prepared.pods.iter().map(|p| p.pod.name.clone()).collect();
         assert_eq!(names, ["a"]);
@@ -273,7 +428,12 @@ mod tests {
                     {"key": "topology.csi.exoscale.com/zone", "operator": "In", "values": ["ch-gva-2"]}]}]}}}}))
             .unwrap(),
         );
-        let prepared = prepare(&index, vec![], SchedulerOptions::default());
+        let prepared = prepare(
+            &index,
+            vec![],
+            SchedulerOptions::default(),
+            PodsToPlace::Pending,
+        );
         assert_eq!(prepared.invalid.len(), 1);
         assert_eq!(prepared.invalid[0].0.name_any(), "orphan");
         assert!(
@@ -299,7 +459,12 @@ mod tests {
             &[(DISRUPTED_TAINT_KEY, "NoSchedule")],
         ));
         index.apply_pod(testing::pod("default", "web", Some("n1")));
-        let prepared = prepare(&index, vec![], SchedulerOptions::default());
+        let prepared = prepare(
+            &index,
+            vec![],
+            SchedulerOptions::default(),
+            PodsToPlace::Pending,
+        );
         assert!(
             prepared.input.existing_nodes.is_empty(),
             "a disrupted node offers no capacity"
@@ -317,7 +482,12 @@ mod tests {
             .get_or_insert_with(Default::default)
             .allocatable = testing::resources(&[("cpu", "4"), ("memory", "8Gi"), ("pods", "110")]);
         index.apply_nodeclaim(claim);
-        let prepared = prepare(&index, vec![], SchedulerOptions::default());
+        let prepared = prepare(
+            &index,
+            vec![],
+            SchedulerOptions::default(),
+            PodsToPlace::Pending,
+        );
         assert_eq!(prepared.input.existing_nodes.len(), 1);
         assert_eq!(prepared.input.existing_nodes[0].name, "p-abc");
     }
@@ -341,6 +511,7 @@ mod tests {
             &ClusterIndex::default(),
             vec![(Arc::new(p), vec![])],
             SchedulerOptions::default(),
+            PodsToPlace::Pending,
         );
         assert!(prepared.input.node_pools.is_empty());
         assert!(prepared.skipped_pools[0].1.contains("not ready"));

@@ -12,16 +12,17 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::apis::{ExoscaleNodeClass, ExoscaleNodeClassSpec, labels};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+use crate::apis::{ExoscaleNodeClass, ExoscaleNodeClassSpec};
 use crate::catalogue::{Catalogue, Currency};
 use crate::cloudprovider::overlay;
 use crate::providers::instance_types::{self, DiscoveredType};
 use crate::providers::pricing::{PriceBook, PriceSource};
-use crate::provisioning::template;
-use crate::scheduling::convert;
-use crate::scheduling::{
-    Pod, Resources, Scheduler, SchedulerInput, SchedulerOptions, WellKnownLabels,
-};
+use crate::provisioning::input::{self as cluster_input, PodsToPlace};
+use crate::scheduling::{Scheduler, SchedulerOptions, convert};
+use crate::state::ClusterIndex;
 
 pub use manifests::{ManifestError, Manifests};
 pub use output::{
@@ -78,7 +79,9 @@ pub fn run(options: &Options) -> Result<Report, SimulateError> {
     simulate(&manifests, &options.zone, &options.currency)
 }
 
-/// Runs the simulation over already loaded manifests.
+/// Runs the simulation over already loaded manifests: they are loaded into a cluster index and
+/// go through the same adapter as a provisioning round (`provisioning::input::prepare`), with
+/// instance types from the embedded catalogue and the manifests' NodeOverlays applied.
 pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, SimulateError> {
     let catalogue = Catalogue::embedded();
     if !catalogue.zones().iter().any(|z| z == zone) {
@@ -94,79 +97,16 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
     let discovered = catalogue_types(catalogue, zone);
     let mut warnings = m.warnings.clone();
 
+    let index = cluster_index(m, &mut warnings);
     let classes: HashMap<String, &ExoscaleNodeClass> = m
         .node_classes
         .iter()
         .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
         .collect();
-
-    // Existing nodes, with the pods bound to them; their capacity counts against NodePool limits.
-    let mut usage: HashMap<String, Resources> = HashMap::new();
-    let mut existing_nodes = Vec::new();
-    for node in &m.nodes {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let bound: Vec<_> = m
-            .bound_pods
-            .iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
-            .cloned()
-            .collect();
-        let existing = convert::existing_node_from_k8s(node, &bound, &[])
-            .map_err(|e| SimulateError::Invalid(format!("Node {name}: {e}")))?;
-        if let Some(pool) = &existing.node_pool {
-            let capacity = node.status.as_ref().and_then(|s| s.capacity.as_ref());
-            let entry = usage.entry(pool.clone()).or_default();
-            for (resource, value) in capacity.into_iter().flatten() {
-                if let Ok(q) = crate::scheduling::Quantity::parse(&value.0) {
-                    entry.set(resource, entry.get(resource) + q);
-                }
-            }
-            entry.set(
-                "nodes",
-                entry.get("nodes") + crate::scheduling::Quantity::from_units(1),
-            );
-        }
-        existing_nodes.push(existing);
-    }
-    for pod in &m.bound_pods {
-        let node = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default();
-        if !m
-            .nodes
-            .iter()
-            .any(|n| n.metadata.name.as_deref() == Some(node.as_str()))
-        {
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            warnings.push(format!(
-                "pod {name} is bound to node {node}, which is not in the manifests; ignored"
-            ));
-        }
-    }
-
-    let mut input = SchedulerInput {
-        existing_nodes,
-        options: SchedulerOptions {
-            well_known_labels: WellKnownLabels::with_provider_labels(
-                labels::WELL_KNOWN_LABELS.iter().copied(),
-            ),
-            ..SchedulerOptions::default()
-        },
-        ..SchedulerInput::default()
-    };
-    for ds in &m.daemon_sets {
-        let name = ds.metadata.name.clone().unwrap_or_default();
-        input.daemonsets.push(
-            convert::daemonset_from_k8s(ds)
-                .map_err(|e| SimulateError::Invalid(format!("DaemonSet {name}: {e}")))?,
-        );
-    }
-
     let mut estimated = std::collections::BTreeSet::new();
-    for pool in &m.node_pools {
-        let name = pool.metadata.name.clone().unwrap_or_default();
+    let mut pools = Vec::new();
+    for pool in index.nodepools() {
+        let name = pool.name_any();
         let class_name = &pool.spec.template.spec.node_class_ref.name;
         let default_class;
         let class = match classes.get(class_name) {
@@ -192,31 +132,49 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
         }
         let (types, _) = overlay::apply(&name, &pool.template_labels(), &types, &m.overlays)
             .map_err(|e| SimulateError::Invalid(e.to_string()))?;
-        let template = template::nodepool_template(pool, usage.remove(&name).unwrap_or_default())
-            .map_err(|e| SimulateError::Invalid(e.to_string()))?;
-        input.node_pools.push(template);
-        input.instance_types.insert(name, types);
+        pools.push((pool, types));
     }
 
-    let mut pods: Vec<Pod> = Vec::new();
-    let mut pod_ids: Vec<String> = Vec::new();
-    let mut unschedulable = Vec::new();
-    for p in &m.pending_pods {
-        let id = output::pod_id(p);
-        match convert::pod_from_k8s(p) {
-            Ok(pod) => {
-                pods.push(pod);
-                pod_ids.push(id);
+    let pending: Vec<Arc<Pod>> = m.pending_pods.iter().cloned().map(Arc::new).collect();
+    let defaults = SchedulerOptions::default();
+    let prepared = cluster_input::prepare(
+        &index,
+        pools,
+        cluster_input::scheduler_options(defaults.preference_policy, defaults.min_values_policy),
+        PodsToPlace::These(pending),
+    );
+    if let Some(first) = prepared.left_out.first() {
+        return Err(SimulateError::Invalid(first.clone()));
+    }
+    for (pool, why) in &prepared.skipped_pools {
+        warnings.push(format!("NodePool {pool} skipped: {why}"));
+    }
+    let unschedulable = prepared
+        .invalid
+        .iter()
+        .map(|(object, reason)| {
+            // A pod the scheduler cannot read is invalid; one whose volumes rule out every new
+            // node is a valid pod that cannot be placed.
+            let invalid = convert::pod_from_k8s(object).is_err();
+            UnschedulableReport {
+                pod: output::pod_id(object),
+                reason: if invalid {
+                    format!("invalid pod: {reason}")
+                } else {
+                    reason.clone()
+                },
+                invalid,
             }
-            Err(e) => unschedulable.push(UnschedulableReport {
-                pod: id,
-                reason: format!("invalid pod: {e}"),
-                invalid: true,
-            }),
-        }
-    }
+        })
+        .collect();
+    let pod_ids: Vec<String> = prepared
+        .pods
+        .iter()
+        .map(|p| output::pod_id(&p.object))
+        .collect();
+    let pods: Vec<_> = prepared.pods.into_iter().map(|p| p.pod).collect();
 
-    let scheduler = Scheduler::new(input);
+    let scheduler = Scheduler::new(prepared.input);
     for skipped in scheduler.skipped_node_pools() {
         warnings.push(format!(
             "NodePool {} skipped: {}",
@@ -249,6 +207,37 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
         unschedulable,
         warnings,
     ))
+}
+
+/// The manifests as the controller's cluster index would hold them. Pods bound to a Node the
+/// manifests do not describe are left out with a warning.
+fn cluster_index(m: &Manifests, warnings: &mut Vec<String>) -> ClusterIndex {
+    let mut index = ClusterIndex::default();
+    for node in &m.nodes {
+        index.apply_node(node.clone());
+    }
+    for pod in &m.bound_pods {
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        if index.node(&node).is_none() {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            warnings.push(format!(
+                "pod {name} is bound to node {node}, which is not in the manifests; ignored"
+            ));
+            continue;
+        }
+        index.apply_pod(pod.clone());
+    }
+    for ds in &m.daemon_sets {
+        index.apply_daemonset(ds.clone());
+    }
+    for pool in &m.node_pools {
+        index.apply_nodepool(pool.clone());
+    }
+    index
 }
 
 #[cfg(test)]

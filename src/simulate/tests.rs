@@ -125,3 +125,66 @@ fn missing_nodeclass_is_simulated_with_defaults_and_a_warning() {
         r.warnings
     );
 }
+
+#[test]
+fn a_pod_whose_claim_is_not_in_the_manifests_is_unschedulable_not_invalid() {
+    // The same adapter as provisioning: a claim no node can satisfy keeps the pod from being
+    // placed, and the reason names the claim.
+    let pod = r#"
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: db, namespace: default}
+spec:
+  containers: [{name: c, resources: {requests: {cpu: "1"}}}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: data-db}}]
+"#;
+    let m = manifests(&format!("{POOL}{pod}{}", deployment("web", 1, "1", "1Gi")));
+    let r = simulate(&m, "ch-gva-2", "EUR").unwrap();
+    assert_eq!(r.node_claims.len(), 1, "{}", render_table(&r));
+    assert_eq!(r.node_claims[0].pods, ["default/web-0"]);
+    assert_eq!(r.unschedulable.len(), 1);
+    assert_eq!(r.unschedulable[0].pod, "default/db");
+    assert!(!r.unschedulable[0].invalid);
+    assert!(
+        r.unschedulable[0].reason.contains("\"data-db\" not found"),
+        "{}",
+        r.unschedulable[0].reason
+    );
+}
+
+#[test]
+fn nodes_of_a_nodepool_count_against_its_limits() {
+    // An existing 4-CPU node of the pool uses its whole `limits.cpu: 5`, so one more 2-CPU pod
+    // cannot get a node from it.
+    let limited = POOL.replace(
+        "spec:\n  template:",
+        "spec:\n  limits: {cpu: \"5\"}\n  template:",
+    );
+    let node = r#"
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a, labels: {karpenter.sh/nodepool: default, kubernetes.io/hostname: node-a, topology.kubernetes.io/zone: ch-gva-2}}
+status:
+  allocatable: {cpu: "4", memory: 8Gi, pods: "110"}
+  capacity: {cpu: "4", memory: 8Gi, pods: "110"}
+"#;
+    let busy = r#"
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: busy, namespace: default}
+spec:
+  nodeName: node-a
+  containers: [{name: c, resources: {requests: {cpu: "3500m"}}}]
+"#;
+    let m = manifests(&format!(
+        "{limited}{node}{busy}{}",
+        deployment("web", 1, "2", "1Gi")
+    ));
+    let r = simulate(&m, "ch-gva-2", "EUR").unwrap();
+    assert!(r.node_claims.is_empty(), "{}", render_table(&r));
+    assert_eq!(r.unschedulable.len(), 1, "{}", render_table(&r));
+    assert_eq!(r.unschedulable[0].pod, "default/web-0");
+}

@@ -455,6 +455,24 @@ impl ClusterIndex {
             }
             quantity::add_into(&mut total, &capacity);
         }
+        // A Node labelled with the NodePool but without a NodeClaim (its claim gone, or a node
+        // described by manifests in `simulate`) still holds capacity, as upstream counts it.
+        for node in self.nodes.values() {
+            let unclaimed = node_provider_id(node)
+                .is_none_or(|pid| self.nodeclaim_by_provider_id(pid).is_none());
+            if unclaimed
+                && node.metadata.deletion_timestamp.is_none()
+                && node.labels().get(NODEPOOL_LABEL).map(String::as_str) == Some(nodepool)
+            {
+                nodes += 1;
+                let capacity = node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.capacity.clone())
+                    .unwrap_or_default();
+                quantity::add_into(&mut total, &capacity);
+            }
+        }
         NodePoolUsage {
             resources: quantity::to_resource_list(&total),
             nodes,
@@ -619,6 +637,31 @@ mod tests {
             usage.resources["memory"].0,
             (11u64 * 1024 * 1024 * 1024).to_string()
         );
+    }
+
+    #[test]
+    fn nodepool_usage_counts_labelled_nodes_without_a_nodeclaim_once() {
+        let mut index = ClusterIndex::default();
+        index.apply_nodeclaim(with_capacity(
+            nodeclaim("c1", "pool", Some("exoscale://1")),
+            &[("cpu", "2")],
+        ));
+        let labelled = |name: &str, pid: Option<&str>, cpu: &str| {
+            let mut n = with_node_capacity(node(name, pid, &[]), &[("cpu", cpu)]);
+            n.metadata.labels = Some([(NODEPOOL_LABEL.to_string(), "pool".to_string())].into());
+            n
+        };
+        // c1's own node: counted through its NodeClaim, not a second time.
+        index.apply_node(labelled("n1", Some("exoscale://1"), "2"));
+        // No NodeClaim (deleted, or a node from `simulate`'s manifests): counted.
+        index.apply_node(labelled("orphan", Some("exoscale://9"), "4"));
+        index.apply_node(labelled("no-provider-id", None, "1"));
+        let mut deleting = labelled("going", Some("exoscale://8"), "16");
+        deleting.metadata.deletion_timestamp = Some(ts(0));
+        index.apply_node(deleting);
+        let usage = index.nodepool_usage("pool");
+        assert_eq!(usage.nodes, 3);
+        assert_eq!(usage.resources["cpu"].0, "7");
     }
 
     #[test]

@@ -28,9 +28,8 @@ use crate::disruption::orchestration::{Orchestration, Phase};
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
 use crate::provisioning::controller::Nominations;
-use crate::scheduling::{
-    InstanceType, MinValuesPolicy, PreferencePolicy, SchedulerOptions, WellKnownLabels,
-};
+use crate::provisioning::input::{pools_with_types, scheduler_options};
+use crate::scheduling::{InstanceType, MinValuesPolicy, PreferencePolicy};
 
 use self::conditions::ConditionsController;
 use self::decisions::Dedupe;
@@ -152,30 +151,22 @@ impl Disruption {
 
     async fn pools_with_types(&self) -> Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)> {
         let pools = self.ctx.cluster.read().nodepools();
-        let mut out = Vec::new();
-        for pool in pools {
-            match self.ctx.cloud.instance_types(&pool).await {
-                Ok(types) => out.push((pool, types)),
-                Err(error) => {
-                    tracing::debug!(nodepool = %pool.name_any(), %error, "NodePool without instance types is not disrupted");
-                }
-            }
+        let (found, failed) =
+            pools_with_types(self.ctx.cloud.as_ref(), &self.ctx.metrics, pools).await;
+        for (pool, error) in failed {
+            tracing::debug!(nodepool = %pool.name_any(), %error, "NodePool without instance types is not disrupted");
         }
-        out
+        found
     }
 
     async fn view(&self) -> ClusterView {
         let pools = self.pools_with_types().await;
         let nominations = self.nominations.clone();
         let nominated = move |node: &str| nominations.is_nominated(node, Instant::now());
-        let options = SchedulerOptions {
-            preference_policy: self.settings.preference_policy,
-            min_values_policy: self.settings.min_values_policy,
-            well_known_labels: WellKnownLabels::with_provider_labels(
-                crate::apis::labels::WELL_KNOWN_LABELS.iter().copied(),
-            ),
-            ..SchedulerOptions::default()
-        };
+        let options = scheduler_options(
+            self.settings.preference_policy,
+            self.settings.min_values_policy,
+        );
         let index = self.ctx.cluster.read();
         build_view(
             &index,

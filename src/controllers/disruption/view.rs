@@ -1,11 +1,11 @@
 //! Builds the disruption logic's [`ClusterView`] from the cluster state index: pure over the
 //! index so it is tested without an API server.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::{Node, Pod as K8sPod};
+use k8s_openapi::api::core::v1::Pod as K8sPod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -17,12 +17,10 @@ use crate::apis::{ConditionsExt, NodeClaim, NodePool};
 use crate::disruption::model::{
     ClusterView, NOMINATION_WINDOW, NodePod, Pdb, PodOwner, PoolState, StateNode,
 };
-use crate::provisioning::eligibility;
-use crate::provisioning::input::usage_of;
-use crate::provisioning::template::{nodepool_template, taint};
+use crate::provisioning::input::{self, RegisteredNode};
 use crate::provisioning::volumes::volume_requirements;
 use crate::scheduling::{
-    ExistingNode, InstanceType, Quantity, Resources, SchedulerOptions, Taint, TaintEffect, convert,
+    ExistingNode, InstanceType, SchedulerOptions, Taint, TaintEffect, convert,
 };
 use crate::state::pods::{is_daemonset_pod, is_mirror, is_terminal};
 use crate::state::{ClusterIndex, nodeclaim_provider_id};
@@ -46,88 +44,50 @@ pub fn to_chrono(t: &Time) -> DateTime<Utc> {
         .unwrap_or_default()
 }
 
-/// The cluster as one disruption loop sees it.
+/// The cluster as one disruption loop sees it: NodePools, capacity, DaemonSets and pending pods
+/// come from the same adapter provisioning uses (`provisioning::input`); this adds what only
+/// disruption needs (conditions, pods with their owners and PDB-relevant fields, nominations).
 pub fn build_view(index: &ClusterIndex, mut inputs: ViewInputs<'_>) -> ClusterView {
     let now = inputs.now;
-    let mut pools = BTreeMap::new();
-    for (pool, types) in std::mem::take(&mut inputs.pools) {
-        let name = pool.name_any();
-        if pool.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        match nodepool_template(&pool, usage_of(index, &name)) {
-            Ok(template) => {
-                pools.insert(
-                    name,
-                    PoolState {
-                        nodepool: (*pool).clone(),
-                        template,
-                        instance_types: types,
-                    },
-                );
-            }
-            Err(error) => {
-                tracing::debug!(nodepool = %name, %error, "NodePool left out of disruption")
-            }
-        }
+    let (usable, skipped) = input::node_pools(index, std::mem::take(&mut inputs.pools));
+    for (nodepool, reason) in skipped {
+        tracing::debug!(%nodepool, %reason, "NodePool left out of disruption");
     }
-
-    let claims_by_provider_id: HashMap<String, Arc<NodeClaim>> = index
-        .nodeclaims()
+    let pools = usable
         .into_iter()
-        .filter_map(|c| nodeclaim_provider_id(&c).map(|p| (p.to_string(), c.clone())))
-        .collect();
-    let mut nodes = Vec::new();
-    let mut registered = HashSet::new();
-    for node in index.nodes() {
-        let provider_id = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.provider_id.clone())
-            .unwrap_or_default();
-        let claim = claims_by_provider_id.get(&provider_id).cloned();
-        if let Some(c) = &claim {
-            registered.insert(c.name_any());
-        }
-        let pods = index.pods_on_node(&node.name_any());
-        nodes.push(registered_node(
-            &node,
-            claim.as_deref(),
-            &pods,
-            &inputs,
-            provider_id,
-            index,
-        ));
-    }
-    for claim in index.nodeclaims() {
-        if !registered.contains(&claim.name_any()) {
-            nodes.push(unregistered_claim(&claim, &inputs));
-        }
-    }
+        .map(|pool| {
+            let state = PoolState {
+                nodepool: (*pool.nodepool).clone(),
+                template: pool.template,
+                instance_types: pool.instance_types,
+            };
+            (pool.nodepool.name_any(), state)
+        })
+        .collect::<BTreeMap<_, _>>();
 
-    let pending_pods = index
-        .pods()
+    let (registered, unregistered) = input::registered_nodes(index);
+    let mut nodes: Vec<StateNode> = registered
         .iter()
-        .filter(|p| eligibility::check(p).is_ok())
-        .filter_map(|p| {
-            // Provisioning ignores pods whose claims no node can satisfy; so does the view.
-            let volumes = volume_requirements(p, index).ok()?;
-            let mut pod = convert::pod_from_k8s(p).ok()?;
-            pod.volume_requirements = volumes;
-            Some(pod)
+        .map(|node| {
+            let pods = index.pods_on_node(&node.node.name_any());
+            registered_node(node, &pods, &inputs, index)
         })
         .collect();
-    let daemonsets = index
-        .daemonsets()
-        .iter()
-        .filter_map(|ds| convert::daemonset_from_k8s(ds).ok())
-        .collect();
+    nodes.extend(
+        unregistered
+            .iter()
+            .map(|claim| unregistered_claim(claim, &inputs)),
+    );
+
+    // Provisioning ignores pods whose claims no node can satisfy; so does the view.
+    let (pending, _invalid) = input::pods_to_place(index, input::provisionable_pods(index));
+    let (daemonsets, _unreadable) = input::daemonsets(index);
     let pdbs = index.pdbs().iter().filter_map(|p| pdb(p)).collect();
     ClusterView {
         now,
         pools,
         nodes,
-        pending_pods,
+        pending_pods: pending.into_iter().map(|p| p.pod).collect(),
         daemonsets,
         pdbs,
         queued: inputs.queued,
@@ -173,22 +133,15 @@ fn claim_fields(node: &mut StateNode, claim: &NodeClaim, inputs: &ViewInputs<'_>
 }
 
 fn registered_node(
-    node: &Node,
-    claim: Option<&NodeClaim>,
+    registered: &RegisteredNode,
     pods: &[Arc<K8sPod>],
     inputs: &ViewInputs<'_>,
-    provider_id: String,
     volumes: &ClusterIndex,
 ) -> StateNode {
+    let node = registered.node.as_ref();
+    let claim = registered.claim.as_deref();
+    let provider_id = registered.provider_id.clone();
     let name = node.name_any();
-    let startup: Vec<Taint> = claim
-        .map(|c| c.spec.startup_taints.iter().map(taint).collect())
-        .unwrap_or_default();
-    let active: Vec<K8sPod> = pods
-        .iter()
-        .filter(|p| !is_terminal(p))
-        .map(|p| (**p).clone())
-        .collect();
     let mut convertible = true;
     let node_pods: Vec<NodePod> = pods
         .iter()
@@ -203,7 +156,7 @@ fn registered_node(
             converted
         })
         .collect();
-    let scheduling = match convert::existing_node_from_k8s(node, &active, &startup) {
+    let scheduling = match input::existing_node(registered, pods) {
         Ok(existing) => existing,
         Err(error) => {
             tracing::debug!(node = %name, %error, "node cannot be simulated");
@@ -251,39 +204,14 @@ fn registered_node(
 
 /// A NodeClaim whose Node has not registered: capacity on the way, never a candidate.
 fn unregistered_claim(claim: &NodeClaim, inputs: &ViewInputs<'_>) -> StateNode {
-    let name = claim.name_any();
     let provider_id = nodeclaim_provider_id(claim).unwrap_or_default().to_string();
-    let mut allocatable = Resources::new();
-    for (resource, q) in claim
-        .status
-        .as_ref()
-        .map(|s| &s.allocatable)
-        .into_iter()
-        .flatten()
-    {
-        if let Ok(q) = Quantity::parse(&q.0) {
-            allocatable.set(resource, q);
-        }
-    }
     let mut state = StateNode {
-        name: name.clone(),
+        name: claim.name_any(),
         marked_for_deletion: inputs.queued.contains(&provider_id),
         provider_id,
         labels: claim.labels().clone(),
         ready: condition_true(Some(claim), conditions::READY),
-        scheduling: ExistingNode {
-            name: name.clone(),
-            hostname: name.clone(),
-            labels: claim.labels().clone(),
-            taints: claim.spec.taints.iter().map(taint).collect(),
-            allocatable,
-            pods: Vec::new(),
-            node_pool: claim
-                .labels()
-                .get(crate::apis::labels::NODEPOOL_LABEL)
-                .cloned(),
-            initialized: false,
-        },
+        scheduling: input::claim_capacity(claim),
         ..Default::default()
     };
     claim_fields(&mut state, claim, inputs);
@@ -371,7 +299,7 @@ mod tests {
     use crate::apis::labels::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
     use crate::disruption::fixtures;
     use crate::state::testing;
-    use k8s_openapi::api::core::v1::NodeCondition;
+    use k8s_openapi::api::core::v1::{Node, NodeCondition};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     fn at(s: i64) -> DateTime<Utc> {
