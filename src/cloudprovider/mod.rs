@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod exoscale;
+#[cfg(test)]
 pub mod fake;
 pub mod overlay;
 

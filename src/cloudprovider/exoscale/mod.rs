@@ -1,41 +1,52 @@
 //! The Exoscale cloud provider: glues NodeClass lookup, instance types and prices, template
 //! resolution, bootstrap tokens, user data and instances into the [`CloudProvider`] contract.
 //!
-//! Kubernetes access is behind two small traits ([`NodeClassSource`], [`NodeBootstrap`]) so the
-//! provider runs against the simulated cloud in tests and in `simulate` without a cluster.
+//! Kubernetes access is behind two small traits ([`NodeClassSource`], [`NodeBootstrap`], in
+//! `cluster`) so the provider runs against the simulated cloud and in-memory doubles in tests.
+//! `settings` holds the configuration, `mapping` the instance ↔ NodeClaim translation.
+
+mod cluster;
+#[cfg(any(test, feature = "test-doubles"))]
+mod doubles;
+mod mapping;
+mod settings;
+
+pub use cluster::{KubeNodeBootstrap, NodeBootstrap, NodeClassSource, recorded_tokens};
+#[cfg(any(test, feature = "test-doubles"))]
+pub use doubles::{InMemoryNodeBootstrap, StaticNodeClasses};
+use mapping::launch_error;
+pub use mapping::nodeclaim_from_instance;
+pub use settings::{ExoscaleSettings, NODECLASS_KIND};
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::apis::labels::{
-    EXOSCALE_GROUP, INSTANCE_CLUSTER_UID_LABEL, INSTANCE_NODECLAIM_LABEL, INSTANCE_NODEPOOL_LABEL,
-    NODECLAIM_TOKENS_ANNOTATION, NODECLASS_HASH_ANNOTATION, NODEPOOL_LABEL, conditions,
+    EXOSCALE_GROUP, INSTANCE_CLUSTER_UID_LABEL, NODECLAIM_TOKENS_ANNOTATION,
+    NODECLASS_HASH_ANNOTATION, NODEPOOL_LABEL, conditions,
 };
 use crate::apis::{
-    ConditionStatus, ConditionsExt, ExoscaleNodeClass, NodeClaim, NodeClaimSpec,
-    NodeClassReference, NodePool, NodeSelectorRequirementWithMinValues, Operator,
+    ConditionStatus, ConditionsExt, ExoscaleNodeClass, NodeClaim, NodeClassReference, NodePool,
 };
 use crate::clock::Clock;
 use crate::exoscale;
 use crate::exoscale::models::{Instance, Labels};
-use crate::providers::bootstrap_token::{self, BootstrapToken};
+use crate::providers::bootstrap_token;
 use crate::providers::drift::{self, DesiredState};
 use crate::providers::instance::{
-    self, ClusterIdentity, DeleteOutcome, InstanceProvider, LaunchError, LaunchSpec, Ownership,
-    is_live, parse_provider_id,
+    self, ClusterIdentity, DeleteOutcome, InstanceProvider, LaunchSpec, Ownership, is_live,
+    parse_provider_id,
 };
 use crate::providers::instance_types::{
     self, DiscoveredType, InstanceTypeCatalog, InstanceTypeProvider, to_resource_list,
 };
+use crate::providers::nodeclass::NodeClassResolver;
 use crate::providers::pricing::PriceBook;
 use crate::providers::template::{KubernetesVersionSource, TemplateResolver};
 use crate::providers::userdata::{self, UserDataInput};
-use crate::providers::{cluster_ca, nodeclass::NodeClassResolver};
 use crate::scheduling::InstanceType;
-use crate::scheduling::labels::{CAPACITY_TYPE, INSTANCE_TYPE, ZONE};
 
 use super::NodeClassState;
 use super::error::reasons;
@@ -43,224 +54,6 @@ use super::{
     CloudProvider, CloudProviderError, DriftReason, NodeClassKind, RepairPolicy, Result,
     cheapest_offering, default_repair_policies, requests_of, requirements_from_api,
 };
-
-pub const NODECLASS_KIND: &str = "ExoscaleNodeClass";
-
-/// Settings of one cluster, from the Go provider's environment variables.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExoscaleSettings {
-    /// `EXOSCALE_ZONE`.
-    pub zone: String,
-    /// `EXOSCALE_SKS_CLUSTER_ID`.
-    pub cluster_id: String,
-    /// The UID of the cluster's `kube-system` Namespace (see [`ClusterIdentity`]).
-    pub cluster_uid: String,
-    /// `EXOSCALE_COMPUTE_INSTANCE_PREFIX` (default empty).
-    pub instance_prefix: String,
-    /// `CLUSTER_ENDPOINT`: the apiserver URL new nodes use.
-    pub cluster_endpoint: String,
-    /// `CLUSTER_DOMAIN` (default `cluster.local`).
-    pub cluster_domain: String,
-    /// How long a bootstrap token stays valid: `NODECLAIM_REGISTRATION_TTL` plus a margin, so a
-    /// node that may still register can still authenticate.
-    pub bootstrap_token_ttl: std::time::Duration,
-}
-
-/// Where NodeClasses are read from (a reflector store in production).
-pub trait NodeClassSource: Send + Sync {
-    fn get(&self, name: &str) -> Option<ExoscaleNodeClass>;
-    /// Whether the first complete list arrived.
-    fn synced(&self) -> bool {
-        true
-    }
-}
-
-impl NodeClassSource for Store<ExoscaleNodeClass> {
-    fn get(&self, name: &str) -> Option<ExoscaleNodeClass> {
-        Store::get(self, &ObjectRef::new(name)).map(|nc| (*nc).clone())
-    }
-    fn synced(&self) -> bool {
-        use futures::FutureExt;
-        self.wait_until_ready()
-            .now_or_never()
-            .is_some_and(|r| r.is_ok())
-    }
-}
-
-/// NodeClasses held in memory (tests, `simulate`).
-#[derive(Default)]
-pub struct StaticNodeClasses(RwLock<BTreeMap<String, ExoscaleNodeClass>>);
-
-impl StaticNodeClasses {
-    pub fn insert(&self, nodeclass: ExoscaleNodeClass) {
-        let name = nodeclass.metadata.name.clone().unwrap_or_default();
-        self.0.write().expect("lock").insert(name, nodeclass);
-    }
-
-    pub fn remove(&self, name: &str) {
-        self.0.write().expect("lock").remove(name);
-    }
-}
-
-impl NodeClassSource for StaticNodeClasses {
-    fn get(&self, name: &str) -> Option<ExoscaleNodeClass> {
-        self.0.read().expect("lock").get(name).cloned()
-    }
-}
-
-/// Cluster-side needs of a launch: bootstrap tokens and the CA bundle.
-pub trait NodeBootstrap: Send + Sync {
-    fn create_token<'a>(
-        &'a self,
-        nodeclaim: &'a str,
-    ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>>;
-    /// Deletes the token Secrets of these names (never listed: found by recorded name).
-    fn delete_tokens<'a>(
-        &'a self,
-        secret_names: &'a [String],
-    ) -> BoxFuture<'a, std::result::Result<(), String>>;
-    fn cluster_ca(&self) -> BoxFuture<'_, std::result::Result<Vec<u8>, String>>;
-}
-
-/// Tokens as `kube-system` Secrets and the CA from the cluster (read once, then cached).
-pub struct KubeNodeBootstrap {
-    client: kube::Client,
-    ca: tokio::sync::OnceCell<Vec<u8>>,
-    ttl: std::time::Duration,
-}
-
-impl KubeNodeBootstrap {
-    /// Tokens valid for `ttl` (the registration TTL plus a margin, see
-    /// [`bootstrap_token::TOKEN_TTL_MARGIN`]).
-    pub fn new(client: kube::Client, ttl: std::time::Duration) -> Self {
-        KubeNodeBootstrap {
-            client,
-            ca: tokio::sync::OnceCell::new(),
-            ttl,
-        }
-    }
-}
-
-impl NodeBootstrap for KubeNodeBootstrap {
-    fn create_token<'a>(
-        &'a self,
-        nodeclaim: &'a str,
-    ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>> {
-        Box::pin(async move {
-            bootstrap_token::create_for_nodeclaim(
-                &self.client,
-                nodeclaim,
-                chrono::Utc::now(),
-                self.ttl,
-            )
-            .await
-            .map_err(|e| e.to_string())
-        })
-    }
-
-    fn delete_tokens<'a>(
-        &'a self,
-        secret_names: &'a [String],
-    ) -> BoxFuture<'a, std::result::Result<(), String>> {
-        Box::pin(async move {
-            for name in secret_names {
-                bootstrap_token::delete_token(&self.client, name)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            Ok(())
-        })
-    }
-
-    fn cluster_ca(&self) -> BoxFuture<'_, std::result::Result<Vec<u8>, String>> {
-        Box::pin(async move {
-            self.ca
-                .get_or_try_init(|| cluster_ca::fetch(&self.client))
-                .await
-                .cloned()
-                .map_err(|e| e.to_string())
-        })
-    }
-}
-
-/// The token Secrets recorded on a NodeClaim.
-pub fn recorded_tokens(claim: &NodeClaim) -> BTreeSet<String> {
-    bootstrap_token::recorded(
-        claim
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(NODECLAIM_TOKENS_ANNOTATION))
-            .map(String::as_str),
-    )
-}
-
-/// Tokens kept in memory with a fixed CA (tests, `simulate`).
-pub struct InMemoryNodeBootstrap {
-    ca: Vec<u8>,
-    tokens: Mutex<BTreeMap<String, BootstrapToken>>,
-    fail_creates: Mutex<u32>,
-}
-
-impl InMemoryNodeBootstrap {
-    pub fn new(ca_pem: impl Into<Vec<u8>>) -> Self {
-        InMemoryNodeBootstrap {
-            ca: ca_pem.into(),
-            tokens: Mutex::new(BTreeMap::new()),
-            fail_creates: Mutex::new(0),
-        }
-    }
-
-    /// Live tokens by NodeClaim.
-    pub fn tokens(&self) -> BTreeMap<String, BootstrapToken> {
-        self.tokens.lock().expect("lock").clone()
-    }
-
-    /// The next `n` token creations fail.
-    pub fn fail_next_creates(&self, n: u32) {
-        *self.fail_creates.lock().expect("lock") = n;
-    }
-}
-
-impl NodeBootstrap for InMemoryNodeBootstrap {
-    fn create_token<'a>(
-        &'a self,
-        nodeclaim: &'a str,
-    ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>> {
-        Box::pin(async move {
-            {
-                let mut fail = self.fail_creates.lock().expect("lock");
-                if *fail > 0 {
-                    *fail -= 1;
-                    return Err("secrets is forbidden (injected)".to_string());
-                }
-            }
-            let token = BootstrapToken::generate();
-            self.tokens
-                .lock()
-                .expect("lock")
-                .insert(nodeclaim.to_string(), token.clone());
-            Ok(token)
-        })
-    }
-
-    fn delete_tokens<'a>(
-        &'a self,
-        secret_names: &'a [String],
-    ) -> BoxFuture<'a, std::result::Result<(), String>> {
-        Box::pin(async move {
-            self.tokens
-                .lock()
-                .expect("lock")
-                .retain(|_, token| !secret_names.contains(&token.secret_name()));
-            Ok(())
-        })
-    }
-
-    fn cluster_ca(&self) -> BoxFuture<'_, std::result::Result<Vec<u8>, String>> {
-        Box::pin(async move { Ok(self.ca.clone()) })
-    }
-}
 
 /// The Exoscale implementation of the contract.
 pub struct ExoscaleCloudProvider {
@@ -684,101 +477,6 @@ impl ExoscaleCloudProvider {
     }
 }
 
-fn launch_error(e: LaunchError, instance_type: &str, zone: &str) -> CloudProviderError {
-    match e {
-        LaunchError::Capacity(err) | LaunchError::CapacityAfterAccept(err) => {
-            CloudProviderError::InsufficientCapacity {
-                message: format!("{instance_type} in {zone}: {err}"),
-                offerings: vec![(instance_type.to_string(), zone.to_string())],
-            }
-        }
-        e @ LaunchError::PrivateNetwork { .. } => {
-            CloudProviderError::create(reasons::PRIVATE_NETWORK_ATTACH_FAILED, e.to_string())
-        }
-        LaunchError::Api(err) | LaunchError::Refused(err) => {
-            CloudProviderError::create(reasons::INSTANCE_CREATION_FAILED, err.to_string())
-        }
-    }
-}
-
-fn requirement(key: &str, value: &str) -> NodeSelectorRequirementWithMinValues {
-    NodeSelectorRequirementWithMinValues {
-        key: key.into(),
-        operator: Operator::In,
-        values: vec![value.into()],
-        min_values: None,
-    }
-}
-
-/// The NodeClaim view of an instance. `discovered` is its type when known (an instance of a
-/// type no longer offered still appears, with fewer labels and no capacity).
-pub fn nodeclaim_from_instance(
-    instance: &Instance,
-    discovered: Option<&DiscoveredType>,
-    zone: &str,
-) -> NodeClaim {
-    let name = instance
-        .labels
-        .get(INSTANCE_NODECLAIM_LABEL)
-        .cloned()
-        .unwrap_or_else(|| instance.name.clone());
-    let mut labels = BTreeMap::from([
-        (ZONE.to_string(), zone.to_string()),
-        (CAPACITY_TYPE.to_string(), "on-demand".to_string()),
-    ]);
-    if let Some(t) = discovered {
-        labels.extend(instance_types::labels(t, zone));
-    }
-    if let Some(pool) = instance.labels.get(INSTANCE_NODEPOOL_LABEL) {
-        labels.insert(NODEPOOL_LABEL.to_string(), pool.clone());
-    }
-    let mut requirements = vec![requirement(ZONE, zone)];
-    if let Some(t) = discovered {
-        requirements.push(requirement(INSTANCE_TYPE, &t.name()));
-    }
-    let mut claim = NodeClaim::new(
-        &name,
-        NodeClaimSpec {
-            taints: vec![],
-            startup_taints: vec![],
-            requirements,
-            resources: Default::default(),
-            node_class_ref: NodeClassReference {
-                group: EXOSCALE_GROUP.into(),
-                kind: NODECLASS_KIND.into(),
-                name: String::new(),
-            },
-            termination_grace_period: None,
-            expire_after: crate::apis::nodepool::default_expire_after(),
-        },
-    );
-    claim.metadata.labels = Some(labels);
-    // Kept on the view so ownership can be judged without another API call.
-    if let Some(uid) = instance.labels.get(INSTANCE_CLUSTER_UID_LABEL) {
-        claim.metadata.annotations = Some(BTreeMap::from([(
-            INSTANCE_CLUSTER_UID_LABEL.to_string(),
-            uid.clone(),
-        )]));
-    }
-    claim.metadata.creation_timestamp = instance
-        .created_at
-        .as_deref()
-        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-        .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
-    let status = claim.status.get_or_insert_with(Default::default);
-    status.provider_id = Some(instance::provider_id(&instance.id));
-    status.image_id = Some(instance.template.id.clone());
-    if let Some(t) = discovered {
-        let disk = instance.disk_size.unwrap_or(0) as i64;
-        status.capacity = to_resource_list(&instance_types::capacity(
-            t,
-            disk,
-            crate::apis::nodeclass::DEFAULT_MAX_PODS,
-        ));
-    }
-    claim
-}
-
 impl CloudProvider for ExoscaleCloudProvider {
     fn name(&self) -> &'static str {
         "exoscale"
@@ -973,82 +671,5 @@ impl CloudProvider for ExoscaleCloudProvider {
                 })
                 .cloned(),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn instance(labels: &[(&str, &str)]) -> Instance {
-        serde_json::from_value(serde_json::json!({
-            "id": "6a7a4f0e-3e0c-4c3b-9d58-3f1f1f0c2b11",
-            "name": "karpenter-default-x7k2p",
-            "state": "running",
-            "created-at": "2026-01-01T12:00:00Z",
-            "disk-size": 50,
-            "instance-type": {"id": "b6e9d1e8-89fc-4db3-aaa4-9b4c5b1d0844"},
-            "template": {"id": "cbd89eb1-c66c-4637-9483-904d7e36c318"},
-            "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
-        }))
-        .unwrap()
-    }
-
-    fn medium() -> DiscoveredType {
-        DiscoveredType {
-            id: "b6e9d1e8-89fc-4db3-aaa4-9b4c5b1d0844".into(),
-            family: "standard".into(),
-            size: "medium".into(),
-            cpus: 2,
-            memory_bytes: 4 << 30,
-            gpus: 0,
-        }
-    }
-
-    #[test]
-    fn instances_become_nodeclaims_with_name_labels_and_status() {
-        let i = instance(&[
-            (INSTANCE_NODECLAIM_LABEL, "default-x7k2p"),
-            (INSTANCE_NODEPOOL_LABEL, "default"),
-        ]);
-        let nc = nodeclaim_from_instance(&i, Some(&medium()), "ch-gva-2");
-        assert_eq!(nc.metadata.name.as_deref(), Some("default-x7k2p"));
-        let l = nc.metadata.labels.as_ref().unwrap();
-        assert_eq!(l[INSTANCE_TYPE], "standard.medium");
-        assert_eq!(l[CAPACITY_TYPE], "on-demand");
-        assert_eq!(l[ZONE], "ch-gva-2");
-        assert_eq!(l[NODEPOOL_LABEL], "default");
-        let s = nc.status.as_ref().unwrap();
-        assert_eq!(
-            s.provider_id.as_deref(),
-            Some("exoscale://6a7a4f0e-3e0c-4c3b-9d58-3f1f1f0c2b11")
-        );
-        assert_eq!(
-            s.image_id.as_deref(),
-            Some("cbd89eb1-c66c-4637-9483-904d7e36c318")
-        );
-        assert_eq!(s.capacity["ephemeral-storage"].0, "50Gi");
-        assert_eq!(s.capacity["pods"].0, "110");
-        assert_eq!(
-            nc.metadata
-                .creation_timestamp
-                .as_ref()
-                .unwrap()
-                .0
-                .as_second(),
-            1_767_268_800
-        );
-    }
-
-    #[test]
-    fn an_instance_of_an_unknown_type_still_maps_without_guessing() {
-        let nc = nodeclaim_from_instance(&instance(&[]), None, "ch-gva-2");
-        assert_eq!(nc.metadata.name.as_deref(), Some("karpenter-default-x7k2p"));
-        let l = nc.metadata.labels.as_ref().unwrap();
-        assert!(
-            !l.contains_key(INSTANCE_TYPE),
-            "never the Go provider's `.`"
-        );
-        assert!(nc.status.as_ref().unwrap().capacity.is_empty());
     }
 }

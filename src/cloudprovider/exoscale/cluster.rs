@@ -1,0 +1,121 @@
+//! The provider's Kubernetes side, behind two small traits so it runs against in-memory doubles
+//! in tests: where ExoscaleNodeClasses are read from, and the bootstrap tokens and CA bundle a
+//! launch needs.
+
+use std::collections::BTreeSet;
+
+use futures::future::BoxFuture;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::apis::labels::NODECLAIM_TOKENS_ANNOTATION;
+use crate::apis::{ExoscaleNodeClass, NodeClaim};
+use crate::providers::bootstrap_token::{self, BootstrapToken};
+use crate::providers::cluster_ca;
+
+/// Where NodeClasses are read from (a reflector store in production).
+pub trait NodeClassSource: Send + Sync {
+    fn get(&self, name: &str) -> Option<ExoscaleNodeClass>;
+    /// Whether the first complete list arrived.
+    fn synced(&self) -> bool {
+        true
+    }
+}
+
+impl NodeClassSource for Store<ExoscaleNodeClass> {
+    fn get(&self, name: &str) -> Option<ExoscaleNodeClass> {
+        Store::get(self, &ObjectRef::new(name)).map(|nc| (*nc).clone())
+    }
+    fn synced(&self) -> bool {
+        use futures::FutureExt;
+        self.wait_until_ready()
+            .now_or_never()
+            .is_some_and(|r| r.is_ok())
+    }
+}
+
+/// Cluster-side needs of a launch: bootstrap tokens and the CA bundle.
+pub trait NodeBootstrap: Send + Sync {
+    fn create_token<'a>(
+        &'a self,
+        nodeclaim: &'a str,
+    ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>>;
+    /// Deletes the token Secrets of these names (never listed: found by recorded name).
+    fn delete_tokens<'a>(
+        &'a self,
+        secret_names: &'a [String],
+    ) -> BoxFuture<'a, std::result::Result<(), String>>;
+    fn cluster_ca(&self) -> BoxFuture<'_, std::result::Result<Vec<u8>, String>>;
+}
+
+/// Tokens as `kube-system` Secrets and the CA from the cluster (read once, then cached).
+pub struct KubeNodeBootstrap {
+    client: kube::Client,
+    ca: tokio::sync::OnceCell<Vec<u8>>,
+    ttl: std::time::Duration,
+}
+
+impl KubeNodeBootstrap {
+    /// Tokens valid for `ttl` (the registration TTL plus a margin, see
+    /// [`bootstrap_token::TOKEN_TTL_MARGIN`]).
+    pub fn new(client: kube::Client, ttl: std::time::Duration) -> Self {
+        KubeNodeBootstrap {
+            client,
+            ca: tokio::sync::OnceCell::new(),
+            ttl,
+        }
+    }
+}
+
+impl NodeBootstrap for KubeNodeBootstrap {
+    fn create_token<'a>(
+        &'a self,
+        nodeclaim: &'a str,
+    ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>> {
+        Box::pin(async move {
+            bootstrap_token::create_for_nodeclaim(
+                &self.client,
+                nodeclaim,
+                chrono::Utc::now(),
+                self.ttl,
+            )
+            .await
+            .map_err(|e| e.to_string())
+        })
+    }
+
+    fn delete_tokens<'a>(
+        &'a self,
+        secret_names: &'a [String],
+    ) -> BoxFuture<'a, std::result::Result<(), String>> {
+        Box::pin(async move {
+            for name in secret_names {
+                bootstrap_token::delete_token(&self.client, name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })
+    }
+
+    fn cluster_ca(&self) -> BoxFuture<'_, std::result::Result<Vec<u8>, String>> {
+        Box::pin(async move {
+            self.ca
+                .get_or_try_init(|| cluster_ca::fetch(&self.client))
+                .await
+                .cloned()
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// The token Secrets recorded on a NodeClaim.
+pub fn recorded_tokens(claim: &NodeClaim) -> BTreeSet<String> {
+    bootstrap_token::recorded(
+        claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(NODECLAIM_TOKENS_ANNOTATION))
+            .map(String::as_str),
+    )
+}

@@ -1,0 +1,100 @@
+//! In-memory implementations of the provider's Kubernetes side, for tests (built with
+//! `cfg(test)` or the `test-doubles` feature the integration tests enable; never in the binary).
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, RwLock};
+
+use futures::future::BoxFuture;
+
+use crate::apis::ExoscaleNodeClass;
+use crate::providers::bootstrap_token::BootstrapToken;
+
+use super::cluster::{NodeBootstrap, NodeClassSource};
+
+/// NodeClasses held in memory (tests, `simulate`).
+#[derive(Default)]
+pub struct StaticNodeClasses(RwLock<BTreeMap<String, ExoscaleNodeClass>>);
+
+impl StaticNodeClasses {
+    pub fn insert(&self, nodeclass: ExoscaleNodeClass) {
+        let name = nodeclass.metadata.name.clone().unwrap_or_default();
+        self.0.write().expect("lock").insert(name, nodeclass);
+    }
+
+    pub fn remove(&self, name: &str) {
+        self.0.write().expect("lock").remove(name);
+    }
+}
+
+impl NodeClassSource for StaticNodeClasses {
+    fn get(&self, name: &str) -> Option<ExoscaleNodeClass> {
+        self.0.read().expect("lock").get(name).cloned()
+    }
+}
+
+/// Tokens kept in memory with a fixed CA (tests, `simulate`).
+pub struct InMemoryNodeBootstrap {
+    ca: Vec<u8>,
+    tokens: Mutex<BTreeMap<String, BootstrapToken>>,
+    fail_creates: Mutex<u32>,
+}
+
+impl InMemoryNodeBootstrap {
+    pub fn new(ca_pem: impl Into<Vec<u8>>) -> Self {
+        InMemoryNodeBootstrap {
+            ca: ca_pem.into(),
+            tokens: Mutex::new(BTreeMap::new()),
+            fail_creates: Mutex::new(0),
+        }
+    }
+
+    /// Live tokens by NodeClaim.
+    pub fn tokens(&self) -> BTreeMap<String, BootstrapToken> {
+        self.tokens.lock().expect("lock").clone()
+    }
+
+    /// The next `n` token creations fail.
+    pub fn fail_next_creates(&self, n: u32) {
+        *self.fail_creates.lock().expect("lock") = n;
+    }
+}
+
+impl NodeBootstrap for InMemoryNodeBootstrap {
+    fn create_token<'a>(
+        &'a self,
+        nodeclaim: &'a str,
+    ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>> {
+        Box::pin(async move {
+            {
+                let mut fail = self.fail_creates.lock().expect("lock");
+                if *fail > 0 {
+                    *fail -= 1;
+                    return Err("secrets is forbidden (injected)".to_string());
+                }
+            }
+            let token = BootstrapToken::generate();
+            self.tokens
+                .lock()
+                .expect("lock")
+                .insert(nodeclaim.to_string(), token.clone());
+            Ok(token)
+        })
+    }
+
+    fn delete_tokens<'a>(
+        &'a self,
+        secret_names: &'a [String],
+    ) -> BoxFuture<'a, std::result::Result<(), String>> {
+        Box::pin(async move {
+            self.tokens
+                .lock()
+                .expect("lock")
+                .retain(|_, token| !secret_names.contains(&token.secret_name()));
+            Ok(())
+        })
+    }
+
+    fn cluster_ca(&self) -> BoxFuture<'_, std::result::Result<Vec<u8>, String>> {
+        Box::pin(async move { Ok(self.ca.clone()) })
+    }
+}
