@@ -230,6 +230,50 @@ pub fn without_finalizer(finalizers: &[String], finalizer: &str) -> Option<Vec<S
     )
 }
 
+/// Adds `finalizer` to `object` when missing, with a merge patch guarded by the resourceVersion
+/// it was read at (a finalizer list changed meanwhile is refused with 409, never overwritten).
+/// Returns the object as stored (unchanged, without a call, when the finalizer was present).
+pub async fn add_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<K>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let meta = object.meta();
+    let finalizers = meta.finalizers.as_deref().unwrap_or_default();
+    let Some(finalizers) = with_finalizer(finalizers, finalizer) else {
+        return Ok(object.clone());
+    };
+    patch_object(
+        api,
+        meta.name.as_deref().unwrap_or_default(),
+        serde_json::json!({"metadata": {"finalizers": finalizers}}),
+        meta.resource_version.as_deref(),
+    )
+    .await
+}
+
+/// Removes `finalizer` from `object` when present, guarded like [`add_finalizer`]; an object
+/// that is already gone is fine.
+pub async fn remove_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let meta = object.meta();
+    let finalizers = meta.finalizers.as_deref().unwrap_or_default();
+    let Some(finalizers) = without_finalizer(finalizers, finalizer) else {
+        return Ok(());
+    };
+    absent_ok(
+        patch_object(
+            api,
+            meta.name.as_deref().unwrap_or_default(),
+            serde_json::json!({"metadata": {"finalizers": finalizers}}),
+            meta.resource_version.as_deref(),
+        )
+        .await,
+    )?;
+    Ok(())
+}
+
 /// Treats 404 as success (the object is already gone).
 pub fn ignore_not_found<T>(result: std::result::Result<T, kube::Error>) -> Result<Option<T>> {
     match result {

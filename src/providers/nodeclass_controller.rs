@@ -19,8 +19,7 @@ use crate::state::Shared;
 use crate::state::quantity::parse_milli;
 
 use crate::controllers::{
-    Context, Result, Shutdown, error_policy, patch_object, patch_status, with_finalizer,
-    without_finalizer,
+    Context, Result, Shutdown, add_finalizer, error_policy, patch_status, remove_finalizer,
 };
 
 /// The outcome of resolving each part of a NodeClass; errors are human-readable messages.
@@ -311,27 +310,11 @@ pub async fn reconcile(
             .await;
             return Ok(Action::requeue(std::time::Duration::from_secs(30)));
         }
-        if let Some(finalizers) = without_finalizer(nc.finalizers(), NODECLASS_FINALIZER) {
-            patch_object(
-                &api,
-                &name,
-                serde_json::json!({"metadata": {"finalizers": finalizers}}),
-                nc.resource_version().as_deref(),
-            )
-            .await?;
-        }
+        remove_finalizer(&api, nc.as_ref(), NODECLASS_FINALIZER).await?;
         return Ok(Action::await_change());
     }
     // Add the finalizer and carry on in the same reconcile (the Go provider waited a minute).
-    if let Some(finalizers) = with_finalizer(nc.finalizers(), NODECLASS_FINALIZER) {
-        patch_object(
-            &api,
-            &name,
-            serde_json::json!({"metadata": {"finalizers": finalizers}}),
-            nc.resource_version().as_deref(),
-        )
-        .await?;
-    }
+    add_finalizer(&api, nc.as_ref(), NODECLASS_FINALIZER).await?;
     let generation = nc.metadata.generation.unwrap_or(0);
     let interval = ctx.timings.nodeclass_recheck_interval;
     let due_in = this

@@ -23,7 +23,7 @@ use crate::apis::{ConditionStatus, ConditionsExt, NodeClaim};
 use crate::cloudprovider::NodeClassKind;
 use crate::controllers::nodeclaim::reconcile::deadline_annotation;
 use crate::controllers::{
-    Context, Result, absent_ok, ignore_not_found, patch_object, patch_status, without_finalizer,
+    Context, Result, absent_ok, ignore_not_found, patch_object, patch_status, remove_finalizer,
 };
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
@@ -620,17 +620,7 @@ fn awaiting_detachment_begins(claim: &NodeClaim) -> bool {
 async fn release(ctx: &Context, state: &Termination, node: &Node) -> Result<Action> {
     state.forget_node(&node.name_any());
     let nodes: Api<Node> = Api::all(ctx.client.clone());
-    if let Some(finalizers) = without_finalizer(node.finalizers(), TERMINATION_FINALIZER) {
-        absent_ok(
-            patch_object(
-                &nodes,
-                &node.name_any(),
-                serde_json::json!({"metadata": {"finalizers": finalizers}}),
-                node.resource_version().as_deref(),
-            )
-            .await,
-        )?;
-    }
+    remove_finalizer(&nodes, node, TERMINATION_FINALIZER).await?;
     let pool = node
         .labels()
         .get(NODEPOOL_LABEL)

@@ -4,9 +4,15 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
 
 use crate::apis::NodeClaim;
 use crate::apis::duration::parse_nillable_duration;
+use crate::controllers::Result;
+use crate::operator::metrics::labels;
+
+use super::pass::{Pass, Step};
+use super::reconcile::{delete_claim, nodepool_of};
 
 /// What the expiration controller does with a NodeClaim.
 #[derive(Debug, PartialEq, Eq)]
@@ -34,6 +40,45 @@ pub fn expiration(claim: &NodeClaim, now: Timestamp) -> Expiration {
         Expiration::Expired
     } else {
         Expiration::At(Duration::from_secs(ttl.as_secs() - age))
+    }
+}
+
+/// The expiration sub-step: deletes an expired NodeClaim, else comes back at expiry.
+pub async fn expire(pass: &mut Pass<'_>) -> Result<Step> {
+    match expiration(&pass.claim, pass.now) {
+        Expiration::Expired => {
+            let ctx = pass.ctx;
+            let claim = &pass.claim;
+            tracing::info!(nodeclaim = %pass.name, "NodeClaim expired");
+            delete_claim(ctx, claim, "expired").await?;
+            // As disruption counts: the pods that must move, not DaemonSet, mirror or
+            // finished ones.
+            let node = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .unwrap_or("");
+            let pods = ctx
+                .cluster
+                .read()
+                .pods_on_node(node)
+                .iter()
+                .filter(|p| crate::state::pods::is_reschedulable(p))
+                .count();
+            ctx.metrics
+                .pods_disruption_initiated
+                .get_or_create(&labels([
+                    ("reason", "expired"),
+                    ("nodepool", &nodepool_of(claim)),
+                ]))
+                .inc_by(pods as u64);
+            Ok(Step::Done(Action::await_change()))
+        }
+        Expiration::At(after) => {
+            pass.requeue_within(after);
+            Ok(Step::Continue)
+        }
+        Expiration::Never => Ok(Step::Continue),
     }
 }
 

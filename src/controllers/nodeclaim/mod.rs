@@ -1,6 +1,14 @@
-//! NodeClaim controllers: lifecycle (launch, registration, initialization, liveness),
-//! termination (finalizer), expiration and consistency.
+//! NodeClaim controller: `reconcile` runs upstream's sub-steps (expiration, launch,
+//! registration, initialization, consistency, liveness) over one shared `pass`, and `finalize`
+//! tears a deleted NodeClaim down. `lifecycle` holds their pure decisions.
 
+mod consistency;
 pub mod expiration;
+mod finalize;
+mod initialization;
+mod launch;
 pub mod lifecycle;
+mod liveness;
+mod pass;
 pub mod reconcile;
+mod registration;

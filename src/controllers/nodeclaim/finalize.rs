@@ -1,0 +1,127 @@
+//! Teardown of a deleted NodeClaim: the termination deadline annotation, its Nodes (drained by
+//! the Node termination controller), then the instance, then the finalizer.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
+use kube::runtime::controller::Action;
+
+use crate::apis::labels::{
+    NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION, TERMINATION_FINALIZER, ZONE_LABEL, conditions,
+};
+use crate::apis::{ConditionStatus, ConditionsExt, NodeClaim};
+use crate::controllers::{
+    Context, Result, absent_ok, ignore_not_found, patch_object, patch_status, remove_finalizer,
+};
+use crate::operator::events::Severity;
+use crate::operator::metrics::labels;
+use crate::state::{ClusterIndex, nodeclaim_provider_id};
+
+use super::reconcile::{deadline_annotation, nodepool_of, termination_deadline};
+
+/// How often the instance is polled while it terminates.
+const INSTANCE_POLL: Duration = Duration::from_secs(5);
+
+/// Teardown of a deleted NodeClaim: deadline annotation, Nodes, instance, finalizer.
+pub async fn finalize(claim: &NodeClaim, ctx: &Context) -> Result<Action> {
+    let mut claim = claim.clone();
+    let claim = &mut claim;
+    if !claim
+        .finalizers()
+        .iter()
+        .any(|f| f == TERMINATION_FINALIZER)
+    {
+        return Ok(Action::await_change());
+    }
+    let api: Api<NodeClaim> = Api::all(ctx.client.clone());
+    let name = claim.name_any();
+    if deadline_annotation(claim).is_none()
+        && let Some(deadline) = termination_deadline(claim)
+    {
+        *claim = patch_object(&api, &name, serde_json::json!({"metadata": {"annotations": {NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION: deadline.to_string()}}}), None).await?;
+        ctx.event(
+            claim,
+            Severity::Normal,
+            "TerminationGracePeriodExpiring",
+            format!("All pods will be deleted by {deadline}"),
+        )
+        .await;
+    }
+    if let Some(provider_id) = nodeclaim_provider_id(claim) {
+        // Node termination drains; the instance goes only once every Node is gone.
+        let nodes = ctx.cluster.read().nodes_by_provider_id(provider_id);
+        if !nodes.is_empty() {
+            let node_api: Api<Node> = Api::all(ctx.client.clone());
+            for node in &nodes {
+                if node.metadata.deletion_timestamp.is_none() {
+                    ignore_not_found(
+                        node_api
+                            .delete(&node.name_any(), &DeleteParams::default())
+                            .await,
+                    )?;
+                }
+            }
+            return Ok(Action::requeue(INSTANCE_POLL));
+        }
+        match ctx.cloud.delete(claim).await {
+            Ok(()) => {
+                let mut status = claim.status.clone().unwrap_or_default();
+                if status.conditions.set_condition(
+                    conditions::INSTANCE_TERMINATING,
+                    ConditionStatus::True,
+                    conditions::INSTANCE_TERMINATING,
+                    "",
+                    claim.metadata.generation,
+                    ctx.now(),
+                ) {
+                    absent_ok(patch_status(&api, claim, &status).await)?;
+                }
+                return Ok(Action::requeue(INSTANCE_POLL));
+            }
+            Err(e) if e.is_not_found() => {
+                if let Some(since) = claim
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.get_condition(conditions::INSTANCE_TERMINATING))
+                {
+                    let secs = ctx
+                        .now()
+                        .duration_since(since.last_transition_time.0)
+                        .as_secs_f64();
+                    ctx.metrics
+                        .nodeclaims_instance_termination_duration
+                        .get_or_create(&labels([("nodepool", &nodepool_of(claim))]))
+                        .observe(secs.max(0.0));
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    remove_finalizer(&api, claim, TERMINATION_FINALIZER).await?;
+    let pool = nodepool_of(claim);
+    ctx.metrics
+        .nodeclaims_terminated
+        .get_or_create(&labels([
+            ("nodepool", &pool),
+            ("capacity_type", &ClusterIndex::capacity_type(claim)),
+            (
+                "zone",
+                claim
+                    .labels()
+                    .get(ZONE_LABEL)
+                    .map(String::as_str)
+                    .unwrap_or(""),
+            ),
+        ]))
+        .inc();
+    if let Some(deleted) = &claim.metadata.deletion_timestamp {
+        let secs = ctx.now().duration_since(deleted.0).as_secs_f64();
+        ctx.metrics
+            .nodeclaims_termination_duration
+            .get_or_create(&labels([("nodepool", &pool)]))
+            .observe(secs.max(0.0));
+    }
+    Ok(Action::await_change())
+}

@@ -1,0 +1,89 @@
+//! Registration: the Node with the NodeClaim's provider ID is found and synced (labels,
+//! annotations, taints, finalizer, owner), its `unregistered` taint removed, and `Registered`
+//! turns True. None yet is Unknown (liveness bounds the wait); two are a conflict.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::Api;
+
+use crate::apis::ConditionStatus;
+use crate::apis::labels::{UNREGISTERED_TAINT_KEY, ZONE_LABEL, conditions};
+use crate::controllers::{Result, patch_object};
+use crate::operator::events::Severity;
+use crate::operator::metrics::labels;
+
+use super::lifecycle::{Registration, registration};
+use super::pass::{Pass, Step};
+use super::reconcile::{nodepool_of, record_registration};
+
+pub async fn register(pass: &mut Pass<'_>) -> Result<Step> {
+    if pass.is_true(conditions::REGISTERED) {
+        return Ok(Step::Continue);
+    }
+    let nodes = pass.nodes();
+    match registration(&pass.with_status(), &nodes) {
+        Registration::NodeNotFound => {
+            pass.set(
+                conditions::REGISTERED,
+                ConditionStatus::Unknown,
+                "NodeNotFound",
+                "Node not registered with cluster",
+            );
+        }
+        Registration::MultipleNodesFound(names) => {
+            let message = format!("multiple nodes found for provider ID: {}", names.join(", "));
+            pass.set(
+                conditions::REGISTERED,
+                ConditionStatus::False,
+                "MultipleNodesFound",
+                &message,
+            );
+        }
+        Registration::Register(synced) => {
+            let ctx = pass.ctx;
+            let node = &nodes[0];
+            let had_taint = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == UNREGISTERED_TAINT_KEY));
+            if !had_taint {
+                ctx.event(node.as_ref(), Severity::Warning, "UnregisteredTaintMissing", format!("Missing {UNREGISTERED_TAINT_KEY} taint which prevents registration related race conditions on Karpenter-managed nodes")).await;
+            }
+            if *synced != **node {
+                let node_api: Api<Node> = Api::all(ctx.client.clone());
+                patch_object(&node_api, &node.name_any(), serde_json::json!({
+                    "metadata": {
+                        "labels": synced.metadata.labels,
+                        "annotations": synced.metadata.annotations,
+                        "finalizers": synced.metadata.finalizers,
+                        "ownerReferences": synced.metadata.owner_references,
+                    },
+                    "spec": {"taints": synced.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default()},
+                }), node.resource_version().as_deref()).await?;
+            }
+            pass.status.node_name = Some(node.name_any());
+            pass.set(
+                conditions::REGISTERED,
+                ConditionStatus::True,
+                conditions::REGISTERED,
+                "",
+            );
+            let zone = pass
+                .claim
+                .labels()
+                .get(ZONE_LABEL)
+                .cloned()
+                .unwrap_or_default();
+            ctx.metrics
+                .nodes_created
+                .get_or_create(&labels([
+                    ("nodepool", &nodepool_of(&pass.claim)),
+                    ("zone", &zone),
+                ]))
+                .inc();
+            record_registration(ctx, &pass.claim, true);
+        }
+    }
+    Ok(Step::Continue)
+}
