@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use kube::ResourceExt;
+use kube::api::Api;
 use kube::runtime::controller::Action;
 
 use crate::apis::labels::conditions;
@@ -32,8 +33,9 @@ pub async fn launch(pass: &mut Pass<'_>) -> Result<Step> {
         match pass.ctx.cloud.create(&pass.claim).await {
             Ok(launched) => {
                 let merged = merge_launched(&pass.claim, &launched);
+                let api: Api<NodeClaim> = Api::all(pass.ctx.client.clone());
                 pass.claim = patch_object(
-                    &pass.api,
+                    &api,
                     &pass.name,
                     serde_json::json!({"metadata": {
                         "labels": merged.metadata.labels,
@@ -124,6 +126,7 @@ async fn failed(pass: &mut Pass<'_>, error: CloudProviderError) -> Result<Action
     }
     let generation = pass.generation();
     set_ready(&mut pass.status, generation, pass.now);
-    patch_status(&pass.api, &pass.claim, &pass.status).await?;
+    let api: Api<NodeClaim> = Api::all(ctx.client.clone());
+    patch_status(&api, &pass.claim, &pass.status).await?;
     Ok(Action::requeue(RETRY_LAUNCH))
 }

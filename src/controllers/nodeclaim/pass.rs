@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
 use kube::runtime::controller::Action;
 
 use crate::apis::{ConditionStatus, ConditionsExt, NodeClaim, NodeClaimStatus};
@@ -23,7 +22,6 @@ pub enum Step {
 
 pub struct Pass<'a> {
     pub ctx: &'a Context,
-    pub api: Api<NodeClaim>,
     pub name: String,
     /// The NodeClaim as last read or written.
     pub claim: NodeClaim,

@@ -108,7 +108,6 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
     let claim = add_finalizer(&api, claim.as_ref(), TERMINATION_FINALIZER).await?;
     let mut pass = Pass {
         ctx: &ctx,
-        api,
         name: claim.name_any(),
         status: claim.status.clone().unwrap_or_default(),
         claim,
@@ -131,7 +130,7 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
     let generation = pass.generation();
     set_ready(&mut pass.status, generation, pass.now);
     if pass.claim.status.clone().unwrap_or_default() != pass.status {
-        patch_status(&pass.api, &pass.claim, &pass.status).await?;
+        patch_status(&api, &pass.claim, &pass.status).await?;
     }
     Ok(Action::requeue(pass.requeue.max(Duration::from_secs(1))))
 }
