@@ -396,16 +396,18 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         bootstrap_token::INTERVAL,
         |ctx| async move { bootstrap_token::cleanup_once(&ctx).await },
     )));
-    let repair = until_shutdown(if ctx.feature_gates.node_repair {
-        Box::pin(periodic::paced(
-            ctx.clone(),
-            "node.repair",
-            repair::INTERVAL,
-            |ctx| async move { repair::repair_once(&ctx).await },
-        ))
+    // Repair is a second reconciler over the same Node changes (termination is the first).
+    let repair: BoxFuture<'static, ()> = if ctx.feature_gates.node_repair {
+        Box::pin(
+            Controller::for_stream(shared.nodes.changes(), shared.nodes.store())
+                .graceful_shutdown_on(shutdown.clone())
+                .run(repair::reconcile, error_policy("node.repair"), ctx.clone())
+                .for_each(drain("node.repair")),
+        )
     } else {
         Box::pin(std::future::pending())
-    });
+    };
+    let repair = until_shutdown(repair);
     let overlays = until_shutdown(if ctx.feature_gates.node_overlay {
         Box::pin(periodic::every(
             ctx.clone(),

@@ -303,7 +303,7 @@ impl Metrics {
             periodic_duration: histogram(
                 r,
                 "karpenter_exoscale_periodic_duration_seconds",
-                "Duration of one pass of a periodic controller (garbage collection, token cleanup, repair, NodeOverlay status).",
+                "Duration of one pass of a periodic controller (garbage collection, token cleanup, NodeOverlay status).",
             ),
             exoscale_api_requests: counter(
                 r,

@@ -2,8 +2,10 @@
 //! matches a provider repair policy for longer than its toleration gets its NodeClaim deleted
 //! with an immediate termination deadline — unless more than 20 % of its NodePool's nodes are
 //! unhealthy, when repair is blocked (a cluster-wide problem is not fixed by killing nodes).
+//!
+//! A per-Node reconciler, as upstream: a Node is looked at when it changes and requeued at the
+//! instant its toleration ends, so a healthy cluster costs nothing between changes.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +13,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
+use kube::runtime::controller::Action;
 
 use crate::apis::NodeClaim;
 use crate::apis::labels::{NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION, NODEPOOL_LABEL};
@@ -21,7 +24,8 @@ use crate::state::{ClusterIndex, node_provider_id};
 
 use super::{Context, Result, absent_ok, ignore_not_found, patch_object};
 
-pub const INTERVAL: Duration = Duration::from_secs(30);
+/// How soon a blocked repair (or one waiting for the cluster state to sync) is looked at again.
+pub const RECHECK: Duration = Duration::from_secs(30);
 
 /// The unhealthy condition of a node and when its toleration ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,23 +64,23 @@ pub fn repair_allowed(total_nodes: usize, unhealthy_nodes: usize) -> bool {
     unhealthy_nodes <= threshold
 }
 
-/// Per NodePool (by the node label; `None` for unlabelled nodes): how many nodes it has and
-/// how many of them are unhealthy right now. Computed once per pass, not once per node.
+/// How many nodes the NodePool (by the node label; unlabelled nodes form one group) has, and
+/// how many of them are unhealthy right now.
 pub fn pool_health(
     index: &ClusterIndex,
+    pool: Option<&str>,
     policies: &[RepairPolicy],
-) -> BTreeMap<Option<String>, (usize, usize)> {
-    let mut out: BTreeMap<Option<String>, (usize, usize)> = BTreeMap::new();
-    for node in index.nodes() {
-        let entry = out
-            .entry(node.labels().get(NODEPOOL_LABEL).cloned())
-            .or_default();
-        entry.0 += 1;
-        if unhealthy(&node, policies).is_some() {
-            entry.1 += 1;
-        }
-    }
-    out
+) -> (usize, usize) {
+    index
+        .nodes()
+        .iter()
+        .filter(|n| n.labels().get(NODEPOOL_LABEL).map(String::as_str) == pool)
+        .fold((0, 0), |(total, bad), n| {
+            (
+                total + 1,
+                bad + usize::from(unhealthy(n, policies).is_some()),
+            )
+        })
 }
 
 /// What to do about one node.
@@ -96,7 +100,6 @@ pub enum Decision {
 
 pub fn decide(
     index: &ClusterIndex,
-    health: &BTreeMap<Option<String>, (usize, usize)>,
     node: &Node,
     policies: &[RepairPolicy],
     now: Timestamp,
@@ -114,8 +117,8 @@ pub fn decide(
     if claim.metadata.deletion_timestamp.is_some() {
         return Decision::Healthy;
     }
-    let pool = node.labels().get(NODEPOOL_LABEL).cloned();
-    let (total, bad) = health.get(&pool).copied().unwrap_or((1, 1));
+    let pool = node.labels().get(NODEPOOL_LABEL).map(String::as_str);
+    let (total, bad) = pool_health(index, pool, policies);
     if !repair_allowed(total, bad) {
         return Decision::Blocked {
             unhealthy: bad,
@@ -128,75 +131,62 @@ pub fn decide(
     }
 }
 
-/// One pass over all nodes; returns when the next pass is due: at the earliest toleration
-/// that ends before [`INTERVAL`] (upstream requeues a Node at its toleration's expiry), else
-/// after [`INTERVAL`].
-pub async fn repair_once(ctx: &Context) -> Result<Duration> {
+/// Reconciles one Node: repairs it once its toleration has ended, else comes back then.
+pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     let policies = ctx.cloud.repair_policies();
-    if policies.is_empty() || !ctx.cluster.synced() {
-        return Ok(INTERVAL);
+    if policies.is_empty() {
+        return Ok(Action::await_change());
+    }
+    if !ctx.cluster.synced() {
+        return Ok(Action::requeue(RECHECK));
     }
     let now = ctx.now();
-    let decisions: Vec<(Arc<Node>, Decision)> = {
+    let decision = {
         let index = ctx.cluster.read();
-        let health = pool_health(&index, &policies);
-        index
-            .nodes()
-            .into_iter()
-            .map(|n| {
-                let d = decide(&index, &health, &n, &policies, now);
-                (n, d)
-            })
-            .collect()
+        // The stored copy: the change that triggered this reconcile may be older.
+        let current = index.node(&node.name_any()).unwrap_or(node.clone());
+        decide(&index, &current, &policies, now)
     };
-    let next = next_pass(&decisions, now);
-    let api: Api<NodeClaim> = Api::all(ctx.client.clone());
-    for (node, decision) in decisions {
-        match decision {
-            Decision::Blocked { unhealthy, total } => {
-                ctx.event(node.as_ref(), Severity::Warning, "NodeRepairBlocked",
-                    format!("Cannot repair: {unhealthy} of {total} nodes of the NodePool are unhealthy (more than 20%)")).await;
+    match decision {
+        Decision::Healthy => Ok(Action::await_change()),
+        Decision::WaitUntil(at) => {
+            let secs = at.as_second().saturating_sub(now.as_second());
+            Ok(Action::requeue(Duration::from_secs(
+                u64::try_from(secs).unwrap_or(0).max(1),
+            )))
+        }
+        Decision::Blocked { unhealthy, total } => {
+            ctx.event(node.as_ref(), Severity::Warning, "NodeRepairBlocked",
+                format!("Cannot repair: {unhealthy} of {total} nodes of the NodePool are unhealthy (more than 20%)")).await;
+            // Other nodes recovering (or going) unblocks this one; their changes do not
+            // trigger this Node, so look again.
+            Ok(Action::requeue(RECHECK))
+        }
+        Decision::Repair {
+            nodeclaim,
+            condition,
+        } => {
+            tracing::info!(node = %node.name_any(), %nodeclaim, %condition, "repairing unhealthy node");
+            let api: Api<NodeClaim> = Api::all(ctx.client.clone());
+            // Deadline now: pods are deleted at once, PDBs and do-not-disrupt do not apply.
+            let patch = serde_json::json!({"metadata": {"annotations": {NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION: now.to_string()}}});
+            if absent_ok(patch_object(&api, &nodeclaim, patch, None).await)?.is_none() {
+                return Ok(Action::await_change());
             }
-            Decision::Repair {
-                nodeclaim,
-                condition,
-            } => {
-                tracing::info!(node = %node.name_any(), %nodeclaim, %condition, "repairing unhealthy node");
-                // Deadline now: pods are deleted at once, PDBs and do-not-disrupt do not apply.
-                let patch = serde_json::json!({"metadata": {"annotations": {NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION: now.to_string()}}});
-                if absent_ok(patch_object(&api, &nodeclaim, patch, None).await)?.is_none() {
-                    continue;
-                }
-                ignore_not_found(api.delete(&nodeclaim, &DeleteParams::default()).await)?;
-                let pool = node
-                    .labels()
-                    .get(NODEPOOL_LABEL)
-                    .cloned()
-                    .unwrap_or_default();
-                ctx.metrics.nodeclaim_disrupted("unhealthy", &pool, "");
-                ctx.metrics
-                    .nodeclaims_unhealthy_disrupted
-                    .get_or_create(&labels([("condition", &condition), ("nodepool", &pool)]))
-                    .inc();
-            }
-            Decision::Healthy | Decision::WaitUntil(_) => {}
+            ignore_not_found(api.delete(&nodeclaim, &DeleteParams::default()).await)?;
+            let pool = node
+                .labels()
+                .get(NODEPOOL_LABEL)
+                .cloned()
+                .unwrap_or_default();
+            ctx.metrics.nodeclaim_disrupted("unhealthy", &pool, "");
+            ctx.metrics
+                .nodeclaims_unhealthy_disrupted
+                .get_or_create(&labels([("condition", &condition), ("nodepool", &pool)]))
+                .inc();
+            Ok(Action::await_change())
         }
     }
-    Ok(next)
-}
-
-/// Time until the earliest toleration ends (at least a second), at most [`INTERVAL`].
-fn next_pass(decisions: &[(Arc<Node>, Decision)], now: Timestamp) -> Duration {
-    decisions
-        .iter()
-        .filter_map(|(_, d)| match d {
-            Decision::WaitUntil(at) => Some(at.as_second().saturating_sub(now.as_second())),
-            _ => None,
-        })
-        .min()
-        .map_or(INTERVAL, |secs| {
-            Duration::from_secs(u64::try_from(secs).unwrap_or(0).max(1)).min(INTERVAL)
-        })
 }
 
 #[cfg(test)]
@@ -215,28 +205,6 @@ mod tests {
         }]);
         n.labels_mut().insert(NODEPOOL_LABEL.into(), "pool".into());
         n
-    }
-
-    #[test]
-    fn the_next_pass_comes_when_the_earliest_toleration_ends() {
-        let now = Timestamp::from_second(1_000).unwrap();
-        let at = |s: i64| Timestamp::from_second(s).unwrap();
-        let node = Arc::new(Node::default());
-        let waiting = |s: i64| (node.clone(), Decision::WaitUntil(at(s)));
-        assert_eq!(next_pass(&[], now), INTERVAL);
-        assert_eq!(
-            next_pass(
-                &[
-                    waiting(1_020),
-                    waiting(1_007),
-                    (node.clone(), Decision::Healthy)
-                ],
-                now
-            ),
-            Duration::from_secs(7)
-        );
-        assert_eq!(next_pass(&[waiting(5_000)], now), INTERVAL);
-        assert_eq!(next_pass(&[waiting(1_000)], now), Duration::from_secs(1));
     }
 
     #[test]
@@ -264,23 +232,11 @@ mod tests {
         }
         let sick = index.node("n0").unwrap();
         assert_eq!(
-            decide(
-                &index,
-                &pool_health(&index, &policies),
-                &sick,
-                &policies,
-                ts(60).0
-            ),
+            decide(&index, &sick, &policies, ts(60).0),
             Decision::WaitUntil(ts(900).0)
         );
         assert_eq!(
-            decide(
-                &index,
-                &pool_health(&index, &policies),
-                &sick,
-                &policies,
-                ts(900).0
-            ),
+            decide(&index, &sick, &policies, ts(900).0),
             Decision::Repair {
                 nodeclaim: "c0".into(),
                 condition: "Ready".into()
@@ -295,13 +251,7 @@ mod tests {
             ));
         }
         assert_eq!(
-            decide(
-                &index,
-                &pool_health(&index, &policies),
-                &sick,
-                &policies,
-                ts(900).0
-            ),
+            decide(&index, &sick, &policies, ts(900).0),
             Decision::Blocked {
                 unhealthy: 3,
                 total: 10
