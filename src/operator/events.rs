@@ -131,9 +131,12 @@ impl EventSink for KubeEvents {
 pub const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 
 /// What makes two events the same: the object, type, reason and message.
+/// An involved object: apiVersion, kind, namespace, name, uid.
+type ObjectKey = (String, String, String, String, String);
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct SeriesKey {
-    object: (String, String, String, String, String),
+    object: ObjectKey,
     severity: bool,
     reason: String,
     note: String,
@@ -264,27 +267,62 @@ impl EventSink for QueuedEvents {
     }
 }
 
-/// Identical events seen within [`DEDUPE_WINDOW`]; pure, time passed in.
+/// Events one object may get in a burst before [`OBJECT_REFILL`] paces it, as client-go's event
+/// spam filter (which upstream's recorder goes through) allows per object.
+pub const OBJECT_BURST: u32 = 25;
+/// One more event per object each this long once its burst is spent.
+pub const OBJECT_REFILL: Duration = Duration::from_secs(5 * 60);
+
+/// Identical events seen within [`DEDUPE_WINDOW`], and each object's event budget; pure, time
+/// passed in.
 #[derive(Debug, Default)]
 struct RecentEvents {
     seen: HashMap<SeriesKey, std::time::Instant>,
+    /// Per object: tokens left and when they were counted.
+    budgets: HashMap<ObjectKey, (f64, std::time::Instant)>,
 }
 
 impl RecentEvents {
-    /// Whether an event with this key should be written (not seen within the window).
+    /// Whether an event with this key should be written: not seen within the window, and its
+    /// object has budget left.
     fn admit(&mut self, key: SeriesKey, now: std::time::Instant) -> bool {
         // Bounded by the window: older entries are swept on each full pass of the map.
         if self.seen.len() >= QUEUE_CAPACITY {
             self.seen
                 .retain(|_, at| now.saturating_duration_since(*at) < DEDUPE_WINDOW);
         }
-        match self.seen.get(&key) {
-            Some(at) if now.saturating_duration_since(*at) < DEDUPE_WINDOW => false,
-            _ => {
-                self.seen.insert(key, now);
-                true
-            }
+        if let Some(at) = self.seen.get(&key)
+            && now.saturating_duration_since(*at) < DEDUPE_WINDOW
+        {
+            return false;
         }
+        if !self.take_token(&key.object, now) {
+            return false;
+        }
+        self.seen.insert(key, now);
+        true
+    }
+
+    fn take_token(&mut self, object: &ObjectKey, now: std::time::Instant) -> bool {
+        let burst = f64::from(OBJECT_BURST);
+        let refill = |tokens: f64, since: std::time::Instant| {
+            let earned =
+                now.saturating_duration_since(since).as_secs_f64() / OBJECT_REFILL.as_secs_f64();
+            (tokens + earned).min(burst)
+        };
+        if self.budgets.len() >= QUEUE_CAPACITY {
+            // Objects whose budget has refilled completely carry no state worth keeping.
+            self.budgets
+                .retain(|_, (tokens, since)| refill(*tokens, *since) < burst);
+        }
+        let (tokens, since) = self.budgets.get(object).copied().unwrap_or((burst, now));
+        let tokens = refill(tokens, since);
+        if tokens < 1.0 {
+            self.budgets.insert(object.clone(), (tokens, now));
+            return false;
+        }
+        self.budgets.insert(object.clone(), (tokens - 1.0, now));
+        true
     }
 }
 
@@ -425,8 +463,11 @@ mod tests {
         for i in 0..1000 {
             // Ready at once although not one write has gone through.
             use futures::FutureExt;
+            // One event per pod, as provisioning publishes them.
+            let mut event = recorded("Nominated", &format!("pod {i}"));
+            event.object.name = Some(format!("pod-{i}"));
             queued
-                .publish(recorded("Nominated", &format!("pod {i}")))
+                .publish(event)
                 .now_or_never()
                 .expect("publish returned without waiting");
         }
@@ -450,8 +491,11 @@ mod tests {
         let queued = QueuedEvents::spawn(inner.clone(), 5);
         for i in 0..20 {
             use futures::FutureExt;
+            // One event per pod, as provisioning publishes them.
+            let mut event = recorded("Nominated", &format!("pod {i}"));
+            event.object.name = Some(format!("pod-{i}"));
             queued
-                .publish(recorded("Nominated", &format!("pod {i}")))
+                .publish(event)
                 .now_or_never()
                 .expect("publish returned without waiting");
         }
@@ -470,6 +514,31 @@ mod tests {
         let other = recorded("FailedScheduling", "another reason");
         assert!(recent.admit(SeriesKey::of(&other, &other.message), start));
         assert!(recent.admit(key(), start + DEDUPE_WINDOW + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn one_object_gets_a_burst_then_one_event_per_refill() {
+        let mut recent = RecentEvents::default();
+        let start = std::time::Instant::now();
+        // Distinct messages: the dedupe does not apply, only the object's budget.
+        let admit = |recent: &mut RecentEvents, i: u32, at: std::time::Instant| {
+            let e = recorded("FailedDraining", &format!("attempt {i}"));
+            recent.admit(SeriesKey::of(&e, &e.message), at)
+        };
+        for i in 0..OBJECT_BURST {
+            assert!(
+                admit(&mut recent, i, start),
+                "event {i} is within the burst"
+            );
+        }
+        assert!(!admit(&mut recent, 100, start), "the burst is spent");
+        // Another object is not affected.
+        let mut other = recorded("FailedDraining", "attempt 0");
+        other.object.name = Some("another".into());
+        assert!(recent.admit(SeriesKey::of(&other, &other.message), start));
+        assert!(!admit(&mut recent, 101, start + OBJECT_REFILL / 2));
+        assert!(admit(&mut recent, 102, start + OBJECT_REFILL));
+        assert!(!admit(&mut recent, 103, start + OBJECT_REFILL));
     }
 
     #[test]
