@@ -2,6 +2,7 @@
 //! same scheduler, instance-type pipeline and NodeClaim builder as the controller, without a
 //! cluster or credentials. The JSON output is a stable contract.
 
+mod cloud;
 mod input;
 pub mod manifests;
 mod output;
@@ -17,13 +18,15 @@ use kube::ResourceExt;
 
 use crate::apis::{ExoscaleNodeClass, ExoscaleNodeClassSpec};
 use crate::catalogue::{Catalogue, Currency};
-use crate::cloudprovider::overlay;
+use crate::cloudprovider::overlay::{self, WithOverlays};
+use crate::operator::metrics::Metrics;
 use crate::providers::instance_types::{self, DiscoveredType};
 use crate::providers::pricing::{PriceBook, PriceSource};
 use crate::provisioning::input::{self as cluster_input, PodsToPlace};
 use crate::scheduling::{Scheduler, SchedulerOptions, convert};
 use crate::state::ClusterIndex;
 
+use cloud::CatalogueCloud;
 pub use manifests::{ManifestError, Manifests};
 pub use output::{
     ExistingNodeReport, NodeClaimReport, Report, UnschedulableReport, printable, render_table,
@@ -103,22 +106,26 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
         .iter()
         .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
         .collect();
+    // Each referenced ExoscaleNodeClass's instance types from the catalogue at list prices.
     let mut estimated = std::collections::BTreeSet::new();
-    let mut pools = Vec::new();
+    let mut types_by_class = HashMap::new();
     for pool in index.nodepools() {
         let name = pool.name_any();
-        let class_name = &pool.spec.template.spec.node_class_ref.name;
+        let class_name = pool.spec.template.spec.node_class_ref.name.clone();
         let default_class;
-        let class = match classes.get(class_name) {
+        let class = match classes.get(&class_name) {
             Some(c) => *c,
             None => {
                 warnings.push(format!(
                     "NodePool {name} references ExoscaleNodeClass {class_name}, which is not in the manifests; simulating its defaults"
                 ));
-                default_class = default_nodeclass(class_name);
+                default_class = default_nodeclass(&class_name);
                 &default_class
             }
         };
+        if types_by_class.contains_key(&class_name) {
+            continue;
+        }
         let mut types = Vec::new();
         for t in &discovered {
             let price = prices.price(&t.name(), t.shape());
@@ -130,9 +137,24 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
             })?;
             types.push(Arc::new(it));
         }
-        let (types, _) = overlay::apply(&name, &pool.template_labels(), &types, &m.overlays)
-            .map_err(|e| SimulateError::Invalid(e.to_string()))?;
-        pools.push((pool, types));
+        types_by_class.insert(class_name, types);
+    }
+    // The controller skips an invalid NodeOverlay (its status says why); simulate refuses it.
+    for o in &m.overlays {
+        overlay::validate(o).map_err(|e| SimulateError::Invalid(e.to_string()))?;
+    }
+    let overlays: Vec<Arc<_>> = m.overlays.iter().cloned().map(Arc::new).collect();
+    let cloud = WithOverlays::new(
+        Arc::new(CatalogueCloud { types_by_class }),
+        Arc::new(move || overlays.clone()),
+    );
+    let (pools, failed) = futures::executor::block_on(cluster_input::pools_with_types(
+        &cloud,
+        &Metrics::new(),
+        index.nodepools(),
+    ));
+    for (pool, error) in failed {
+        warnings.push(format!("NodePool {} skipped: {error}", pool.name_any()));
     }
 
     let pending: Vec<Arc<Pod>> = m.pending_pods.iter().cloned().map(Arc::new).collect();

@@ -188,3 +188,29 @@ spec:
     assert_eq!(r.unschedulable.len(), 1, "{}", render_table(&r));
     assert_eq!(r.unschedulable[0].pod, "default/web-0");
 }
+
+#[test]
+fn a_nodeoverlay_price_goes_through_the_providers_decorator() {
+    let plain = manifests(&format!("{POOL}{}", deployment("web", 3, "1", "1Gi")));
+    let before = simulate(&plain, "ch-gva-2", "EUR").unwrap();
+    assert_eq!(before.node_claims.len(), 1);
+    assert_ne!(before.node_claims[0].instance_type, "standard.huge");
+    let overlay = r#"
+---
+apiVersion: karpenter.sh/v1alpha1
+kind: NodeOverlay
+metadata: {name: cheap-huge}
+spec:
+  requirements:
+    - {key: node.kubernetes.io/instance-type, operator: In, values: [standard.huge]}
+  price: "0.00001"
+"#;
+    let m = manifests(&format!(
+        "{POOL}{overlay}{}",
+        deployment("web", 3, "1", "1Gi")
+    ));
+    let r = simulate(&m, "ch-gva-2", "EUR").unwrap();
+    assert_eq!(r.node_claims.len(), 1, "{}", render_table(&r));
+    assert_eq!(r.node_claims[0].instance_type, "standard.huge");
+    assert_eq!(r.node_claims[0].price_per_hour, 0.00001);
+}
