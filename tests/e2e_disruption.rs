@@ -817,6 +817,32 @@ async fn consolidation_honours_a_nodeoverlay_price() {
     })
     .await;
     assert_eq!(type_of(&replacement), "standard.small");
+    // As upstream: the replacement NodeClaim is told it is launching for a disruption (the
+    // `DisruptionWaitingReadiness` that follows while it starts is unit-tested: whether one
+    // is written depends on how fast the simulated node starts).
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(world.client.clone());
+    let replacement_name = replacement.name_any();
+    let reasons = eventually("disruption events on the replacement NodeClaim", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        let reasons: BTreeSet<String> = list
+            .items
+            .iter()
+            .filter(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                    == Some(replacement_name.as_str())
+            })
+            .filter_map(|e| Some(format!("{}: {}", e.reason.as_deref()?, e.note.as_deref()?)))
+            .collect();
+        reasons
+            .iter()
+            .any(|r| r.starts_with("DisruptionLaunching"))
+            .then_some(reasons)
+    })
+    .await;
+    assert!(
+        reasons.contains("DisruptionLaunching: Launching NodeClaim: Underutilized"),
+        "{reasons:?}"
+    );
     let node = node_of(&replacement).expect("the replacement has a node");
     eventually_within("the pod runs on the replacement", LONG, || async {
         (bound_pods(&world, "app", 1).await == [node.clone()]).then_some(())

@@ -91,9 +91,9 @@ fn balanced(c: &Candidate) -> bool {
     c.consolidation_policy == ConsolidationPolicy::Balanced
 }
 
-/// Whether every `Balanced` NodePool of the command approves it; savings are shared among
-/// pools in proportion to the price of their candidates.
-pub fn approve(cmd: &Command, totals: &BTreeMap<String, PoolTotals>) -> bool {
+/// The score of the command in each `Balanced` NodePool it touches; savings are shared among
+/// pools in proportion to the price of their candidates. Other pools are not scored.
+pub fn scores(cmd: &Command, totals: &BTreeMap<String, PoolTotals>) -> BTreeMap<String, Score> {
     let savings = cmd.estimated_savings();
     let source_cost: f64 = cmd.candidates.iter().map(|c| c.price).sum();
     let mut pools: BTreeMap<&str, Vec<&Candidate>> = BTreeMap::new();
@@ -101,20 +101,37 @@ pub fn approve(cmd: &Command, totals: &BTreeMap<String, PoolTotals>) -> bool {
         pools.entry(c.node_pool.as_str()).or_default().push(c);
     }
     let several = pools.len() > 1;
-    pools.into_iter().all(|(pool, cands)| {
-        if !cands.iter().any(|c| balanced(c)) {
-            return true;
-        }
-        let pool_cost: f64 = cands.iter().map(|c| c.price).sum();
-        let pool_savings = if several && source_cost > 0.0 {
-            savings * pool_cost / source_cost
-        } else {
-            savings
-        };
-        let disruption: f64 = cands.iter().map(|c| c.reschedule_disruption_cost).sum();
-        let t = totals.get(pool).copied().unwrap_or_default();
-        Score::new(pool_savings, disruption, t).approved()
-    })
+    pools
+        .into_iter()
+        .filter(|(_, cands)| cands.iter().any(|c| balanced(c)))
+        .map(|(pool, cands)| {
+            let pool_cost: f64 = cands.iter().map(|c| c.price).sum();
+            let pool_savings = if several && source_cost > 0.0 {
+                savings * pool_cost / source_cost
+            } else {
+                savings
+            };
+            let disruption: f64 = cands.iter().map(|c| c.reschedule_disruption_cost).sum();
+            let t = totals.get(pool).copied().unwrap_or_default();
+            (pool.to_string(), Score::new(pool_savings, disruption, t))
+        })
+        .collect()
+}
+
+/// Whether every `Balanced` NodePool of the command approves it.
+pub fn approve(cmd: &Command, totals: &BTreeMap<String, PoolTotals>) -> bool {
+    scores(cmd, totals).values().all(|s| s.approved())
+}
+
+/// The `ConsolidationApproved` message of a scored pool.
+pub fn approved_message(score: Score) -> String {
+    format!(
+        "Consolidation approved by the Balanced policy: score {:.2} >= threshold {:.2} (k: {BALANCED_K}; saves {:.1}% of the NodePool's cost for {:.1}% of its disruption)",
+        score.value(),
+        1.0 / f64::from(BALANCED_K),
+        score.savings_fraction * 100.0,
+        score.disruption_fraction * 100.0,
+    )
 }
 
 /// The best a single candidate could score (deleting it outright): skip it if even that fails.

@@ -34,6 +34,13 @@ pub enum DisruptionEvent {
         nodeclaim: Option<String>,
         message: String,
     },
+    /// A candidate of a `Balanced` NodePool whose move the policy approved
+    /// (`ConsolidationApproved`), with the score.
+    ConsolidationApproved {
+        node: String,
+        nodeclaim: Option<String>,
+        message: String,
+    },
     /// A NodePool whose budget allows no disruption for a reason (`DisruptionBlocked`).
     NodePoolBlocked {
         node_pool: String,
@@ -45,6 +52,7 @@ impl DisruptionEvent {
     pub fn event_reason(&self) -> &'static str {
         match self {
             DisruptionEvent::Unconsolidatable { .. } => names::EVENT_UNCONSOLIDATABLE,
+            DisruptionEvent::ConsolidationApproved { .. } => names::EVENT_CONSOLIDATION_APPROVED,
             _ => names::EVENT_DISRUPTION_BLOCKED,
         }
     }
@@ -131,6 +139,9 @@ pub fn run_method(
         }
     };
     metrics.evaluation = started.elapsed();
+    if let Some(cmd) = &command {
+        events.extend(approved_events(cmd, &totals));
+    }
     let key = match method {
         Method::Emptiness => "emptiness",
         Method::Drift => "drift",
@@ -142,6 +153,26 @@ pub fn run_method(
         events,
         metrics: [(key, metrics)].into_iter().collect(),
     }
+}
+
+/// `ConsolidationApproved` for each candidate of the `Balanced` NodePools that scored the
+/// chosen command (none without totals: not a consolidation method, or no Balanced pool).
+fn approved_events(cmd: &Command, totals: &BTreeMap<String, PoolTotals>) -> Vec<DisruptionEvent> {
+    if totals.is_empty() {
+        return Vec::new();
+    }
+    let scores = balanced::scores(cmd, totals);
+    cmd.candidates
+        .iter()
+        .filter_map(|c| {
+            let score = scores.get(&c.node_pool)?;
+            Some(DisruptionEvent::ConsolidationApproved {
+                node: c.name.clone(),
+                nodeclaim: Some(c.nodeclaim.clone()),
+                message: balanced::approved_message(*score),
+            })
+        })
+        .collect()
 }
 
 /// Budgets of every NodePool for `reason`, plus events for pools that allow nothing.

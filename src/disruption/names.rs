@@ -45,6 +45,7 @@ pub const EVENT_DISRUPTION_TERMINATING: &str = "DisruptionTerminating";
 pub const EVENT_UNCONSOLIDATABLE: &str = "Unconsolidatable";
 pub const EVENT_CONSOLIDATION_CANDIDATE: &str = "ConsolidationCandidate";
 pub const EVENT_CONSOLIDATION_REJECTED: &str = "ConsolidationRejected";
+pub const EVENT_CONSOLIDATION_APPROVED: &str = "ConsolidationApproved";
 /// `Unconsolidatable` events are deduplicated for this long upstream.
 pub const UNCONSOLIDATABLE_EVENT_DEDUPE: std::time::Duration = std::time::Duration::from_secs(900);
 

@@ -19,6 +19,8 @@ use super::validation::{COMMAND_VALIDATION_DELAY, ValidationError, validate};
 pub enum EventTarget {
     Node(String),
     NodeClaim(String),
+    /// Each replacement NodeClaim of the command (named once the provisioner created them).
+    Replacements,
 }
 
 /// Something the controller must do, in order.
@@ -202,6 +204,11 @@ impl Orchestration {
                 claims: cmd.replacements.clone(),
                 reason: reason.as_str().to_lowercase(),
             });
+            actions.push(Action::Event {
+                target: EventTarget::Replacements,
+                reason: names::EVENT_DISRUPTION_LAUNCHING,
+                message: format!("Launching NodeClaim: {}", reason.as_str()),
+            });
         }
         actions.push(Action::MarkForDeletion {
             provider_ids: cmd
@@ -273,18 +280,15 @@ impl Orchestration {
         {
             return self.finish();
         }
-        let mut actions: Vec<Action> = self
-            .command
-            .candidates
-            .iter()
-            .map(|c| Action::Event {
-                target: EventTarget::NodeClaim(c.nodeclaim.clone()),
+        // On the replacements, as upstream: they are what is being waited for.
+        vec![
+            Action::Event {
+                target: EventTarget::Replacements,
                 reason: names::EVENT_DISRUPTION_WAITING_READINESS,
                 message: "Waiting on readiness to continue disruption".into(),
-            })
-            .collect();
-        actions.push(Action::RequeueAt(now + chrono::Duration::seconds(1)));
-        actions
+            },
+            Action::RequeueAt(now + chrono::Duration::seconds(1)),
+        ]
     }
 
     fn finish(&mut self) -> Vec<Action> {

@@ -537,7 +537,10 @@ fn candidates_are_ordered_by_disruption_cost() {
 
 mod validation_and_orchestration {
     use super::*;
-    use crate::disruption::orchestration::{Action, Orchestration, Phase, ReplacementStatus};
+    use crate::disruption::names;
+    use crate::disruption::orchestration::{
+        Action, EventTarget, Orchestration, Phase, ReplacementStatus,
+    };
     use crate::disruption::validation::{ValidationError, validate};
 
     fn later(v: &ClusterView) -> ClusterView {
@@ -706,11 +709,23 @@ mod validation_and_orchestration {
             })
             .collect();
         assert_eq!(kinds, ["taint", "reason", "launch", "mark"]);
+        // Upstream's events go on the replacements: launching, then waiting on readiness.
+        let on_replacements = |actions: &[Action], wanted: &str| {
+            actions.iter().any(|a| {
+                matches!(a, Action::Event { target: EventTarget::Replacements, reason, message }
+                    if *reason == wanted && !message.is_empty())
+            })
+        };
+        assert!(on_replacements(&actions, names::EVENT_DISRUPTION_LAUNCHING));
         let t = fresh.now;
         let waiting = o.observe(
             &[ReplacementStatus::Pending],
             t + chrono::Duration::seconds(30),
         );
+        assert!(on_replacements(
+            &waiting,
+            names::EVENT_DISRUPTION_WAITING_READINESS
+        ));
         assert!(waiting.iter().any(|a| matches!(a, Action::RequeueAt(_))));
         assert!(
             !waiting
@@ -1015,5 +1030,60 @@ fn balanced_rejects_moves_that_disrupt_much_more_than_they_save() {
     assert_eq!(
         (cmd.decision(), cmd.candidate_names()),
         (Decision::Delete, vec!["busy"])
+    );
+}
+
+#[test]
+fn an_approved_balanced_move_names_its_score_on_each_candidate() {
+    let cluster_with = |policy: &str| {
+        let nodes = ["n1", "n2", "n3"]
+            .into_iter()
+            .map(|name| {
+                node(
+                    name,
+                    "default",
+                    &large(),
+                    vec![pod(&format!("{name}-p"), "100m", "64Mi")],
+                    hour_ago(),
+                )
+            })
+            .collect();
+        cluster(
+            &format!(
+                "{{consolidateAfter: 0s, consolidationPolicy: {policy}, budgets: [{{nodes: \"100%\"}}]}}"
+            ),
+            nodes,
+        )
+    };
+    let outcome = run(&cluster_with("Balanced"));
+    let cmd = outcome
+        .command
+        .expect("a Balanced pool approves moving tiny pods");
+    let approved: Vec<(String, String)> = outcome
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            DisruptionEvent::ConsolidationApproved { node, message, .. } => {
+                Some((node.clone(), message.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    let names: Vec<&str> = approved.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, cmd.candidate_names());
+    assert!(
+        approved
+            .iter()
+            .all(|(_, m)| m.contains("threshold 0.50") && m.contains("k: 2")),
+        "{approved:?}"
+    );
+    // Other policies score nothing, so they say nothing.
+    let plain = run(&cluster_with("WhenEmptyOrUnderutilized"));
+    assert!(plain.command.is_some());
+    assert!(
+        !plain
+            .events
+            .iter()
+            .any(|e| matches!(e, DisruptionEvent::ConsolidationApproved { .. }))
     );
 }

@@ -203,6 +203,12 @@ impl Executor {
                         self.event_on_nodeclaim(&name, Severity::Normal, reason, &message)
                             .await
                     }
+                    EventTarget::Replacements => {
+                        for name in in_flight.replacements.clone() {
+                            self.event_on_nodeclaim(&name, Severity::Normal, reason, &message)
+                                .await
+                        }
+                    }
                 },
                 Action::Count { metric, labels } => self.metrics.count(metric, &labels),
                 Action::Add {

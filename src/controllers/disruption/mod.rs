@@ -298,6 +298,11 @@ impl Disruption {
                     node,
                     nodeclaim,
                     message,
+                }
+                | DisruptionEvent::ConsolidationApproved {
+                    node,
+                    nodeclaim,
+                    message,
                 } => {
                     if self
                         .events
