@@ -88,6 +88,9 @@ pub struct Context {
     pub registration_health: nodepool::status::RegistrationHealth,
     /// Stores and change streams of the cluster watch: Controllers open no watch of their own.
     pub shared: crate::state::SharedKinds,
+    /// Reconciles each Controller runs at once (`CPU_REQUESTS`, see
+    /// `operator::config::reconcile_concurrency`).
+    pub reconcile_concurrency: u16,
 }
 
 impl Context {
@@ -335,7 +338,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         }
     };
     let shared = &ctx.shared;
+    let concurrency =
+        || kube::runtime::controller::Config::default().concurrency(ctx.reconcile_concurrency);
     let nodeclaims = Controller::for_stream(shared.nodeclaims.changes(), shared.nodeclaims.store())
+        .with_config(concurrency())
         .watches_stream(shared.nodes.changes(), node_to_claim)
         .graceful_shutdown_on(shutdown.clone())
         .run(
@@ -347,6 +353,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
 
     let termination = Arc::new(node::termination::Termination::default());
     let nodes = Controller::for_stream(shared.nodes.changes(), shared.nodes.store())
+        .with_config(concurrency())
         .graceful_shutdown_on(shutdown.clone())
         .run(
             move |node, ctx| node::termination::reconcile(node, ctx, termination.clone()),
@@ -361,6 +368,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
             .map(|pool| ObjectRef::<NodePool>::new(pool))
     };
     let nodepools = Controller::for_stream(shared.nodepools.changes(), shared.nodepools.store())
+        .with_config(concurrency())
         .watches_stream(shared.nodeclaims.changes(), claim_to_pool)
         .graceful_shutdown_on(shutdown.clone())
         .run(
@@ -400,6 +408,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     let repair: BoxFuture<'static, ()> = if ctx.feature_gates.node_repair {
         Box::pin(
             Controller::for_stream(shared.nodes.changes(), shared.nodes.store())
+                .with_config(concurrency())
                 .graceful_shutdown_on(shutdown.clone())
                 .run(repair::reconcile, error_policy("node.repair"), ctx.clone())
                 .for_each(drain("node.repair")),

@@ -202,6 +202,14 @@ impl Default for Timings {
     }
 }
 
+/// Reconciles each controller runs at once, from `CPU_REQUESTS` (millicores): 100 per core
+/// (rounded up), between 100 and 1 000. Reconciles mostly wait on the API server, so a core
+/// serves many; the kube client's QPS budget bounds the calls they make together.
+pub fn reconcile_concurrency(cpu_requests_millis: u32) -> u16 {
+    let cores = cpu_requests_millis.div_ceil(1000).max(1);
+    cores.saturating_mul(100).clamp(100, 1000) as u16
+}
+
 /// Everything `karpenter-exoscale run` needs, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -639,6 +647,16 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_requests_size_reconcile_concurrency() {
+        assert_eq!(reconcile_concurrency(250), 100);
+        assert_eq!(reconcile_concurrency(1000), 100);
+        assert_eq!(reconcile_concurrency(1001), 200);
+        assert_eq!(reconcile_concurrency(4000), 400);
+        assert_eq!(reconcile_concurrency(64_000), 1000);
+        assert_eq!(reconcile_concurrency(u32::MAX), 1000);
+    }
 
     fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

@@ -8,6 +8,7 @@ pub mod health;
 pub mod leader;
 pub mod logging;
 pub mod metrics;
+pub mod rate_limited_client;
 pub mod rbac;
 
 pub use config::{Config, ConfigError, RunArgs};

@@ -25,12 +25,13 @@ use crate::providers::nodeclass_controller::{
 };
 use crate::state::{self, Cluster};
 
-use super::config::Config;
+use super::config::{self, Config};
 use super::events::{self, KubeEvents, QueuedEvents};
 use super::fenced_client::fenced;
 use super::health::{Readiness, bind_and_serve, health_router, metrics_router};
 use super::leader::{Leadership, LeaseTimings, elect};
 use super::metrics::{Metrics, labels};
+use super::rate_limited_client::rate_limited;
 use crate::fence::Fence;
 
 #[derive(Debug, Error)]
@@ -94,6 +95,8 @@ pub async fn run(
     kube_config.default_retry = false;
     let cluster_url = kube_config.cluster_url.to_string();
     let client = kube::Client::try_from(kube_config).map_err(|e| RunError::Kube(e.to_string()))?;
+    // Every request, reads and writes alike, shares the KUBE_CLIENT_QPS/BURST budget.
+    let client = rate_limited(client, config.kube_client_qps, config.kube_client_burst);
     let settings = &config.exoscale;
     let endpoint = exoscale::Endpoint::resolve(
         &settings.zone,
@@ -424,6 +427,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                     leadership: leadership.clone(),
                     registration_health: Default::default(),
                     shared,
+                    reconcile_concurrency: config::reconcile_concurrency(config.cpu_requests),
                 });
                 let mut tasks: Vec<BoxFuture<'static, ()>> =
                     vec![Box::pin(controllers::run(ctx.clone(), stop.clone()))];

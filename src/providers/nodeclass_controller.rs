@@ -268,6 +268,7 @@ pub async fn run(ctx: Arc<Context>, wiring: NodeClassWiring, shutdown: Shutdown)
     use futures::StreamExt;
     use kube::runtime::Controller;
 
+    let concurrency = ctx.reconcile_concurrency;
     let this = Arc::new(NodeClassController {
         ctx,
         resolution: Some(wiring.resolution),
@@ -276,6 +277,7 @@ pub async fn run(ctx: Arc<Context>, wiring: NodeClassWiring, shutdown: Shutdown)
     let policy = error_policy::<ExoscaleNodeClass>("nodeclass");
     // The reconcile itself skips cloud calls for status-only changes.
     Controller::for_stream(wiring.nodeclasses.changes(), wiring.nodeclasses.store())
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown)
         .run(
             reconcile,
