@@ -91,6 +91,7 @@ impl Operator {
             batch_max: Duration::from_secs(3),
             preference_policy: karpenter_exoscale::scheduling::PreferencePolicy::Respect,
             min_values_policy: karpenter_exoscale::scheduling::MinValuesPolicy::Strict,
+            default_topology_spread: Vec::new(),
         };
         let settings = disruption::Settings {
             poll_interval: Duration::from_secs(2),

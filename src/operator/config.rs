@@ -231,6 +231,8 @@ pub struct Config {
     pub batch_idle_duration: Duration,
     pub preference_policy: PreferencePolicy,
     pub min_values_policy: MinValuesPolicy,
+    /// `SCHEDULER_CONFIG`: topology spread given to pods that declare none.
+    pub default_topology_spread: Vec<crate::scheduling::TopologySpreadConstraint>,
     pub ignore_dra_requests: bool,
     pub feature_gates: FeatureGates,
     pub timings: Timings,
@@ -288,6 +290,8 @@ pub struct RunArgs {
     pub preference_policy: Option<String>,
     #[arg(long)]
     pub min_values_policy: Option<String>,
+    #[arg(long)]
+    pub scheduler_config: Option<String>,
     #[arg(long)]
     pub ignore_dra_requests: Option<String>,
     #[arg(long)]
@@ -603,6 +607,12 @@ impl Config {
                     "BestEffort" => Ok(MinValuesPolicy::BestEffort),
                     _ => Err("expected Strict or BestEffort".into()),
                 },
+            ),
+            default_topology_spread: r.parsed(
+                &args.scheduler_config,
+                "SCHEDULER_CONFIG",
+                Vec::new(),
+                super::scheduler_config::parse,
             ),
             ignore_dra_requests: r.parsed(
                 &args.ignore_dra_requests,

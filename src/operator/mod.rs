@@ -10,6 +10,7 @@ pub mod logging;
 pub mod metrics;
 pub mod rate_limited_client;
 pub mod rbac;
+pub mod scheduler_config;
 
 pub use config::{Config, ConfigError, RunArgs};
 pub mod run;

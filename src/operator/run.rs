@@ -529,6 +529,7 @@ pub fn disruption_settings(config: &Config) -> crate::controllers::disruption::S
     crate::controllers::disruption::Settings {
         preference_policy: config.preference_policy,
         min_values_policy: config.min_values_policy,
+        default_topology_spread: config.default_topology_spread.clone(),
         ..crate::controllers::disruption::Settings::default()
     }
 }

@@ -17,7 +17,9 @@ use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::{Context, Shutdown};
 use crate::operator::events::Severity;
 use crate::operator::metrics::{Labels, labels};
-use crate::scheduling::{InstanceType, MinValuesPolicy, PreferencePolicy, Scheduler};
+use crate::scheduling::{
+    InstanceType, MinValuesPolicy, PreferencePolicy, Scheduler, TopologySpreadConstraint,
+};
 
 use super::backoff::LaunchBackoff;
 use super::batcher::Batcher;
@@ -36,6 +38,8 @@ pub struct Settings {
     pub batch_max: Duration,
     pub preference_policy: PreferencePolicy,
     pub min_values_policy: MinValuesPolicy,
+    /// `SCHEDULER_CONFIG`'s default topology spread.
+    pub default_topology_spread: Vec<TopologySpreadConstraint>,
 }
 
 /// Nodes that pods were nominated to, and until when (disruption leaves them alone).
@@ -173,6 +177,7 @@ impl Provisioner {
         let options = scheduler_options(
             self.settings.preference_policy,
             self.settings.min_values_policy,
+            &self.settings.default_topology_spread,
         );
         let mut prepared = {
             let index = self.ctx.cluster.read();

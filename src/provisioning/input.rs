@@ -17,8 +17,8 @@ use crate::cloudprovider::{CloudProvider, CloudProviderError};
 use crate::operator::metrics::Metrics;
 use crate::scheduling::{
     DaemonSetPod, ExistingNode, InstanceType, MinValuesPolicy, NodePoolTemplate, Pod,
-    PreferencePolicy, Quantity, Resources, SchedulerInput, SchedulerOptions, WellKnownLabels,
-    convert,
+    PreferencePolicy, Quantity, Resources, SchedulerInput, SchedulerOptions,
+    TopologySpreadConstraint, WellKnownLabels, convert,
 };
 use crate::state::pods::{is_reschedulable, is_terminal};
 use crate::state::{ClusterIndex, nodeclaim_provider_id};
@@ -75,10 +75,12 @@ pub struct RegisteredNode {
 pub fn scheduler_options(
     preference_policy: PreferencePolicy,
     min_values_policy: MinValuesPolicy,
+    default_topology_spread: &[TopologySpreadConstraint],
 ) -> SchedulerOptions {
     SchedulerOptions {
         preference_policy,
         min_values_policy,
+        default_topology_spread: default_topology_spread.to_vec(),
         well_known_labels: WellKnownLabels::with_provider_labels(
             crate::apis::labels::WELL_KNOWN_LABELS.iter().copied(),
         ),

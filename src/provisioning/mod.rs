@@ -21,6 +21,7 @@ pub fn settings(config: &Config) -> controller::Settings {
         batch_max: config.batch_max_duration,
         preference_policy: config.preference_policy,
         min_values_policy: config.min_values_policy,
+        default_topology_spread: config.default_topology_spread.clone(),
     }
 }
 

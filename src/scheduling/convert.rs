@@ -425,7 +425,8 @@ fn policy(
     }
 }
 
-fn spread(
+/// One topology spread constraint; `object` and `index` name it in errors.
+pub fn spread(
     object: &str,
     index: usize,
     c: &core::TopologySpreadConstraint,

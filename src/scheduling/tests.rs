@@ -813,3 +813,51 @@ fn node_claim_labels_take_one_value_per_custom_requirement() {
     assert!(!l.contains_key(ZONE));
     assert!(!l.contains_key(HOSTNAME));
 }
+
+#[test]
+fn default_spread_applies_only_to_labelled_pods_that_declare_none() {
+    let web = |i: usize| {
+        let mut p = pod(&format!("web-{i}"), "1", "1Gi");
+        p.labels = labels(&[("app", "web")]);
+        p
+    };
+    let pods: Vec<Pod> = (0..6).map(web).collect();
+    let zones = |r: &Results| -> BTreeMap<String, usize> {
+        let mut per_zone = BTreeMap::new();
+        for c in &r.new_node_claims {
+            *per_zone
+                .entry(zone_of(c).unwrap_or("any").to_string())
+                .or_default() += c.pods.len();
+        }
+        per_zone
+    };
+    let mut spread = input(vec![node_pool("default")], instance_types(50));
+    spread.options.default_topology_spread = vec![TopologySpreadConstraint::new(
+        ZONE,
+        1,
+        LabelSelector::default(),
+    )];
+    let r = solve(spread.clone(), &pods);
+    assert!(r.unschedulable.is_empty());
+    assert_eq!(
+        zones(&r).values().copied().collect::<Vec<_>>(),
+        [2, 2, 2],
+        "{:?}",
+        zones(&r)
+    );
+    // Without the default, nothing spreads them.
+    let plain = solve(input(vec![node_pool("default")], instance_types(50)), &pods);
+    assert!(zones(&plain).len() < 3, "{:?}", zones(&plain));
+    // A pod with its own constraints keeps them; an unlabelled pod gets none.
+    let mut own = web(9);
+    own.topology_spread = vec![TopologySpreadConstraint::new(
+        "kubernetes.io/hostname",
+        1,
+        LabelSelector::from_labels([("app", "web")]),
+    )];
+    let mut bare = pod("bare", "1", "1Gi");
+    bare.labels.clear();
+    let r = solve(spread, &[own, bare]);
+    assert!(r.unschedulable.is_empty());
+    assert_eq!(r.new_node_claims.len(), 1, "both fit one node: no zone spread applied");
+}

@@ -162,7 +162,11 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
     let prepared = cluster_input::prepare(
         &index,
         pools,
-        cluster_input::scheduler_options(defaults.preference_policy, defaults.min_values_policy),
+        cluster_input::scheduler_options(
+            defaults.preference_policy,
+            defaults.min_values_policy,
+            &defaults.default_topology_spread,
+        ),
         PodsToPlace::These(pending),
     );
     if let Some(first) = prepared.left_out.first() {

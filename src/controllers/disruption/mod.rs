@@ -29,7 +29,9 @@ use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
 use crate::provisioning::controller::Nominations;
 use crate::provisioning::input::{pools_with_types, scheduler_options};
-use crate::scheduling::{InstanceType, MinValuesPolicy, PreferencePolicy};
+use crate::scheduling::{
+    InstanceType, MinValuesPolicy, PreferencePolicy, TopologySpreadConstraint,
+};
 
 use self::conditions::ConditionsController;
 use self::decisions::Dedupe;
@@ -50,6 +52,9 @@ pub struct Settings {
     pub consolidation_timeout: Duration,
     pub preference_policy: PreferencePolicy,
     pub min_values_policy: MinValuesPolicy,
+    /// `SCHEDULER_CONFIG`'s default topology spread (consolidation places pods as provisioning
+    /// would).
+    pub default_topology_spread: Vec<TopologySpreadConstraint>,
 }
 
 impl Default for Settings {
@@ -61,6 +66,7 @@ impl Default for Settings {
             consolidation_timeout: Duration::from_secs(180),
             preference_policy: PreferencePolicy::Respect,
             min_values_policy: MinValuesPolicy::Strict,
+            default_topology_spread: Vec::new(),
         }
     }
 }
@@ -166,6 +172,7 @@ impl Disruption {
         let options = scheduler_options(
             self.settings.preference_policy,
             self.settings.min_values_policy,
+            &self.settings.default_topology_spread,
         );
         let index = self.ctx.cluster.read();
         build_view(

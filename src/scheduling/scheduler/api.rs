@@ -32,6 +32,9 @@ pub struct SchedulerOptions {
     /// Nodes to pretend are gone (consolidation: "can these pods go elsewhere?").
     pub excluded_nodes: HashSet<String>,
     pub max_instance_types: usize,
+    /// Spread given to each pod that declares none and has labels, selecting pods with its
+    /// labels (`SCHEDULER_CONFIG`, as upstream's `--scheduler-config`).
+    pub default_topology_spread: Vec<TopologySpreadConstraint>,
 }
 
 impl Default for SchedulerOptions {
@@ -42,6 +45,7 @@ impl Default for SchedulerOptions {
             well_known_labels: WellKnownLabels::default(),
             excluded_nodes: HashSet::new(),
             max_instance_types: MAX_INSTANCE_TYPES,
+            default_topology_spread: Vec::new(),
         }
     }
 }

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, WellKnownLabels};
 use super::model::{
-    DaemonSetPod, ExistingNode, HostPort, InstanceType, NodePoolTemplate, Pod, PodAffinityTerm,
-    WhenUnsatisfiable, ports_conflict,
+    DaemonSetPod, ExistingNode, HostPort, InstanceType, LabelSelector, NodePoolTemplate, Pod,
+    PodAffinityTerm, TopologySpreadConstraint, WhenUnsatisfiable, ports_conflict,
 };
 use super::quantity::{NODES, Quantity, Resources};
 use super::requirements::{Requirement, Requirements};
@@ -325,7 +325,29 @@ impl Scheduler {
     /// [`SchedulerOptions::excluded_nodes`] at construction. Build the scheduler once and call
     /// this per consolidation candidate: a solve costs about the same whatever is excluded.
     pub fn solve_excluding<S: AsRef<str>>(&self, pods: &[Pod], excluded: &HashSet<S>) -> Results {
-        Solve::new(self, pods, excluded).run()
+        let defaults = &self.options.default_topology_spread;
+        if defaults.is_empty() || !pods.iter().any(takes_default_spread) {
+            return Solve::new(self, pods, excluded).run();
+        }
+        let with_defaults: Vec<Pod> = pods
+            .iter()
+            .map(|p| {
+                let mut pod = p.clone();
+                if takes_default_spread(p) {
+                    pod.topology_spread = defaults
+                        .iter()
+                        .map(|c| TopologySpreadConstraint {
+                            selector: LabelSelector::from_labels(
+                                p.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                            ),
+                            ..c.clone()
+                        })
+                        .collect();
+                }
+                pod
+            })
+            .collect();
+        Solve::new(self, &with_defaults, excluded).run()
     }
 
     /// `(mask, sorted indices)` of the nodes named in `names`.
@@ -476,4 +498,10 @@ fn daemon_alternatives(d: &DaemonSetPod) -> Vec<Requirements> {
             .map(|t| d.node_selector.intersection(t))
             .collect()
     }
+}
+
+/// A pod without spread constraints of its own gets the defaults; one without labels does not
+/// (an empty selector would spread it against every pod, as kube-scheduler also avoids).
+fn takes_default_spread(pod: &Pod) -> bool {
+    pod.topology_spread.is_empty() && !pod.labels.is_empty()
 }
