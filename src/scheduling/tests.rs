@@ -859,5 +859,9 @@ fn default_spread_applies_only_to_labelled_pods_that_declare_none() {
     bare.labels.clear();
     let r = solve(spread, &[own, bare]);
     assert!(r.unschedulable.is_empty());
-    assert_eq!(r.new_node_claims.len(), 1, "both fit one node: no zone spread applied");
+    assert_eq!(
+        r.new_node_claims.len(),
+        1,
+        "both fit one node: no zone spread applied"
+    );
 }
