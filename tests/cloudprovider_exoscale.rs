@@ -1152,9 +1152,15 @@ async fn drift_fires_for_each_reason_against_the_desired_state() {
         ),
     ] {
         w.edit_status(|st| change(st));
-        assert_eq!(
-            w.provider.is_drifted(&nc).await.unwrap().as_deref(),
-            Some(reason)
+        let drift = w.provider.is_drifted(&nc).await.unwrap().expect("drifted");
+        assert_eq!(drift.reason, reason);
+        // The DriftDetected message names both sides.
+        assert!(
+            drift.message.contains("NodeClass wants")
+                && (drift.message.contains("instance has")
+                    || drift.message.contains("instance runs")),
+            "{}",
+            drift.message
         );
         restore(&w);
         assert_eq!(w.provider.is_drifted(&nc).await.unwrap(), None);
@@ -1169,7 +1175,12 @@ async fn drift_fires_for_each_reason_against_the_desired_state() {
     });
     let mut newer_nc = w.put_nodeclass(newer).await;
     assert_eq!(
-        w.provider.is_drifted(&nc).await.unwrap().as_deref(),
+        w.provider
+            .is_drifted(&nc)
+            .await
+            .unwrap()
+            .map(|d| d.reason)
+            .as_deref(),
         Some("ImageID")
     );
 
@@ -1180,7 +1191,12 @@ async fn drift_fires_for_each_reason_against_the_desired_state() {
     newer_nc.status = original.status.clone();
     w.nodeclasses.insert(newer_nc);
     assert_eq!(
-        w.provider.is_drifted(&nc).await.unwrap().as_deref(),
+        w.provider
+            .is_drifted(&nc)
+            .await
+            .unwrap()
+            .map(|d| d.reason)
+            .as_deref(),
         Some("NodeClassDrift")
     );
 

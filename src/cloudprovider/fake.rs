@@ -84,10 +84,10 @@ impl FakeCloudProvider {
     }
 
     pub fn set_drifted(&self, provider_id: &str, reason: &str) {
-        self.drifted
-            .lock()
-            .expect("lock")
-            .insert(provider_id.into(), reason.into());
+        self.drifted.lock().expect("lock").insert(
+            provider_id.into(),
+            DriftReason::new(reason, format!("{reason} drifted")),
+        );
     }
 
     pub fn created(&self) -> Vec<NodeClaim> {
@@ -279,7 +279,14 @@ mod tests {
         assert_eq!(p.get(&pid).await.unwrap(), nc);
         assert_eq!(p.list().await.unwrap().len(), 1);
         p.set_drifted(&pid, "ImageID");
-        assert_eq!(p.is_drifted(&nc).await.unwrap().as_deref(), Some("ImageID"));
+        assert_eq!(
+            p.is_drifted(&nc)
+                .await
+                .unwrap()
+                .map(|d| d.reason)
+                .as_deref(),
+            Some("ImageID")
+        );
         p.delete(&nc).await.unwrap();
         assert!(p.delete(&nc).await.unwrap_err().is_not_found());
         assert!(p.get(&pid).await.unwrap_err().is_not_found());

@@ -26,8 +26,23 @@ pub use error::CloudProviderError;
 
 pub type Result<T, E = CloudProviderError> = std::result::Result<T, E>;
 
-/// A provider-specific drift reason (`""` upstream means "not drifted"; here `None`).
-pub type DriftReason = String;
+/// A provider's drift verdict (upstream's `""` for "not drifted" is `None` here): the reason
+/// the `Drifted` condition carries, and a message naming what differs (the `DriftDetected`
+/// event the Go provider publishes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriftReason {
+    pub reason: String,
+    pub message: String,
+}
+
+impl DriftReason {
+    pub fn new(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        DriftReason {
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+}
 
 /// A node condition that means "unhealthy" once it has lasted `toleration`.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -637,7 +637,7 @@ impl CloudProvider for ExoscaleCloudProvider {
                 .map(String::as_str);
             Ok(drift::detect(&instance, &desired, launched_hash).map(|d| {
                 tracing::info!(nodeclaim = %name, reason = d.reason, message = %d.message, "drift detected");
-                d.reason.to_string()
+                DriftReason::new(d.reason, d.message)
             }))
         })
     }

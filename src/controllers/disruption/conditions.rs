@@ -17,6 +17,7 @@ use crate::controllers::{Context, patch_status};
 use crate::disruption::conditions::{
     self as decide, ConditionDecision, DriftInputs, EMPTY, consolidatable, drifted,
 };
+use crate::operator::events::Severity;
 use crate::scheduling::InstanceType;
 
 use super::decisions::{PodEvents, apply_decision, timestamp};
@@ -26,6 +27,9 @@ use super::view::node_pod;
 pub const INSTANCE_TYPE_REFRESH: Duration = Duration::from_secs(30 * 60);
 
 /// State kept between passes.
+/// The Go provider's event for a NodeClaim its provider found drifted.
+pub const DRIFT_DETECTED: &str = "DriftDetected";
+
 pub struct ConditionsController {
     ctx: Arc<Context>,
     provider_drift_interval: Duration,
@@ -129,19 +133,32 @@ impl ConditionsController {
         }
     }
 
+    /// The provider's drift reason for `claim`, asked at most once per interval; a newly found
+    /// drift is told on the NodeClaim (`DriftDetected`, naming what differs), as the Go
+    /// provider does.
     async fn provider_drift_of(&mut self, claim: &NodeClaim) -> Option<String> {
         let name = claim.name_any();
-        if let Some((at, reason)) = self.provider_drift.get(&name)
+        let previous = self.provider_drift.get(&name).cloned();
+        if let Some((at, reason)) = &previous
             && at.elapsed() < self.provider_drift_interval
         {
             return reason.clone();
         }
         let reason = match self.ctx.cloud.is_drifted(claim).await {
-            Ok(reason) => reason,
+            Ok(Some(drift)) => {
+                let known = previous.as_ref().and_then(|(_, r)| r.as_deref());
+                if known != Some(drift.reason.as_str()) {
+                    self.ctx
+                        .event(claim, Severity::Normal, DRIFT_DETECTED, drift.message)
+                        .await;
+                }
+                Some(drift.reason)
+            }
+            Ok(None) => None,
             Err(error) => {
                 tracing::debug!(nodeclaim = %name, %error, "provider drift check failed");
                 // Keep the last answer; ask again next interval.
-                self.provider_drift.get(&name).and_then(|(_, r)| r.clone())
+                previous.and_then(|(_, r)| r)
             }
         };
         self.provider_drift
