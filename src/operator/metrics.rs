@@ -95,9 +95,35 @@ impl NodeGauge {
     }
 }
 
+/// A registry that also keeps the names it exposes (an empty family writes nothing on
+/// `/metrics`, so the text cannot list them).
+#[derive(Default)]
+struct Recorder {
+    registry: Registry,
+    names: Vec<String>,
+}
+
+impl Recorder {
+    fn register(
+        &mut self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        use prometheus_client::metrics::MetricType;
+        // prometheus-client appends `_total` to counters.
+        self.names.push(match metric.metric_type() {
+            MetricType::Counter => format!("{name}_total"),
+            _ => name.to_string(),
+        });
+        self.registry
+            .register(name, help.trim_end_matches('.'), metric);
+    }
+}
+
 /// All metrics this process exports.
 pub struct Metrics {
-    registry: Mutex<Registry>,
+    registry: Mutex<Recorder>,
     pub nodeclaims_created: CounterFamily,
     pub nodeclaims_terminated: CounterFamily,
     pub nodeclaims_disrupted: CounterFamily,
@@ -143,32 +169,31 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::default();
-        let counter = |registry: &mut Registry, name: &str, help: &str| {
+        let mut registry = Recorder::default();
+        let counter = |registry: &mut Recorder, name: &str, help: &str| {
             let family = CounterFamily::default();
-            // prometheus-client appends `_total` to counters.
-            registry.register(name, help.trim_end_matches('.'), family.clone());
+            registry.register(name, help, family.clone());
             family
         };
-        let gauge = |registry: &mut Registry, name: &str, help: &str| {
+        let gauge = |registry: &mut Recorder, name: &str, help: &str| {
             let family = GaugeFamily::default();
-            registry.register(name, help.trim_end_matches('.'), family.clone());
+            registry.register(name, help, family.clone());
             family
         };
-        let plain_gauge = |registry: &mut Registry, name: &str, help: &str| {
+        let plain_gauge = |registry: &mut Recorder, name: &str, help: &str| {
             let gauge = FloatGauge::default();
-            registry.register(name, help.trim_end_matches('.'), gauge.clone());
+            registry.register(name, help, gauge.clone());
             gauge
         };
-        let plain_histogram = |registry: &mut Registry, name: &str, help: &str| {
+        let plain_histogram = |registry: &mut Recorder, name: &str, help: &str| {
             let histogram = duration_histogram();
-            registry.register(name, help.trim_end_matches('.'), histogram.clone());
+            registry.register(name, help, histogram.clone());
             histogram
         };
-        let histogram = |registry: &mut Registry, name: &str, help: &str| {
+        let histogram = |registry: &mut Recorder, name: &str, help: &str| {
             let family: HistogramFamily =
                 Family::new_with_constructor(duration_histogram as fn() -> Histogram);
-            registry.register(name, help.trim_end_matches('.'), family.clone());
+            registry.register(name, help, family.clone());
             family
         };
         let r = &mut registry;
@@ -348,7 +373,13 @@ impl Metrics {
         metric: impl prometheus_client::registry::Metric,
     ) {
         let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-        registry.register(name, help.trim_end_matches('.'), metric);
+        registry.register(name, help, metric);
+    }
+
+    /// Every metric family registered, as exposed (counters with `_total`), in order.
+    pub fn families(&self) -> Vec<String> {
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        registry.names.clone()
     }
 
     /// The text exposition format served on `/metrics`.
@@ -356,7 +387,7 @@ impl Metrics {
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Writing into a String cannot fail.
-        let _ = encode(&mut out, &registry);
+        let _ = encode(&mut out, &registry.registry);
         out
     }
 

@@ -16,7 +16,7 @@ use crate::apis::labels::NODEPOOL_LABEL;
 use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::{Context, Shutdown};
 use crate::operator::events::Severity;
-use crate::operator::metrics::{Labels, labels};
+use crate::operator::metrics::{Labels, Metrics, labels};
 use crate::scheduling::{
     InstanceType, MinValuesPolicy, PreferencePolicy, Scheduler, TopologySpreadConstraint,
 };
@@ -61,10 +61,40 @@ impl Nominations {
     }
 }
 
-struct ProvisioningMetrics {
+/// The scheduler metrics provisioning owns.
+pub struct ProvisioningMetrics {
     scheduling_duration: Family<Labels, Histogram, fn() -> Histogram>,
     unschedulable_pods: Family<Labels, Gauge>,
     ignored_pods: Gauge,
+}
+
+impl ProvisioningMetrics {
+    /// Creates the metrics and registers them on `metrics`.
+    pub fn register(metrics: &Metrics) -> Self {
+        let m = ProvisioningMetrics {
+            scheduling_duration: Family::new_with_constructor(
+                scheduling_histogram as fn() -> Histogram,
+            ),
+            unschedulable_pods: Family::default(),
+            ignored_pods: Gauge::default(),
+        };
+        metrics.register(
+            "karpenter_scheduler_scheduling_duration_seconds",
+            "Duration of one scheduling simulation.",
+            m.scheduling_duration.clone(),
+        );
+        metrics.register(
+            "karpenter_scheduler_unschedulable_pods_count",
+            "Pods the last simulation could not place.",
+            m.unschedulable_pods.clone(),
+        );
+        metrics.register(
+            "karpenter_scheduler_ignored_pods_count",
+            "Pods that could not be simulated (invalid requests or selectors).",
+            m.ignored_pods.clone(),
+        );
+        m
+    }
 }
 
 fn scheduling_histogram() -> Histogram {
@@ -85,28 +115,7 @@ pub struct Provisioner {
 
 impl Provisioner {
     pub fn new(ctx: Arc<Context>, settings: Settings, nominations: Arc<Nominations>) -> Arc<Self> {
-        let metrics = ProvisioningMetrics {
-            scheduling_duration: Family::new_with_constructor(
-                scheduling_histogram as fn() -> Histogram,
-            ),
-            unschedulable_pods: Family::default(),
-            ignored_pods: Gauge::default(),
-        };
-        ctx.metrics.register(
-            "karpenter_scheduler_scheduling_duration_seconds",
-            "Duration of one scheduling simulation.",
-            metrics.scheduling_duration.clone(),
-        );
-        ctx.metrics.register(
-            "karpenter_scheduler_unschedulable_pods_count",
-            "Pods the last simulation could not place.",
-            metrics.unschedulable_pods.clone(),
-        );
-        ctx.metrics.register(
-            "karpenter_scheduler_ignored_pods_count",
-            "Pods that could not be simulated (invalid requests or selectors).",
-            metrics.ignored_pods.clone(),
-        );
+        let metrics = ProvisioningMetrics::register(&ctx.metrics);
         Arc::new(Provisioner {
             ctx,
             settings,
