@@ -50,6 +50,8 @@ struct Operator {
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), karpenter_exoscale::operator::RunError>>,
     _cloud: ExoscaleCloud,
+    /// The registry the replica serves on `/metrics`.
+    metrics: Arc<Metrics>,
 }
 
 impl Operator {
@@ -104,6 +106,7 @@ impl Operator {
             disruption::plugin(settings, nominations),
         ];
         let (stop, rx) = watch::channel(false);
+        let metrics = Arc::new(Metrics::new());
         let runtime = Runtime {
             config,
             client: world.client.clone(),
@@ -119,7 +122,7 @@ impl Operator {
                 renew_deadline: Duration::from_secs(4),
                 retry_period: Duration::from_secs(1),
             },
-            metrics: Arc::new(Metrics::new()),
+            metrics: metrics.clone(),
             fence,
         };
         let task = tokio::spawn(serve(runtime, rx));
@@ -127,6 +130,7 @@ impl Operator {
             stop,
             task,
             _cloud: cloud,
+            metrics,
         }
     }
 
@@ -844,6 +848,13 @@ async fn consolidation_honours_a_nodeoverlay_price() {
         reasons.contains("DisruptionLaunching: Launching NodeClaim: Underutilized"),
         "{reasons:?}"
     );
+    // The move was counted (karpenter_consolidation_moves_total; a non-Balanced pool has no
+    // score).
+    let moves = format!(
+        "karpenter_consolidation_moves_total{{decision=\"approved\",nodepool=\"{pool}\",policy=\"WhenEmptyOrUnderutilized\"}}"
+    );
+    let exposed = operator.metrics.render();
+    assert!(exposed.contains(&moves), "{moves} not in /metrics");
     let node = node_of(&replacement).expect("the replacement has a node");
     eventually_within("the pod runs on the replacement", LONG, || async {
         (bound_pods(&world, "app", 1).await == [node.clone()]).then_some(())

@@ -215,6 +215,17 @@ pub enum ConsolidationPolicy {
     Balanced,
 }
 
+impl ConsolidationPolicy {
+    /// As spelt in the spec (and in upstream's metric labels).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConsolidationPolicy::WhenEmpty => "WhenEmpty",
+            ConsolidationPolicy::WhenEmptyOrUnderutilized => "WhenEmptyOrUnderutilized",
+            ConsolidationPolicy::Balanced => "Balanced",
+        }
+    }
+}
+
 /// A limit on concurrent disruptions, optionally active only in a cron window.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

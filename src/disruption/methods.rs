@@ -58,6 +58,49 @@ impl DisruptionEvent {
     }
 }
 
+/// One consolidation move a method evaluated, per NodePool of the move (upstream's
+/// `karpenter_consolidation_moves_total` and, for `Balanced` pools, `karpenter_consolidation_score`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConsolidationMove {
+    pub nodepool: String,
+    /// `approved` or `rejected`.
+    pub decision: &'static str,
+    /// The NodePool's consolidation policy, as spelt in its spec.
+    pub policy: &'static str,
+    /// The `Balanced` score; `None` for other policies.
+    pub score: Option<f64>,
+}
+
+/// The moves of `cmd`, one per NodePool: a scored pool's own verdict, else the command's.
+pub(crate) fn moves_of(
+    cmd: &Command,
+    totals: &BTreeMap<String, PoolTotals>,
+    approved: bool,
+) -> Vec<ConsolidationMove> {
+    let scores = if totals.is_empty() {
+        BTreeMap::new()
+    } else {
+        balanced::scores(cmd, totals)
+    };
+    let mut pools: BTreeMap<&str, &Candidate> = BTreeMap::new();
+    for c in &cmd.candidates {
+        pools.entry(c.node_pool.as_str()).or_insert(c);
+    }
+    pools
+        .into_iter()
+        .map(|(pool, c)| {
+            let score = scores.get(pool).copied();
+            let ok = score.map_or(approved, |s| s.approved());
+            ConsolidationMove {
+                nodepool: pool.to_string(),
+                decision: if ok { "approved" } else { "rejected" },
+                policy: c.consolidation_policy.as_str(),
+                score: score.map(|s| s.value()),
+            }
+        })
+        .collect()
+}
+
 /// Gauges the controller sets for one method.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MethodMetrics {
@@ -73,6 +116,8 @@ pub struct MethodMetrics {
 pub struct Outcome {
     pub command: Option<Command>,
     pub events: Vec<DisruptionEvent>,
+    /// Consolidation moves evaluated (single-node: each; multi-node: the chosen one).
+    pub moves: Vec<ConsolidationMove>,
     pub metrics: BTreeMap<&'static str, MethodMetrics>,
 }
 
@@ -84,6 +129,7 @@ pub fn decide(view: &ClusterView, should_stop: &dyn Fn() -> bool) -> Outcome {
     for method in Method::ORDER {
         let step = run_method(&base, method, should_stop);
         outcome.events.extend(step.events);
+        outcome.moves.extend(step.moves);
         outcome.metrics.extend(step.metrics);
         if step.command.is_some() {
             outcome.command = step.command;
@@ -123,17 +169,28 @@ pub fn run_method(
         timed_out: false,
         evaluation: std::time::Duration::ZERO,
     };
+    let mut moves = Vec::new();
     let command = match method {
         Method::Emptiness => emptiness(eligible, &mut budgets),
         Method::Drift => drift(base, eligible, &budgets, &mut events),
         Method::MultiNodeConsolidation => {
             let (cmd, timed_out) = multi_node(base, eligible, &mut budgets, &totals, should_stop);
             metrics.timed_out = timed_out;
+            if let Some(cmd) = &cmd {
+                moves = moves_of(cmd, &totals, true);
+            }
             cmd
         }
         Method::SingleNodeConsolidation => {
-            let (cmd, timed_out) =
-                single_node(base, eligible, &budgets, &totals, &mut events, should_stop);
+            let (cmd, timed_out) = single_node(
+                base,
+                eligible,
+                &budgets,
+                &totals,
+                &mut events,
+                &mut moves,
+                should_stop,
+            );
             metrics.timed_out = timed_out;
             cmd
         }
@@ -151,6 +208,7 @@ pub fn run_method(
     Outcome {
         command,
         events,
+        moves,
         metrics: [(key, metrics)].into_iter().collect(),
     }
 }
@@ -500,6 +558,7 @@ fn single_node(
     budgets: &BudgetMapping,
     totals: &BTreeMap<String, PoolTotals>,
     events: &mut Vec<DisruptionEvent>,
+    moves: &mut Vec<ConsolidationMove>,
     should_stop: &dyn Fn() -> bool,
 ) -> (Option<Command>, bool) {
     for c in interleave_by_pool(eligible) {
@@ -510,9 +569,14 @@ fn single_node(
             return (None, true);
         }
         match compute_consolidation(base, Method::SingleNodeConsolidation, &[&c]) {
-            Ok(cmd) if balanced::approve(&cmd, totals) => return (Some(cmd), false),
-            // Balanced rejections are counted, not published (as upstream).
-            Ok(_) => {}
+            Ok(cmd) => {
+                let approved = balanced::approve(&cmd, totals);
+                // Every evaluated move is counted; Balanced rejections are not published.
+                moves.extend(moves_of(&cmd, totals, approved));
+                if approved {
+                    return (Some(cmd), false);
+                }
+            }
             Err(message) => events.push(DisruptionEvent::Unconsolidatable {
                 node: c.name.clone(),
                 nodeclaim: c.nodeclaim.clone(),

@@ -13,6 +13,8 @@ pub const CONSOLIDATION_TIMEOUTS_TOTAL: &str =
 pub const FAILED_VALIDATIONS_TOTAL: &str =
     "karpenter_voluntary_disruption_failed_validations_total";
 pub const QUEUE_FAILURES_TOTAL: &str = "karpenter_voluntary_disruption_queue_failures_total";
+pub const CONSOLIDATION_MOVES_TOTAL: &str = "karpenter_consolidation_moves_total";
+pub const CONSOLIDATION_SCORE: &str = "karpenter_consolidation_score";
 pub const NODEPOOL_ALLOWED_DISRUPTIONS: &str = "karpenter_nodepools_allowed_disruptions";
 pub const NODEPOOL_NODES_CONSUMING_BUDGETS: &str = "karpenter_nodepools_nodes_consuming_budgets";
 pub const NODECLAIMS_DISRUPTED_TOTAL: &str = "karpenter_nodeclaims_disrupted_total";

@@ -1023,7 +1023,32 @@ fn balanced_rejects_moves_that_disrupt_much_more_than_they_save() {
         )
     };
     // Deleting `busy` saves a third of the pool's cost but causes ~89 % of its disruption.
-    assert!(run(&cluster_with("Balanced")).command.is_none());
+    let view = cluster_with("Balanced");
+    assert!(run(&view).command.is_none());
+    // Deleting it, as a move, is rejected with its score (karpenter_consolidation_moves_total
+    // and karpenter_consolidation_score labels).
+    let (all, _) = candidates(&view, DisruptionClass::Graceful);
+    let totals = super::balanced::pool_totals(&view, &all);
+    let busy = all
+        .iter()
+        .find(|c| c.name == "busy")
+        .expect("busy is a candidate");
+    let delete_busy = super::command::Command {
+        method: Method::SingleNodeConsolidation,
+        candidates: vec![busy.clone()],
+        replacements: Vec::new(),
+    };
+    let moves = super::methods::moves_of(&delete_busy, &totals, false);
+    assert_eq!(moves.len(), 1);
+    assert_eq!(
+        (
+            moves[0].nodepool.as_str(),
+            moves[0].decision,
+            moves[0].policy
+        ),
+        ("default", "rejected", "Balanced")
+    );
+    assert!(moves[0].score.is_some_and(|s| s < 0.5), "{moves:?}");
     let cmd = run(&cluster_with("WhenEmptyOrUnderutilized"))
         .command
         .expect("a command");
@@ -1077,9 +1102,23 @@ fn an_approved_balanced_move_names_its_score_on_each_candidate() {
             .all(|(_, m)| m.contains("threshold 0.50") && m.contains("k: 2")),
         "{approved:?}"
     );
-    // Other policies score nothing, so they say nothing.
+    assert!(
+        outcome
+            .moves
+            .iter()
+            .any(|m| m.decision == "approved" && m.score.is_some_and(|s| s >= 0.5)),
+        "{:?}",
+        outcome.moves
+    );
+    // Other policies score nothing, so they say nothing (their moves are counted unscored).
     let plain = run(&cluster_with("WhenEmptyOrUnderutilized"));
     assert!(plain.command.is_some());
+    assert!(
+        plain
+            .moves
+            .iter()
+            .all(|m| m.score.is_none() && m.policy == "WhenEmptyOrUnderutilized")
+    );
     assert!(
         !plain
             .events

@@ -16,10 +16,17 @@ pub struct DisruptionMetrics {
     pub allowed_disruptions: Family<Labels, Gauge>,
     pub nodes_consuming_budgets: Family<Labels, Gauge>,
     pub evaluation_duration: Family<Labels, Histogram, fn() -> Histogram>,
+    /// `karpenter_consolidation_score` of `Balanced` moves.
+    pub consolidation_score: Family<Labels, Histogram, fn() -> Histogram>,
     /// `karpenter_nodeclaims_disrupted_total`, shared with expiration and repair.
     nodeclaims_disrupted: Family<Labels, Counter>,
     /// `karpenter_pods_disruption_initiated_total`, shared with expiration.
     pods_disruption_initiated: Family<Labels, Counter>,
+}
+
+/// A Balanced score is savings share / disruption share; 0.5 is the approval threshold (k = 2).
+fn score_histogram() -> Histogram {
+    Histogram::new([0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0])
 }
 
 fn duration_histogram() -> Histogram {
@@ -49,6 +56,10 @@ impl DisruptionMetrics {
             (
                 names::QUEUE_FAILURES_TOTAL,
                 "Commands that failed while executing.",
+            ),
+            (
+                names::CONSOLIDATION_MOVES_TOTAL,
+                "Consolidation moves evaluated, by decision, NodePool and consolidation policy.",
             ),
         ] {
             let family = Family::<Labels, Counter>::default();
@@ -87,12 +98,22 @@ impl DisruptionMetrics {
             "Time to evaluate one disruption method, by reason and consolidation type.",
             evaluation_duration.clone(),
         );
+        let consolidation_score =
+            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
+                score_histogram as fn() -> Histogram,
+            );
+        metrics.register(
+            names::CONSOLIDATION_SCORE,
+            "Balanced consolidation scores (savings share / disruption share; a move that disrupts nothing counts as 1000), by decision, NodePool and policy.",
+            consolidation_score.clone(),
+        );
         DisruptionMetrics {
             counters,
             eligible_nodes,
             allowed_disruptions,
             nodes_consuming_budgets,
             evaluation_duration,
+            consolidation_score,
             nodeclaims_disrupted: metrics.nodeclaims_disrupted.clone(),
             pods_disruption_initiated: metrics.pods_disruption_initiated.clone(),
         }

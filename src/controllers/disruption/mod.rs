@@ -344,6 +344,24 @@ impl Disruption {
                 }
             }
         }
+        for mv in &outcome.moves {
+            let l = [
+                ("decision", mv.decision.to_string()),
+                ("nodepool", mv.nodepool.clone()),
+                ("policy", mv.policy.to_string()),
+            ];
+            self.metrics.count(names::CONSOLIDATION_MOVES_TOTAL, &l);
+            if let Some(score) = mv.score {
+                self.metrics
+                    .consolidation_score
+                    .get_or_create(&labels([
+                        ("decision", mv.decision),
+                        ("nodepool", &mv.nodepool),
+                        ("policy", mv.policy),
+                    ]))
+                    .observe(score.min(1000.0));
+            }
+        }
         for (method, m) in &outcome.metrics {
             let (reason, consolidation_type) = match *method {
                 "emptiness" => ("empty", names::CONSOLIDATION_TYPE_EMPTY),
