@@ -84,6 +84,16 @@ pub struct ClusterIndex {
     relisting: BTreeMap<Kind, BTreeSet<String>>,
 }
 
+/// Whether the Node's `Ready` condition is True.
+pub fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
 /// The provider ID of a Node.
 pub fn node_provider_id(node: &Node) -> Option<&str> {
     node.spec.as_ref()?.provider_id.as_deref()

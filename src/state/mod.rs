@@ -25,7 +25,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{broadcast, watch};
 
 pub use index::{
-    ClusterIndex, Kind, NamespacedName, NodePoolUsage, node_provider_id, nodeclaim_provider_id,
+    ClusterIndex, Kind, NamespacedName, NodePoolUsage, node_provider_id, node_ready,
+    nodeclaim_provider_id,
 };
 
 use crate::apis::{NodeClaim, NodeOverlay, NodePool};

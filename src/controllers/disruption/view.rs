@@ -168,11 +168,7 @@ fn registered_node(
             }
         }
     };
-    let ready = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let ready = crate::state::node_ready(node);
     let mut state = StateNode {
         name: name.clone(),
         provider_id: provider_id.clone(),

@@ -14,7 +14,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
@@ -25,6 +24,7 @@ use crate::cloudprovider::Ownership;
 use crate::state::{ClusterIndex, nodeclaim_provider_id};
 
 use super::{Context, Result, ignore_not_found};
+use crate::state::node_ready;
 
 /// An instance listed under this cluster's ID that is not proven to be ours and that no
 /// NodeClaim owns by provider ID: reported, never deleted.
@@ -65,15 +65,6 @@ pub struct Plan {
     pub unowned: Vec<Unowned>,
     /// NodeClaims (names) whose instance is gone.
     pub delete_nodeclaims: Vec<String>,
-}
-
-fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
 /// The NodeClaim name an instance was launched for (label on the instance).

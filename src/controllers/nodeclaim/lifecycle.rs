@@ -17,6 +17,7 @@ use crate::apis::labels::{
 use crate::apis::{
     Condition, ConditionStatus, ConditionsExt, NodeClaim, NodeClaimStatus, Taint, TaintEffect,
 };
+use crate::state::node_ready;
 use crate::state::quantity::parse_milli;
 
 /// Taints that go away on their own while a node starts; initialization waits for them.
@@ -163,15 +164,6 @@ pub fn synced_node(claim: &NodeClaim, node: &Node) -> Node {
 pub struct NotInitialized {
     pub reason: &'static str,
     pub message: String,
-}
-
-fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
 /// Initialization: the Node is Ready, startup and ephemeral taints are gone, and every

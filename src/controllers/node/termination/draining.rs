@@ -21,17 +21,22 @@ use super::super::drain::{DrainPlan, PodAction, plan};
 use super::super::eviction::{self, EvictionResponse, PodKey};
 use super::{DRAIN_REQUEUE, MIN_DRAIN_TIME, Pass};
 
+/// `Drained=Unknown` (reason `Draining`) on the NodeClaim.
+async fn mark_draining(pass: &mut Pass<'_>) -> Result<()> {
+    pass.set_claim_condition(
+        conditions::DRAINED,
+        ConditionStatus::Unknown,
+        conditions::DRAINING_REASON,
+        "Draining the node",
+    )
+    .await
+}
+
 /// Drains the node; `Some(action)` while there is still something to wait for.
 pub(super) async fn drain(pass: &mut Pass<'_>) -> Result<Option<Action>> {
     let drain = plan(&pass.pods, pass.now, pass.deadline);
     if !drain.is_drained() {
-        pass.set_claim_condition(
-            conditions::DRAINED,
-            ConditionStatus::Unknown,
-            conditions::DRAINING_REASON,
-            "Draining the node",
-        )
-        .await?;
+        mark_draining(pass).await?;
         let reason = pass
             .claim
             .as_ref()
@@ -52,13 +57,7 @@ pub(super) async fn drain(pass: &mut Pass<'_>) -> Result<Option<Action>> {
         let drained = status.is_some_and(|s| s.conditions.is_true(conditions::DRAINED));
         match draining_since {
             None if !drained => {
-                pass.set_claim_condition(
-                    conditions::DRAINED,
-                    ConditionStatus::Unknown,
-                    conditions::DRAINING_REASON,
-                    "Draining the node",
-                )
-                .await?;
+                mark_draining(pass).await?;
                 return Ok(Some(Action::requeue(MIN_DRAIN_TIME)));
             }
             Some(since) => {

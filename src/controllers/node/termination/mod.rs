@@ -30,6 +30,7 @@ use crate::state::node_provider_id;
 
 use super::eviction::EvictionQueue;
 use super::throttle::EventThrottle;
+use crate::state::node_ready;
 
 mod detaching;
 mod draining;
@@ -44,15 +45,6 @@ const INSTANCE_POLL: Duration = Duration::from_secs(5);
 pub fn is_managed(node: &Node) -> bool {
     let labels = node.labels();
     labels.contains_key(NODECLASS_LABEL) || labels.contains_key(NODEPOOL_LABEL)
-}
-
-fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
 /// The taint list with `karpenter.sh/disrupted:NoSchedule` replacing any taint of that key;
