@@ -442,6 +442,20 @@ impl ClusterIndex {
     /// Capacity and count of a NodePool's NodeClaims not marked for deletion. A node's own
     /// capacity wins per resource once it reports a non-zero value (upstream's fallback rule).
     pub fn nodepool_usage(&self, nodepool: &str) -> NodePoolUsage {
+        // One pass over the Nodes (the first by name per provider ID, as `nodes_by_provider_id`
+        // would give) and one over the NodeClaims' IDs, instead of a scan per NodeClaim and per
+        // Node: this runs for every NodePool on every provisioning round and disruption loop.
+        let mut node_by_provider_id: BTreeMap<&str, &Node> = BTreeMap::new();
+        for node in self.nodes.values() {
+            if let Some(pid) = node_provider_id(node) {
+                node_by_provider_id.entry(pid).or_insert(node);
+            }
+        }
+        let claimed: BTreeSet<&str> = self
+            .nodeclaims
+            .values()
+            .filter_map(|c| nodeclaim_provider_id(c))
+            .collect();
         let mut total = BTreeMap::new();
         let mut nodes = 0;
         for claim in self.nodeclaims_of_nodepool(nodepool) {
@@ -455,7 +469,7 @@ impl ClusterIndex {
                 .map(|s| s.capacity.clone())
                 .unwrap_or_default();
             let node_capacity = nodeclaim_provider_id(&claim)
-                .and_then(|pid| self.nodes_by_provider_id(pid).into_iter().next())
+                .and_then(|pid| node_by_provider_id.get(pid))
                 .and_then(|n| n.status.as_ref()?.capacity.clone())
                 .unwrap_or_default();
             for (name, q) in node_capacity {
@@ -468,20 +482,19 @@ impl ClusterIndex {
         // A Node labelled with the NodePool but without a NodeClaim (its claim gone, or a node
         // described by manifests in `simulate`) still holds capacity, as upstream counts it.
         for node in self.nodes.values() {
-            let unclaimed = node_provider_id(node)
-                .is_none_or(|pid| self.nodeclaim_by_provider_id(pid).is_none());
-            if unclaimed
-                && node.metadata.deletion_timestamp.is_none()
-                && node.labels().get(NODEPOOL_LABEL).map(String::as_str) == Some(nodepool)
+            if node.labels().get(NODEPOOL_LABEL).map(String::as_str) != Some(nodepool)
+                || node.metadata.deletion_timestamp.is_some()
+                || node_provider_id(node).is_some_and(|pid| claimed.contains(pid))
             {
-                nodes += 1;
-                let capacity = node
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.capacity.clone())
-                    .unwrap_or_default();
-                quantity::add_into(&mut total, &capacity);
+                continue;
             }
+            nodes += 1;
+            let capacity = node
+                .status
+                .as_ref()
+                .and_then(|s| s.capacity.clone())
+                .unwrap_or_default();
+            quantity::add_into(&mut total, &capacity);
         }
         NodePoolUsage {
             resources: quantity::to_resource_list(&total),
