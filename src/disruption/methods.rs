@@ -71,17 +71,13 @@ pub struct ConsolidationMove {
     pub score: Option<f64>,
 }
 
-/// The moves of `cmd`, one per NodePool: a scored pool's own verdict, else the command's.
+/// The moves of `cmd`, one per NodePool: a scored (`Balanced`) pool's own verdict, else the
+/// command's. `scores` are [`balanced::scores`] of `cmd`.
 pub(crate) fn moves_of(
     cmd: &Command,
-    totals: &BTreeMap<String, PoolTotals>,
+    scores: &BTreeMap<String, balanced::Score>,
     approved: bool,
 ) -> Vec<ConsolidationMove> {
-    let scores = if totals.is_empty() {
-        BTreeMap::new()
-    } else {
-        balanced::scores(cmd, totals)
-    };
     let mut pools: BTreeMap<&str, &Candidate> = BTreeMap::new();
     for c in &cmd.candidates {
         pools.entry(c.node_pool.as_str()).or_insert(c);
@@ -177,7 +173,7 @@ pub fn run_method(
             let (cmd, timed_out) = multi_node(base, eligible, &mut budgets, &totals, should_stop);
             metrics.timed_out = timed_out;
             if let Some(cmd) = &cmd {
-                moves = moves_of(cmd, &totals, true);
+                moves = moves_of(cmd, &balanced::scores(cmd, &totals), true);
             }
             cmd
         }
@@ -570,9 +566,10 @@ fn single_node(
         }
         match compute_consolidation(base, Method::SingleNodeConsolidation, &[&c]) {
             Ok(cmd) => {
-                let approved = balanced::approve(&cmd, totals);
+                let scores = balanced::scores(&cmd, totals);
+                let approved = scores.values().all(|s| s.approved());
                 // Every evaluated move is counted; Balanced rejections are not published.
-                moves.extend(moves_of(&cmd, totals, approved));
+                moves.extend(moves_of(&cmd, &scores, approved));
                 if approved {
                     return (Some(cmd), false);
                 }

@@ -1038,7 +1038,8 @@ fn balanced_rejects_moves_that_disrupt_much_more_than_they_save() {
         candidates: vec![busy.clone()],
         replacements: Vec::new(),
     };
-    let moves = super::methods::moves_of(&delete_busy, &totals, false);
+    let scores = super::balanced::scores(&delete_busy, &totals);
+    let moves = super::methods::moves_of(&delete_busy, &scores, false);
     assert_eq!(moves.len(), 1);
     assert_eq!(
         (
