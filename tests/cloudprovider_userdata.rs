@@ -65,9 +65,6 @@ fn gpu_input() -> UserDataInput {
     kubelet
         .feature_gates
         .insert("InPlacePodVerticalScaling".into(), false);
-    kubelet
-        .eviction_hard
-        .insert("memory.available".into(), "500Mi".into());
     kubelet.kube_reserved.cpu = "500m".into();
     kubelet.system_reserved.ephemeral_storage = String::new();
     let mut input = standard_input();
@@ -148,10 +145,37 @@ fn golden_documents_have_the_sks_node_agent_semantics() {
         k["feature-gates"]["InPlacePodVerticalScaling"].as_bool(),
         Some(false)
     );
-    assert_eq!(
-        k["eviction-hard"]["memory.available"].as_str(),
-        Some("500Mi")
-    );
+    // Every key written is one the SKS node agent reads (its doc/user-data.md lists
+    // `settings.kubernetes.*`; it has no eviction-threshold key, so none is written).
+    const AGENT_KEYS: &[&str] = &[
+        "api-server",
+        "bootstrap-token",
+        "cloud-provider",
+        "cluster-certificate",
+        "cluster-dns-ip",
+        "cluster-domain",
+        "cpu-manager-policy",
+        "cpu-manager-policy-options",
+        "cpu-manager-reconcile-period",
+        "feature-gates",
+        "image-gc-high-threshold-percent",
+        "image-gc-low-threshold-percent",
+        "image-minimum-gc-age",
+        "kube-reserved",
+        "max-pods",
+        "node-labels",
+        "node-taints",
+        "static-pods",
+        "standalone-mode",
+        "system-reserved",
+    ];
+    for key in k.keys() {
+        assert!(
+            AGENT_KEYS.contains(&key.as_str()),
+            "user data writes settings.kubernetes.{key}, which the SKS node agent does not read"
+        );
+    }
+    assert!(k.get("eviction-hard").is_none());
     assert_eq!(k["kube-reserved"]["cpu"].as_str(), Some("500m"));
     assert!(k["system-reserved"].get("ephemeral-storage").is_none());
     let labels = k["node-labels"].as_table().unwrap();
@@ -173,4 +197,69 @@ fn golden_documents_have_the_sks_node_agent_semantics() {
         taints["karpenter.sh/unregistered"][0].as_str(),
         Some("true:NoExecute")
     );
+}
+
+/// What the scheduler assumes a node can hold is what the node's kubelet will report: the
+/// instance type built from a NodeClass and the simulated kubelet reading the user data rendered
+/// from the same NodeClass (max-pods, reservations, the kubelet's default eviction thresholds)
+/// agree on every resource.
+#[test]
+fn scheduler_allocatable_matches_what_the_kubelet_reports() {
+    use karpenter_exoscale::apis::ExoscaleNodeClass;
+    use karpenter_exoscale::providers::instance_types::{self, DiscoveredType};
+    use karpenter_exoscale::scheduling::Quantity;
+    use karpenter_exoscale::sim::kubelet::{
+        InstanceShape, RunningInstance, decode_user_data, resources_for,
+    };
+
+    for kubelet_yaml in [
+        "",
+        "kubelet:\n  maxPods: 30\n  kubeReserved: {cpu: 500m, memory: 1Gi, ephemeralStorage: 2Gi}\n",
+        "kubelet:\n  systemReserved: {cpu: 250m, memory: 512Mi, ephemeralStorage: 1Gi}\n",
+    ] {
+        let spec = serde_yaml_ng::from_str(&format!(
+            "templateID: 11111111-2222-3333-4444-555555555555\ndiskSize: 80\n{kubelet_yaml}"
+        ))
+        .unwrap();
+        let nodeclass = ExoscaleNodeClass::new("default", spec);
+        let discovered = DiscoveredType {
+            id: "t".into(),
+            family: "standard".into(),
+            size: "medium".into(),
+            cpus: 2,
+            memory_bytes: 4 << 30,
+            gpus: 0,
+        };
+        let scheduled = instance_types::build(&discovered, &nodeclass, "ch-gva-2", 0.05, true)
+            .unwrap()
+            .allocatable();
+
+        let mut input = standard_input();
+        input.kubelet = nodeclass.kubelet();
+        let instance = RunningInstance {
+            id: "8a3c2e1f-4b5d-4c6e-9f70-1a2b3c4d5e6f".into(),
+            name: "node".into(),
+            zone: "ch-gva-2".into(),
+            shape: InstanceShape {
+                name: "standard.medium".into(),
+                cpus: 2,
+                memory_bytes: 4 << 30,
+                gpus: 0,
+                disk_gib: 80,
+            },
+            user_data: userdata::render(&input).unwrap(),
+        };
+        let settings = decode_user_data(&instance.user_data).unwrap();
+        let reported = resources_for(&instance, &settings).unwrap().allocatable;
+        for resource in ["cpu", "memory", "ephemeral-storage", "pods"] {
+            let kubelet = Quantity::parse(&reported[resource].0).unwrap();
+            assert_eq!(
+                scheduled.get(resource),
+                kubelet,
+                "{resource} with {kubelet_yaml:?}: the scheduler assumes {:?}, the kubelet reports {}",
+                scheduled.get(resource),
+                reported[resource].0
+            );
+        }
+    }
 }

@@ -223,3 +223,85 @@ fn cli_refuses_devices_cycles_and_absurd_replicas() {
         "{output:?}"
     );
 }
+
+/// An ExoscaleNodeClass's `nodeLabels` and `nodeTaints` are known to the scheduler: a pod must
+/// tolerate the taint and may select the label, and a pool whose class lacks them is not used
+/// for a pod selecting the label.
+#[test]
+fn nodeclass_labels_and_taints_decide_placement() {
+    let manifests = r#"
+apiVersion: karpenter.exoscale.com/v1
+kind: ExoscaleNodeClass
+metadata: {name: tainted}
+spec:
+  templateID: 11111111-2222-3333-4444-555555555555
+  nodeLabels: {example.com/team: ml}
+  nodeTaints: [{key: example.com/dedicated, value: ml, effect: NoSchedule}]
+---
+apiVersion: karpenter.exoscale.com/v1
+kind: ExoscaleNodeClass
+metadata: {name: plain}
+spec:
+  templateID: 11111111-2222-3333-4444-555555555555
+---
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {name: ml}
+spec:
+  template:
+    spec:
+      nodeClassRef: {group: karpenter.exoscale.com, kind: ExoscaleNodeClass, name: tainted}
+      requirements: []
+---
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {name: general}
+spec:
+  template:
+    spec:
+      nodeClassRef: {group: karpenter.exoscale.com, kind: ExoscaleNodeClass, name: plain}
+      requirements: []
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer, namespace: default}
+spec:
+  nodeSelector: {example.com/team: ml}
+  tolerations: [{key: example.com/dedicated, operator: Equal, value: ml, effect: NoSchedule}]
+  containers: [{name: c, image: x, resources: {requests: {cpu: "1"}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: selects-but-does-not-tolerate, namespace: default}
+spec:
+  nodeSelector: {example.com/team: ml}
+  containers: [{name: c, image: x, resources: {requests: {cpu: "1"}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: default}
+spec:
+  containers: [{name: c, image: x, resources: {requests: {cpu: "1"}}}]
+"#;
+    let output = simulate_cli(manifests, &["-o", "json", "--allow-invalid-pods"]);
+    let report: Report = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    let pool_of = |pod: &str| {
+        report
+            .node_claims
+            .iter()
+            .find(|c| c.pods.iter().any(|p| p == pod))
+            .map(|c| c.node_pool.clone())
+    };
+    assert_eq!(pool_of("default/trainer").as_deref(), Some("ml"));
+    assert_eq!(pool_of("default/web").as_deref(), Some("general"));
+    let refused: Vec<_> = report.unschedulable.iter().map(|u| &u.pod).collect();
+    assert_eq!(refused, ["default/selects-but-does-not-tolerate"]);
+    let reason = &report.unschedulable[0].reason;
+    assert!(reason.contains("example.com/dedicated"), "{reason}");
+}

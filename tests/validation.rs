@@ -117,8 +117,8 @@ fn defaults_are_applied_as_the_apiserver_would() {
 #[test]
 fn unknown_spec_field_is_rejected() {
     assert_rejected(
-        &with(NODECLASS, "/spec/nodeLabels", yaml("{a: b}")),
-        "spec.nodeLabels",
+        &with(NODECLASS, "/spec/nodeSelector", yaml("{a: b}")),
+        "spec.nodeSelector",
         "unknown field",
     );
 }
@@ -732,4 +732,65 @@ fn unknown_kind_is_reported() {
         validation::validate_value(&object, None).unwrap_err(),
         ValidationError::UnknownKind("v1/ConfigMap".into())
     );
+}
+
+#[test]
+fn nodeclass_node_labels_and_taints_are_validated_like_a_nodepools() {
+    let valid = with(
+        NODECLASS,
+        "/spec/nodeLabels",
+        yaml("{example.com/team: gpu, workload: training}"),
+    );
+    let valid = {
+        let mut v = valid;
+        v.pointer_mut("/spec")
+            .unwrap()
+            .as_object_mut()
+            .unwrap()
+            .insert(
+                "nodeTaints".into(),
+                yaml("[{key: nvidia.com/gpu, value: 'true', effect: NoSchedule}]"),
+            );
+        v
+    };
+    assert_valid(&valid);
+    let parsed: ExoscaleNodeClass = validation::parse(&valid).unwrap();
+    assert_eq!(parsed.spec.node_labels["workload"], "training");
+    assert_eq!(parsed.spec.node_taints[0].key, "nvidia.com/gpu");
+
+    for (labels, message) in [
+        (
+            "{karpenter.sh/nodepool: x}",
+            "label domain \"karpenter.sh\" is restricted",
+        ),
+        (
+            "{karpenter.exoscale.com/instance-family: gpu}",
+            "label domain \"karpenter.exoscale.com\" is restricted",
+        ),
+        (
+            "{kubernetes.io/hostname: x}",
+            "label \"kubernetes.io/hostname\" is restricted",
+        ),
+    ] {
+        let object = with(NODECLASS, "/spec/nodeLabels", yaml(labels));
+        assert_rejected(&object, "nodeLabels", message);
+    }
+    let bad_value = with(NODECLASS, "/spec/nodeLabels", yaml("{team: 'has spaces'}"));
+    assert_rejected(&bad_value, "nodeLabels", "");
+    let bad_effect = with(
+        NODECLASS,
+        "/spec/nodeTaints",
+        yaml("[{key: dedicated, effect: Sometimes}]"),
+    );
+    assert_rejected(&bad_effect, "nodeTaints", "");
+}
+
+#[test]
+fn eviction_hard_is_not_offered_the_node_agent_has_no_such_setting() {
+    let object = with(
+        NODECLASS,
+        "/spec/kubelet",
+        yaml("{evictionHard: {memory.available: 500Mi}}"),
+    );
+    assert_rejected(&object, "evictionHard", "");
 }

@@ -1,5 +1,7 @@
 //! `karpenter.exoscale.com/v1` ExoscaleNodeClass: how to build an Exoscale instance.
-//! Wire-compatible with the Go provider's CRD, plus `kubelet.maxPods` and `kubelet.evictionHard`.
+//! Wire-compatible with the Go provider's CRD, plus `kubelet.maxPods` (the SKS node agent's
+//! `max-pods`), `nodeLabels` and `nodeTaints` (shown in the Go provider's README and GPU example
+//! but missing from its CRD).
 
 use std::collections::BTreeMap;
 
@@ -7,7 +9,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{Condition, nodeclass_conditions_schema};
+use super::common::{
+    Condition, LABEL_VALUE_PATTERN, Taint, nodeclass_conditions_schema, taints_schema,
+};
 
 const UUID_PATTERN: &str = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$";
 const CPU_PATTERN: &str = r"^(\d+(m|[.])?(\d+)?|\d+m)$";
@@ -86,6 +90,28 @@ pub struct ExoscaleNodeClassSpec {
     /// Kubelet settings of launched nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubelet: Option<KubeletConfiguration>,
+    /// Labels every node of this class carries, on top of its NodePool's template labels (the
+    /// NodePool wins on a shared key). Karpenter-owned keys are refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "additionalProperties" = {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN},
+        "maxProperties" = 100,
+        "x-kubernetes-map-type" = "atomic",
+        "x-kubernetes-validations" = [
+            {"message": "label domain \"karpenter.sh\" is restricted",
+             "rule": "self.all(x, !x.find(\"^([^/]+)\").endsWith(\"karpenter.sh\"))"},
+            {"message": "label domain \"karpenter.exoscale.com\" is restricted",
+             "rule": "self.all(x, !x.find(\"^([^/]+)\").endsWith(\"karpenter.exoscale.com\"))"},
+            {"message": "label \"kubernetes.io/hostname\" is restricted",
+             "rule": "self.all(x, x != \"kubernetes.io/hostname\")"}
+        ]
+    ))]
+    pub node_labels: BTreeMap<String, String>,
+    /// Taints every node of this class carries, on top of its NodePool's taints; pods must
+    /// tolerate them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "taints_schema")]
+    pub node_taints: Vec<Taint>,
 }
 
 fn default_disk_size() -> i64 {
@@ -169,13 +195,10 @@ pub struct KubeletConfiguration {
     /// Kubelet feature gates.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub feature_gates: BTreeMap<String, bool>,
-    /// Maximum pods per node (110 when unset).
+    /// Maximum pods per node (110 when unset); the SKS node agent's `max-pods`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub max_pods: Option<i32>,
-    /// Hard eviction thresholds, e.g. `memory.available: 100Mi` (kubelet defaults when unset).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub eviction_hard: BTreeMap<String, String>,
 }
 
 impl Default for KubeletConfiguration {
@@ -189,7 +212,6 @@ impl Default for KubeletConfiguration {
             system_reserved: SystemReserved::default(),
             feature_gates: BTreeMap::new(),
             max_pods: None,
-            eviction_hard: BTreeMap::new(),
         }
     }
 }

@@ -232,6 +232,8 @@ impl CloudProvider for FakeCloudProvider {
                 ),
                 observed_generation: Some(1),
             }),
+            node_labels: Default::default(),
+            node_taints: Vec::new(),
         })
     }
 }

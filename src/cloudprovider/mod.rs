@@ -78,6 +78,10 @@ pub struct NodeClassState {
     pub terminating: bool,
     /// The NodeClass's `Ready` condition; `None` until it reports one.
     pub ready: Option<crate::apis::Condition>,
+    /// Labels and taints every node of the class gets on top of its NodePool's template (the
+    /// scheduler must know them before launch, like the template's own).
+    pub node_labels: std::collections::BTreeMap<String, String>,
+    pub node_taints: Vec<crate::apis::Taint>,
 }
 
 /// What the core asks of a cloud. Every method may be called concurrently.

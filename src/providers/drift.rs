@@ -111,10 +111,17 @@ pub fn detect(
 /// does not drift nodes).
 pub fn nodeclass_hash(spec: &ExoscaleNodeClassSpec) -> String {
     let kubelet = spec.kubelet.clone().unwrap_or_default();
-    let canonical = serde_json::json!({
+    let mut canonical = serde_json::json!({
         "diskSize": spec.disk_size,
         "kubelet": kubelet,
     });
+    // Added only when set, so classes without them keep the hash their nodes carry.
+    if !spec.node_labels.is_empty() {
+        canonical["nodeLabels"] = serde_json::json!(spec.node_labels);
+    }
+    if !spec.node_taints.is_empty() {
+        canonical["nodeTaints"] = serde_json::json!(spec.node_taints);
+    }
     let digest = Sha256::digest(canonical.to_string().as_bytes());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -228,6 +235,18 @@ mod tests {
         let mut spec: ExoscaleNodeClassSpec = serde_yaml_ng::from_str(yaml).unwrap();
         let h = nodeclass_hash(&spec);
         spec.kubelet = Some(KubeletConfiguration::default());
+        assert_eq!(nodeclass_hash(&spec), h);
+        spec.node_labels.insert("team".into(), "ml".into());
+        let labelled = nodeclass_hash(&spec);
+        assert_ne!(labelled, h, "a node label is part of how nodes are built");
+        spec.node_taints.push(crate::apis::Taint::new(
+            "dedicated",
+            Some("ml"),
+            crate::apis::TaintEffect::NoSchedule,
+        ));
+        assert_ne!(nodeclass_hash(&spec), labelled);
+        spec.node_labels.clear();
+        spec.node_taints.clear();
         assert_eq!(nodeclass_hash(&spec), h);
         spec.disk_size = 100;
         assert_ne!(nodeclass_hash(&spec), h);

@@ -302,8 +302,8 @@ pub fn capacity(t: &DiscoveredType, disk_size_gb: i64, max_pods: i32) -> Resourc
     r
 }
 
-/// kube-reserved + system-reserved + hard eviction thresholds (memory.available,
-/// nodefs.available; kubelet defaults 100Mi and 10% when not configured).
+/// kube-reserved + system-reserved + the kubelet's default hard eviction thresholds
+/// (memory.available 100Mi, nodefs.available 10%: the node agent does not change them).
 pub fn overhead(
     kubelet: &KubeletConfiguration,
     capacity: &Resources,
@@ -340,29 +340,20 @@ pub fn overhead(
             );
         }
     }
-    let eviction = |key: &str, default: &str| {
-        kubelet
-            .eviction_hard
-            .get(key)
-            .map(String::as_str)
-            .unwrap_or(default)
-            .to_string()
-    };
-    let mem = eviction("memory.available", DEFAULT_EVICTION_MEMORY);
+    // The SKS node agent has no eviction-threshold setting: the kubelet runs with its defaults.
     add(
         MEMORY,
         threshold(
-            "kubelet.evictionHard[memory.available]",
-            &mem,
+            "kubelet eviction-hard memory.available",
+            DEFAULT_EVICTION_MEMORY,
             capacity.memory(),
         )?,
     );
-    let fs = eviction("nodefs.available", DEFAULT_EVICTION_NODEFS);
     add(
         EPHEMERAL_STORAGE,
         threshold(
-            "kubelet.evictionHard[nodefs.available]",
-            &fs,
+            "kubelet eviction-hard nodefs.available",
+            DEFAULT_EVICTION_NODEFS,
             capacity.get(EPHEMERAL_STORAGE),
         )?,
     );
@@ -613,16 +604,16 @@ mod tests {
     #[test]
     fn kubelet_settings_change_pods_and_overhead() {
         let nc = nodeclass(
-            "templateID: 11111111-2222-3333-4444-555555555555\nkubelet:\n  maxPods: 30\n  evictionHard:\n    memory.available: 5%\n    nodefs.available: 2Gi\n  kubeReserved:\n    cpu: 1\n    memory: 1Gi\n    ephemeralStorage: 0\n  systemReserved:\n    cpu: ''\n    memory: ''\n    ephemeralStorage: ''\n",
+            "templateID: 11111111-2222-3333-4444-555555555555\nkubelet:\n  maxPods: 30\n  kubeReserved:\n    cpu: 1\n    memory: 1Gi\n    ephemeralStorage: 0\n  systemReserved:\n    cpu: ''\n    memory: ''\n    ephemeralStorage: ''\n",
         );
         let it = build(&standard_large(), &nc, "z", 1.0, true).unwrap();
         let a = it.allocatable();
         assert_eq!(a.pods(), Quantity::from_units(30));
         assert_eq!(a.cpu(), Quantity::from_units(3));
-        let eight_gi = Quantity::parse("8Gi").unwrap().milli();
-        let expected = eight_gi - Quantity::parse("1Gi").unwrap().milli() - eight_gi / 20;
-        assert_eq!(a.memory().milli(), expected);
-        assert_eq!(a.get(EPHEMERAL_STORAGE), Quantity::parse("48Gi").unwrap());
+        // 8Gi - 1Gi kube-reserved - the kubelet's 100Mi eviction threshold
+        assert_eq!(a.memory(), Quantity::parse("7068Mi").unwrap());
+        // 50Gi - 10% (the kubelet's nodefs.available threshold)
+        assert_eq!(a.get(EPHEMERAL_STORAGE), Quantity::parse("45Gi").unwrap());
     }
 
     #[test]
@@ -638,14 +629,6 @@ mod tests {
             e.contains("kubelet.kubeReserved.memory") && e.contains("1 gigabyte"),
             "{e}"
         );
-        let mut k = KubeletConfiguration::default();
-        k.eviction_hard
-            .insert("nodefs.available".into(), "150%".into());
-        nc.spec.kubelet = Some(k);
-        let e = build(&standard_large(), &nc, "z", 1.0, true)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("nodefs.available"), "{e}");
     }
 
     #[test]

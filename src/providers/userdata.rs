@@ -78,8 +78,6 @@ struct Kubernetes {
     max_pods: Option<i32>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     feature_gates: BTreeMap<String, bool>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    eviction_hard: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Reservation::is_empty")]
     kube_reserved: Reservation,
     #[serde(skip_serializing_if = "Reservation::is_empty")]
@@ -212,7 +210,6 @@ pub fn render_toml(input: &UserDataInput) -> Result<String, UserDataError> {
                 image_minimum_gc_age: k.image_minimum_gc_age.clone(),
                 max_pods: k.max_pods,
                 feature_gates: k.feature_gates.clone(),
-                eviction_hard: k.eviction_hard.clone(),
                 kube_reserved: Reservation::new(
                     &k.kube_reserved.cpu,
                     &k.kube_reserved.memory,

@@ -109,11 +109,43 @@ pub async fn pools_with_types(
             types.as_ref().err().map(|e| e.kind()),
         );
         match types {
-            Ok(types) => found.push((pool, types)),
+            Ok(types) => found.push((with_nodeclass_additions(cloud, pool), types)),
             Err(error) => failed.push((pool, error)),
         }
     }
     (found, failed)
+}
+
+/// The NodePool as its nodes will be: the NodeClass's `nodeLabels` and `nodeTaints` added to the
+/// template (a template label of the same key wins; a taint already there is not repeated), so
+/// the scheduler matches selectors and tolerations against them and the NodeClaims carry them.
+/// Annotations (the NodePool hash) are untouched: this is not a change of the NodePool.
+pub fn with_nodeclass_additions(cloud: &dyn CloudProvider, pool: Arc<NodePool>) -> Arc<NodePool> {
+    let Some(class) = cloud.nodeclass(&pool.spec.template.spec.node_class_ref) else {
+        return pool;
+    };
+    if class.node_labels.is_empty() && class.node_taints.is_empty() {
+        return pool;
+    }
+    let mut merged = (*pool).clone();
+    let template = &mut merged.spec.template;
+    let labels = &mut template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .labels;
+    for (key, value) in class.node_labels {
+        labels.entry(key).or_insert(value);
+    }
+    for taint in class.node_taints {
+        let taints = &mut template.spec.taints;
+        if !taints
+            .iter()
+            .any(|t| t.key == taint.key && t.effect == taint.effect)
+        {
+            taints.push(taint);
+        }
+    }
+    Arc::new(merged)
 }
 
 fn being_disrupted(node: &Node) -> bool {

@@ -69,6 +69,8 @@ pub enum KubeletSimError {
         reserved: u64,
         capacity: u64,
     },
+    #[error("max-pods = {0}: the node agent accepts 1..=65535")]
+    MaxPods(u32),
     #[error("instance {0} has no user data: its node agent cannot configure a kubelet")]
     MissingUserData(String),
     #[error("Kubernetes API call failed: {0}")]
@@ -218,6 +220,8 @@ pub struct NodeAgentSettings {
     pub node_taints: BTreeMap<String, Vec<String>>,
     pub kube_reserved: Option<Reservation>,
     pub system_reserved: Option<Reservation>,
+    /// The agent's `max-pods` (1..=65535; the kubelet's 110 when absent).
+    pub max_pods: Option<u32>,
 }
 
 impl NodeAgentSettings {
@@ -420,7 +424,12 @@ pub fn resources_for(
     capacity.insert("cpu".to_string(), Quantity(shape.cpus.to_string()));
     capacity.insert("memory".to_string(), bytes_quantity(memory_milli));
     capacity.insert("ephemeral-storage".to_string(), bytes_quantity(disk_milli));
-    capacity.insert("pods".to_string(), Quantity(MAX_PODS.to_string()));
+    let max_pods = match settings.max_pods {
+        None => MAX_PODS,
+        Some(n @ 1..=65535) => n,
+        Some(n) => return Err(KubeletSimError::MaxPods(n)),
+    };
+    capacity.insert("pods".to_string(), Quantity(max_pods.to_string()));
     if shape.gpus > 0 {
         capacity.insert(GPU_RESOURCE.to_string(), Quantity(shape.gpus.to_string()));
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::apis::labels::EXOSCALE_GROUP;
-use crate::apis::{NodeClaim, NodeClassReference, NodePool};
+use crate::apis::{ExoscaleNodeClass, NodeClaim, NodeClassReference, NodePool};
 use crate::cloudprovider::exoscale::NODECLASS_KIND;
 use crate::cloudprovider::{
     CloudProvider, CloudProviderError, DriftReason, NodeClassKind, NodeClassState, RepairPolicy,
@@ -16,9 +16,10 @@ use crate::cloudprovider::{
 };
 use crate::scheduling::InstanceType;
 
-/// Instance types per ExoscaleNodeClass name.
+/// Instance types per ExoscaleNodeClass name, and the manifests' ExoscaleNodeClasses.
 pub struct CatalogueCloud {
     pub types_by_class: HashMap<String, Vec<Arc<InstanceType>>>,
+    pub node_classes: HashMap<String, ExoscaleNodeClass>,
 }
 
 fn launches_nothing<T>() -> Result<T> {
@@ -65,7 +66,18 @@ impl CloudProvider for CatalogueCloud {
             kind: NODECLASS_KIND.into(),
         }]
     }
-    fn nodeclass(&self, _: &NodeClassReference) -> Option<NodeClassState> {
-        None
+    /// The manifest's NodeClass as if it were Ready (simulate does not resolve templates).
+    fn nodeclass(&self, reference: &NodeClassReference) -> Option<NodeClassState> {
+        if !self.serves(reference) {
+            return None;
+        }
+        let class = self.node_classes.get(&reference.name)?;
+        Some(NodeClassState {
+            generation: class.metadata.generation,
+            terminating: false,
+            ready: None,
+            node_labels: class.spec.node_labels.clone(),
+            node_taints: class.spec.node_taints.clone(),
+        })
     }
 }

@@ -145,7 +145,13 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
     }
     let overlays: Vec<Arc<_>> = m.overlays.iter().cloned().map(Arc::new).collect();
     let cloud = WithOverlays::new(
-        Arc::new(CatalogueCloud { types_by_class }),
+        Arc::new(CatalogueCloud {
+            types_by_class,
+            node_classes: classes
+                .iter()
+                .map(|(name, c)| (name.clone(), (*c).clone()))
+                .collect(),
+        }),
         Arc::new(move || overlays.clone()),
     );
     let (pools, failed) = futures::executor::block_on(cluster_input::pools_with_types(

@@ -670,6 +670,8 @@ impl CloudProvider for ExoscaleCloudProvider {
                         .get_condition(crate::apis::labels::conditions::READY)
                 })
                 .cloned(),
+            node_labels: nodeclass.spec.node_labels.clone(),
+            node_taints: nodeclass.spec.node_taints.clone(),
         })
     }
 }

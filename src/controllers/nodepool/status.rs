@@ -333,6 +333,8 @@ mod tests {
             generation: Some(3),
             terminating: false,
             ready: conditions.pop(),
+            node_labels: Default::default(),
+            node_taints: Vec::new(),
         }
     }
 
