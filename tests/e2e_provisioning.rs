@@ -912,3 +912,157 @@ async fn a_thousand_pending_pods_get_their_nodeclaims_before_any_event_is_writte
         .await;
     world.finish().await;
 }
+
+/// Static NodePools (gate `StaticCapacity`) and the NodeClass's `nodeLabels`/`nodeTaints`: a pool
+/// with `replicas: 3` gets three nodes with no pod asking for them, each labelled and tainted
+/// as its NodeClass says; a deleted node is replaced; `status.nodes` reports the count; scaling
+/// to 1 removes two nodes within the default budget (10 %: one at a time).
+#[tokio::test]
+async fn a_static_nodepool_keeps_its_replicas_through_a_node_deletion_and_a_scale_down() {
+    let Some(mut world) = World::start(
+        "e2e-static",
+        Arc::new(|_: &str| KubeletBehaviour::default()),
+    )
+    .await
+    else {
+        return;
+    };
+    world
+        .env
+        .insert("FEATURE_GATES".into(), "StaticCapacity=true".into());
+    world
+        .create_nodeclass(json!({
+            "nodeLabels": {"example.com/team": "static"},
+            "nodeTaints": [{"key": "example.com/dedicated", "value": "static", "effect": "NoSchedule"}]
+        }))
+        .await;
+    world.start_replica("static-a").await;
+    world.ready_nodeclass().await;
+    let pool_name = format!("static-{}", &world.namespace[world.namespace.len() - 6..]);
+    let pool: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": pool_name},
+        "spec": {
+            "replicas": 3,
+            "template": {"spec": {
+                "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
+                "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
+                "expireAfter": "Never"
+            }},
+            "limits": {"nodes": "5"}
+        }
+    }))
+    .unwrap();
+    let pools = Api::<NodePool>::all(world.client.clone());
+    pools
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create NodePool");
+
+    let nodes = world.nodes();
+    let selector = format!("{NODEPOOL_LABEL}={pool_name}");
+    let pool_nodes = |want: usize| {
+        let nodes = nodes.clone();
+        let selector = selector.clone();
+        move || {
+            let nodes = nodes.clone();
+            let selector = selector.clone();
+            async move {
+                let list = nodes
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .ok()?;
+                let live: Vec<_> = list
+                    .items
+                    .into_iter()
+                    .filter(|n| n.metadata.deletion_timestamp.is_none())
+                    .collect();
+                (live.len() == want).then_some(live)
+            }
+        }
+    };
+    let first = harness::eventually_within(
+        "three static nodes without any pod",
+        Duration::from_secs(180),
+        pool_nodes(3),
+    )
+    .await;
+    for node in &first {
+        assert_eq!(
+            node.labels().get("example.com/team").map(String::as_str),
+            Some("static"),
+            "the NodeClass label is on {}",
+            node.name_any()
+        );
+        let taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        assert!(
+            taints
+                .iter()
+                .any(|t| t.key == "example.com/dedicated" && t.value.as_deref() == Some("static")),
+            "the NodeClass taint is on {}: {taints:?}",
+            node.name_any()
+        );
+    }
+    let claims = world.nodeclaims();
+    let claim_selector = selector.clone();
+    eventually("status.nodes says 3", || {
+        let pools = pools.clone();
+        let name = pool_name.clone();
+        async move { (pools.get(&name).await.ok()?.status?.nodes == 3).then_some(()) }
+    })
+    .await;
+
+    // A deleted node comes back.
+    let victim = first[0].name_any();
+    nodes
+        .delete(&victim, &DeleteParams::default())
+        .await
+        .expect("delete Node");
+    let after =
+        harness::eventually_within("the deleted node is replaced", Duration::from_secs(180), {
+            let check = pool_nodes(3);
+            let victim = victim.clone();
+            move || {
+                let check = check();
+                let victim = victim.clone();
+                async move {
+                    let live = check.await?;
+                    live.iter().all(|n| n.name_any() != victim).then_some(live)
+                }
+            }
+        })
+        .await;
+    assert_eq!(after.len(), 3);
+
+    // Scale to 1: two nodes go, one at a time, and no new one is made.
+    pools
+        .patch(
+            &pool_name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"replicas": 1}})),
+        )
+        .await
+        .expect("scale the NodePool");
+    harness::eventually_within(
+        "the pool is down to one node",
+        Duration::from_secs(240),
+        pool_nodes(1),
+    )
+    .await;
+    let remaining = claims
+        .list(&ListParams::default().labels(&claim_selector))
+        .await
+        .expect("list NodeClaims");
+    let live = remaining
+        .items
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .count();
+    assert_eq!(live, 1, "one NodeClaim is left");
+
+    let _ = pools.delete(&pool_name, &DeleteParams::default()).await;
+    world.finish().await;
+}

@@ -13,6 +13,7 @@ pub mod nodeoverlay;
 pub mod nodepool;
 pub mod periodic;
 pub mod repair;
+pub mod static_capacity;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -378,6 +379,24 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         )
         .for_each(drain("nodepool"));
 
+    // Static NodePools: a second reconciler over the NodePool changes, woken by their NodeClaims.
+    let static_pools: BoxFuture<'static, ()> = if ctx.feature_gates.static_capacity {
+        Box::pin(
+            Controller::for_stream(shared.nodepools.changes(), shared.nodepools.store())
+                .with_config(concurrency())
+                .watches_stream(shared.nodeclaims.changes(), claim_to_pool)
+                .graceful_shutdown_on(shutdown.clone())
+                .run(
+                    static_capacity::reconcile,
+                    error_policy("static.capacity"),
+                    ctx.clone(),
+                )
+                .for_each(drain("static.capacity")),
+        )
+    } else {
+        Box::pin(std::future::pending())
+    };
+
     // Timers run inside this future (not spawned) so that dropping it stops them too.
     let until_shutdown = |work: BoxFuture<'static, ()>| {
         let stop = shutdown.clone();
@@ -417,6 +436,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         Box::pin(std::future::pending())
     };
     let repair = until_shutdown(repair);
+    let static_pools = until_shutdown(static_pools);
     let overlays = until_shutdown(if ctx.feature_gates.node_overlay {
         Box::pin(periodic::every(
             ctx.clone(),
@@ -427,7 +447,16 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     } else {
         Box::pin(std::future::pending())
     });
-    futures::join!(nodeclaims, nodes, nodepools, gc, tokens, repair, overlays);
+    futures::join!(
+        nodeclaims,
+        nodes,
+        nodepools,
+        static_pools,
+        gc,
+        tokens,
+        repair,
+        overlays
+    );
 }
 
 #[cfg(test)]

@@ -13,14 +13,17 @@ use super::names;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Method {
     Emptiness,
+    /// A drifted node of a static NodePool, replaced one for one from the template.
+    StaticDrift,
     Drift,
     MultiNodeConsolidation,
     SingleNodeConsolidation,
 }
 
 impl Method {
-    pub const ORDER: [Method; 4] = [
+    pub const ORDER: [Method; 5] = [
         Method::Emptiness,
+        Method::StaticDrift,
         Method::Drift,
         Method::MultiNodeConsolidation,
         Method::SingleNodeConsolidation,
@@ -29,7 +32,7 @@ impl Method {
     pub fn reason(self) -> DisruptionReason {
         match self {
             Method::Emptiness => DisruptionReason::Empty,
-            Method::Drift => DisruptionReason::Drifted,
+            Method::Drift | Method::StaticDrift => DisruptionReason::Drifted,
             Method::MultiNodeConsolidation | Method::SingleNodeConsolidation => {
                 DisruptionReason::Underutilized
             }
@@ -40,7 +43,7 @@ impl Method {
     pub fn consolidation_type(self) -> &'static str {
         match self {
             Method::Emptiness => names::CONSOLIDATION_TYPE_EMPTY,
-            Method::Drift => "",
+            Method::Drift | Method::StaticDrift => "",
             Method::MultiNodeConsolidation => names::CONSOLIDATION_TYPE_MULTI,
             Method::SingleNodeConsolidation => names::CONSOLIDATION_TYPE_SINGLE,
         }
@@ -48,14 +51,14 @@ impl Method {
 
     pub fn class(self) -> DisruptionClass {
         match self {
-            Method::Drift => DisruptionClass::Eventual,
+            Method::Drift | Method::StaticDrift => DisruptionClass::Eventual,
             _ => DisruptionClass::Graceful,
         }
     }
 
     /// Emptiness and consolidation are re-checked after `COMMAND_VALIDATION_DELAY`.
     pub fn needs_validation(self) -> bool {
-        self != Method::Drift
+        !matches!(self, Method::Drift | Method::StaticDrift)
     }
 }
 
@@ -96,6 +99,36 @@ impl Command {
 
     pub fn candidate_names(&self) -> Vec<&str> {
         self.candidates.iter().map(|c| c.name.as_str()).collect()
+    }
+
+    /// Upstream's description of the command for one of its candidates (the
+    /// `ConsolidationCandidate` event): the whole command when it has one candidate, else the
+    /// candidate as part of an n-node move.
+    pub fn describe_for(&self, candidate: &str) -> String {
+        let decision = self.decision().as_str();
+        if self.candidates.len() > 1 {
+            return format!(
+                "{decision}: [{candidate}] (part of {}-node consolidation)",
+                self.candidates.len()
+            );
+        }
+        let mut pools: Vec<&str> = self
+            .candidates
+            .iter()
+            .map(|c| c.node_pool.as_str())
+            .collect();
+        pools.dedup();
+        let replacements = match self.replacements.len() {
+            0 => String::new(),
+            1 => " -> [1 replacement]".to_string(),
+            n => format!(" -> [{n} replacements]"),
+        };
+        format!(
+            "{}: {decision}: nodepools=[{}]: [{}]{replacements}",
+            self.method.reason().as_str(),
+            pools.join(","),
+            self.candidate_names().join(", ")
+        )
     }
 
     /// Σ candidate prices minus the cheapest launch price of the replacements.

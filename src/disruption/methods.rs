@@ -41,6 +41,24 @@ pub enum DisruptionEvent {
         nodeclaim: Option<String>,
         message: String,
     },
+    /// A candidate of the consolidation command a method computed (`ConsolidationCandidate`),
+    /// with the command and its estimated savings.
+    ConsolidationCandidate {
+        node: String,
+        nodeclaim: Option<String>,
+        message: String,
+    },
+    /// About a pod's duration-valued `karpenter.sh/do-not-disrupt` (upstream's
+    /// `InvalidDoNotDisruptAnnotation` warning, `DoNotDisruptUntil`,
+    /// `DoNotDisruptGracePeriodElapsed`).
+    DoNotDisrupt {
+        namespace: String,
+        name: String,
+        uid: String,
+        reason: &'static str,
+        warning: bool,
+        message: String,
+    },
     /// A NodePool whose budget allows no disruption for a reason (`DisruptionBlocked`).
     NodePoolBlocked {
         node_pool: String,
@@ -53,6 +71,8 @@ impl DisruptionEvent {
         match self {
             DisruptionEvent::Unconsolidatable { .. } => names::EVENT_UNCONSOLIDATABLE,
             DisruptionEvent::ConsolidationApproved { .. } => names::EVENT_CONSOLIDATION_APPROVED,
+            DisruptionEvent::ConsolidationCandidate { .. } => names::EVENT_CONSOLIDATION_CANDIDATE,
+            DisruptionEvent::DoNotDisrupt { reason, .. } => reason,
             _ => names::EVENT_DISRUPTION_BLOCKED,
         }
     }
@@ -121,7 +141,10 @@ pub struct Outcome {
 /// simulations: consolidation returns the best it found when it says stop (a timeout).
 pub fn decide(view: &ClusterView, should_stop: &dyn Fn() -> bool) -> Outcome {
     let base = SimulationBase::new(view);
-    let mut outcome = Outcome::default();
+    let mut outcome = Outcome {
+        events: do_not_disrupt_events(view),
+        ..Outcome::default()
+    };
     for method in Method::ORDER {
         let step = run_method(&base, method, should_stop);
         outcome.events.extend(step.events);
@@ -133,6 +156,62 @@ pub fn decide(view: &ClusterView, should_stop: &dyn Fn() -> bool) -> Outcome {
         }
     }
     outcome
+}
+
+/// Upstream reports every duration-valued `karpenter.sh/do-not-disrupt` it evaluates: an
+/// unreadable value (ignored, so the pod is disruptable), the instant the grace period ends, or
+/// that it has ended. `"true"` says nothing.
+pub fn do_not_disrupt_events(view: &ClusterView) -> Vec<DisruptionEvent> {
+    let mut events = Vec::new();
+    for node in view.nodes.iter().filter(|n| n.nodeclaim.is_some()) {
+        for p in node.pods.iter().filter(|p| p.is_active()) {
+            let Some(value) = p.do_not_disrupt.as_deref().filter(|v| *v != "true") else {
+                continue;
+            };
+            let event = |reason, warning, message| DisruptionEvent::DoNotDisrupt {
+                namespace: p.pod.namespace.clone(),
+                name: p.pod.name.clone(),
+                uid: p.pod.uid.clone(),
+                reason,
+                warning,
+                message,
+            };
+            let grace = crate::apis::duration::parse_duration(value)
+                .ok()
+                .filter(|d| !d.is_zero());
+            match (grace, p.started_at) {
+                (None, _) => events.push(event(
+                    names::EVENT_INVALID_DO_NOT_DISRUPT,
+                    true,
+                    format!(
+                        "Invalid karpenter.sh/do-not-disrupt annotation: {value:?} is not a positive duration (like 30m or 1h30m), ignoring annotation"
+                    ),
+                )),
+                // Not started yet: protected, and no instant to report.
+                (Some(_), None) => {}
+                (Some(grace), Some(start)) => {
+                    let until = start + chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::MAX);
+                    events.push(if until > view.now {
+                        event(
+                            names::EVENT_DO_NOT_DISRUPT_UNTIL,
+                            false,
+                            format!(
+                                "The karpenter.sh/do-not-disrupt grace period will elapse at {}",
+                                until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                            ),
+                        )
+                    } else {
+                        event(
+                            names::EVENT_DO_NOT_DISRUPT_ELAPSED,
+                            false,
+                            "The karpenter.sh/do-not-disrupt grace period has elapsed, pod is now disruptable".into(),
+                        )
+                    });
+                }
+            }
+        }
+    }
+    events
 }
 
 /// Runs one method.
@@ -168,6 +247,7 @@ pub fn run_method(
     let mut moves = Vec::new();
     let command = match method {
         Method::Emptiness => emptiness(eligible, &mut budgets),
+        Method::StaticDrift => static_drift(view, eligible, &budgets),
         Method::Drift => drift(base, eligible, &budgets, &mut events),
         Method::MultiNodeConsolidation => {
             let (cmd, timed_out) = multi_node(base, eligible, &mut budgets, &totals, should_stop);
@@ -193,10 +273,17 @@ pub fn run_method(
     };
     metrics.evaluation = started.elapsed();
     if let Some(cmd) = &command {
+        if matches!(
+            method,
+            Method::MultiNodeConsolidation | Method::SingleNodeConsolidation
+        ) {
+            events.extend(candidate_events(cmd));
+        }
         events.extend(approved_events(cmd, &totals));
     }
     let key = match method {
         Method::Emptiness => "emptiness",
+        Method::StaticDrift => "static_drift",
         Method::Drift => "drift",
         Method::MultiNodeConsolidation => "multi",
         Method::SingleNodeConsolidation => "single",
@@ -207,6 +294,22 @@ pub fn run_method(
         moves,
         metrics: [(key, metrics)].into_iter().collect(),
     }
+}
+
+/// Upstream's `ConsolidationCandidate` for each candidate of a computed consolidation command.
+fn candidate_events(cmd: &Command) -> Vec<DisruptionEvent> {
+    let savings = cmd.estimated_savings();
+    cmd.candidates
+        .iter()
+        .map(|c| DisruptionEvent::ConsolidationCandidate {
+            node: c.name.clone(),
+            nodeclaim: Some(c.nodeclaim.clone()),
+            message: format!(
+                "Consolidation candidate: {} (savings: ${savings:.2})",
+                cmd.describe_for(&c.name)
+            ),
+        })
+        .collect()
 }
 
 /// `ConsolidationApproved` for each candidate of the `Balanced` NodePools that scored the
@@ -292,7 +395,7 @@ pub fn eligible_candidates(
         }
     }
     sort_by_disruption_cost(&mut eligible);
-    if method == Method::Drift {
+    if matches!(method, Method::Drift | Method::StaticDrift) {
         // Oldest drift first, empty nodes before the others.
         eligible.sort_by(|a, b| {
             let since = |c: &Candidate| view.nodes[c.index].drifted_since;
@@ -306,7 +409,8 @@ pub fn eligible_candidates(
 fn should_disrupt(view: &ClusterView, method: Method, c: &Candidate) -> Result<(), Option<String>> {
     let node = &view.nodes[c.index];
     let pool = &view.pools[&c.node_pool];
-    if pool.is_static() {
+    if pool.is_static() != (method == Method::StaticDrift) {
+        // Static NodePools keep their replicas: only a drifted node is ever replaced.
         return Err(None);
     }
     let disruption = &pool.nodepool.spec.disruption;
@@ -315,7 +419,7 @@ fn should_disrupt(view: &ClusterView, method: Method, c: &Candidate) -> Result<(
         Ok(None)
     );
     match method {
-        Method::Drift => node.drifted_since.map(|_| ()).ok_or(None),
+        Method::Drift | Method::StaticDrift => node.drifted_since.map(|_| ()).ok_or(None),
         Method::Emptiness => {
             if consolidate_after_never {
                 return Err(Some(format!(
@@ -413,6 +517,42 @@ fn drift(
             method: Method::Drift,
             candidates: vec![c],
             replacements: sim.results.new_node_claims,
+        });
+    }
+    None
+}
+
+/// Static drift (upstream `StaticDrift`): the oldest drifted node of a static NodePool with
+/// budget is replaced by one NodeClaim from the template, no scheduling simulation — unless the
+/// pool is above its replicas (a scale-down is under way; it removes nodes first).
+fn static_drift(
+    view: &ClusterView,
+    eligible: Vec<Candidate>,
+    budgets: &BudgetMapping,
+) -> Option<Command> {
+    for c in eligible {
+        if budgets.remaining(&c.node_pool) == 0 {
+            continue;
+        }
+        let pool = &view.pools[&c.node_pool];
+        let replicas = pool.nodepool.spec.replicas.unwrap_or(0).max(0) as usize;
+        let counted = view
+            .nodes
+            .iter()
+            .filter(|n| n.nodeclaim.is_some() && n.node_pool() == Some(c.node_pool.as_str()))
+            .count();
+        if counted > replicas {
+            continue;
+        }
+        let Some(replacement) =
+            crate::scheduling::NewNodeClaim::from_template(&pool.template, &pool.instance_types)
+        else {
+            continue;
+        };
+        return Some(Command {
+            method: Method::StaticDrift,
+            candidates: vec![c],
+            replacements: vec![replacement],
         });
     }
     None

@@ -46,6 +46,9 @@ pub const EVENT_DISRUPTION_WAITING_READINESS: &str = "DisruptionWaitingReadiness
 pub const EVENT_DISRUPTION_TERMINATING: &str = "DisruptionTerminating";
 pub const EVENT_UNCONSOLIDATABLE: &str = "Unconsolidatable";
 pub const EVENT_CONSOLIDATION_CANDIDATE: &str = "ConsolidationCandidate";
+pub const EVENT_INVALID_DO_NOT_DISRUPT: &str = "InvalidDoNotDisruptAnnotation";
+pub const EVENT_DO_NOT_DISRUPT_UNTIL: &str = "DoNotDisruptUntil";
+pub const EVENT_DO_NOT_DISRUPT_ELAPSED: &str = "DoNotDisruptGracePeriodElapsed";
 pub const EVENT_CONSOLIDATION_REJECTED: &str = "ConsolidationRejected";
 pub const EVENT_CONSOLIDATION_APPROVED: &str = "ConsolidationApproved";
 /// `Unconsolidatable` events are deduplicated for this long upstream.

@@ -134,6 +134,8 @@ impl<'a> SimulationBase<'a> {
                 .view
                 .pools
                 .values()
+                // Static NodePools launch only to keep their replicas, never for pods.
+                .filter(|p| !p.is_static())
                 .map(|p| p.template.clone())
                 .collect(),
             instance_types: self.instance_types.clone(),

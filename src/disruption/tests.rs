@@ -163,9 +163,29 @@ fn single_node_is_replaced_only_by_a_strictly_cheaper_type() {
             hour_ago(),
         )],
     );
-    let cmd = run(&v).command.expect("a command");
+    let outcome = run(&v);
+    let cmd = outcome.command.clone().expect("a command");
     assert_eq!(cmd.method, Method::SingleNodeConsolidation);
     assert_eq!(cmd.decision(), Decision::Replace);
+    // Upstream's ConsolidationCandidate names the move and its savings.
+    let candidate: Vec<_> = outcome
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            DisruptionEvent::ConsolidationCandidate { node, message, .. } => Some((node, message)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(candidate.len(), 1, "{:?}", outcome.events);
+    assert_eq!(candidate[0].0, "n");
+    assert_eq!(
+        candidate[0].1,
+        &format!(
+            "Consolidation candidate: Underutilized: replace: nodepools=[default]: [n] -> [1 replacement] (savings: ${:.2})",
+            cmd.estimated_savings()
+        )
+    );
+    assert!(cmd.estimated_savings() > 0.0);
     let options: Vec<&str> = cmd.replacements[0]
         .instance_types
         .iter()
@@ -413,6 +433,59 @@ fn drift_replaces_one_node_per_budget_unit() {
     // While d2 is being replaced the budget is spent.
     nodes[1].marked_for_deletion = true;
     assert!(run(&cluster(policy, nodes)).command.is_none());
+}
+
+#[test]
+fn static_pools_are_only_ever_disrupted_for_drift_one_for_one() {
+    let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"1\"}]}";
+    let static_cluster = |replicas: i64, nodes: Vec<StateNode>| {
+        let mut v = cluster(policy, nodes);
+        for p in v.pools.values_mut() {
+            p.nodepool.spec.replicas = Some(replicas);
+        }
+        v
+    };
+    // Empty and under-used static nodes stay: no emptiness, no consolidation.
+    let idle = node("idle", "default", &large(), vec![], hour_ago());
+    let light = node(
+        "light",
+        "default",
+        &large(),
+        vec![pod("p", "100m", "64Mi")],
+        hour_ago(),
+    );
+    assert!(
+        run(&static_cluster(2, vec![idle.clone(), light.clone()]))
+            .command
+            .is_none()
+    );
+
+    // A drifted static node is replaced by one template NodeClaim, pods or not.
+    let mut drifted = light.clone();
+    drifted.drifted_since = Some(now() - chrono::Duration::minutes(5));
+    let o = run(&static_cluster(2, vec![idle.clone(), drifted.clone()]));
+    let cmd = o.command.expect("a static drift command");
+    assert_eq!(cmd.method, Method::StaticDrift);
+    assert_eq!(cmd.candidate_names(), ["light"]);
+    assert_eq!(cmd.replacements.len(), 1);
+    assert!(cmd.replacements[0].pods.is_empty());
+    assert!(!cmd.replacements[0].instance_types.is_empty());
+
+    // Not while the pool is above its replicas (a scale-down goes first).
+    assert!(
+        run(&static_cluster(1, vec![idle.clone(), drifted.clone()]))
+            .command
+            .is_none()
+    );
+    // Not beyond the budget: the node being replaced spends it.
+    let mut replacing = idle;
+    replacing.drifted_since = Some(now() - chrono::Duration::minutes(9));
+    replacing.marked_for_deletion = true;
+    assert!(
+        run(&static_cluster(2, vec![replacing, drifted]))
+            .command
+            .is_none()
+    );
 }
 
 #[test]
@@ -1125,5 +1198,69 @@ fn an_approved_balanced_move_names_its_score_on_each_candidate() {
             .events
             .iter()
             .any(|e| matches!(e, DisruptionEvent::ConsolidationApproved { .. }))
+    );
+}
+
+#[test]
+fn duration_valued_do_not_disrupt_is_reported_as_upstream_does() {
+    let annotated = |name: &str, value: &str, started_minutes_ago: Option<i64>| {
+        let mut p = pod(name, "100m", "64Mi");
+        p.do_not_disrupt = Some(value.into());
+        p.started_at = started_minutes_ago.map(|m| now() - chrono::Duration::minutes(m));
+        p
+    };
+    let pods = vec![
+        annotated("protected", "true", Some(1)),
+        annotated("typo", "5 minutes", Some(1)),
+        annotated("young", "30m", Some(10)),
+        annotated("old", "30m", Some(45)),
+        annotated("pending", "30m", None),
+    ];
+    let v = cluster(
+        UNDERUTILIZED,
+        vec![node("n", "default", &large(), pods, hour_ago())],
+    );
+    let events: Vec<(String, &str, bool, String)> =
+        crate::disruption::methods::do_not_disrupt_events(&v)
+            .into_iter()
+            .filter_map(|e| match e {
+                DisruptionEvent::DoNotDisrupt {
+                    name,
+                    reason,
+                    warning,
+                    message,
+                    ..
+                } => Some((name, reason, warning, message)),
+                _ => None,
+            })
+            .collect();
+    let until =
+        (now() + chrono::Duration::minutes(20)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(events[0].0, "typo");
+    assert_eq!(events[0].1, "InvalidDoNotDisruptAnnotation");
+    assert!(events[0].2, "an unreadable value is a warning");
+    assert!(events[0].3.contains("\"5 minutes\"") && events[0].3.ends_with("ignoring annotation"));
+    assert_eq!(
+        (events[1].0.as_str(), events[1].1, events[1].3.clone()),
+        (
+            "young",
+            "DoNotDisruptUntil",
+            format!("The karpenter.sh/do-not-disrupt grace period will elapse at {until}")
+        )
+    );
+    assert_eq!(
+        (events[2].0.as_str(), events[2].1),
+        ("old", "DoNotDisruptGracePeriodElapsed")
+    );
+    // The decision loop publishes them.
+    let outcome = run(&v);
+    assert_eq!(
+        outcome
+            .events
+            .iter()
+            .filter(|e| matches!(e, DisruptionEvent::DoNotDisrupt { .. }))
+            .count(),
+        3
     );
 }

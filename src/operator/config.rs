@@ -141,11 +141,6 @@ impl FeatureGates {
                 "Exoscale has no capacity reservations",
             ),
             (
-                self.static_capacity,
-                "StaticCapacity",
-                "static NodePools are not implemented yet; NodePools with replicas are provisioned on demand",
-            ),
-            (
                 self.capacity_buffer,
                 "CapacityBuffer",
                 "capacity buffers are not implemented",

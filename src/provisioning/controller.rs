@@ -24,8 +24,8 @@ use crate::scheduling::{
 use super::backoff::LaunchBackoff;
 use super::batcher::Batcher;
 use super::eligibility;
+use super::input::nodeclaim_to_create;
 use super::input::{PodsToPlace, Prepared, pools_with_types, prepare, scheduler_options};
-use super::template::build_nodeclaim;
 
 /// Pods still pending are triggered again after this long (upstream requeues every 10 s).
 const RETRIGGER_AFTER: Duration = Duration::from_secs(10);
@@ -240,7 +240,7 @@ impl Provisioner {
             let Some(pool) = self.ctx.cluster.read().nodepool(&claim.node_pool) else {
                 continue;
             };
-            let object = build_nodeclaim(&pool, claim);
+            let object = nodeclaim_to_create(self.ctx.cloud.as_ref(), pool, claim);
             match api
                 .create(
                     &PostParams {

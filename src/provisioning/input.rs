@@ -116,6 +116,16 @@ pub async fn pools_with_types(
     (found, failed)
 }
 
+/// The NodeClaim to create for a scheduler result: built from the NodePool as its nodes will be
+/// (with the NodeClass's labels and taints, as the scheduler saw it).
+pub fn nodeclaim_to_create(
+    cloud: &dyn CloudProvider,
+    pool: Arc<NodePool>,
+    claim: &crate::scheduling::NewNodeClaim,
+) -> NodeClaim {
+    super::template::build_nodeclaim(&with_nodeclass_additions(cloud, pool), claim)
+}
+
 /// The NodePool as its nodes will be: the NodeClass's `nodeLabels` and `nodeTaints` added to the
 /// template (a template label of the same key wins; a taint already there is not repeated), so
 /// the scheduler matches selectors and tolerations against them and the NodeClaims carry them.
@@ -343,6 +353,14 @@ pub fn prepare(
             skipped_pools.push((name, why));
             continue;
         }
+        if let Some(replicas) = pool.nodepool.spec.replicas {
+            // Upstream: static NodePools are left out of the provisioning scheduler.
+            skipped_pools.push((
+                name,
+                format!("is static (replicas: {replicas}): it keeps its own node count and launches nothing for pods"),
+            ));
+            continue;
+        }
         input.node_pools.push(pool.template);
         input.instance_types.insert(name, pool.instance_types);
     }
@@ -524,6 +542,33 @@ mod tests {
         );
         assert_eq!(prepared.input.existing_nodes.len(), 1);
         assert_eq!(prepared.input.existing_nodes[0].name, "p-abc");
+    }
+
+    #[test]
+    fn static_nodepools_launch_nothing_for_pods() {
+        let mut index = ClusterIndex::default();
+        index.apply_pod(pending("a", "1"));
+        let mut fixed = (*pool("fixed")).clone();
+        fixed.spec.replicas = Some(3);
+        let prepared = prepare(
+            &index,
+            vec![
+                (Arc::new(fixed), fixtures::instance_types(10)),
+                (pool("dynamic"), fixtures::instance_types(10)),
+            ],
+            SchedulerOptions::default(),
+            PodsToPlace::Pending,
+        );
+        let pools: Vec<_> = prepared
+            .input
+            .node_pools
+            .iter()
+            .map(|p| p.name.clone())
+            .collect();
+        assert_eq!(pools, ["dynamic"]);
+        assert_eq!(prepared.skipped_pools.len(), 1);
+        assert_eq!(prepared.skipped_pools[0].0, "fixed");
+        assert!(prepared.skipped_pools[0].1.contains("static (replicas: 3)"));
     }
 
     #[test]

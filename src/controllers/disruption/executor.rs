@@ -16,7 +16,7 @@ use crate::controllers::{Context, FIELD_MANAGER, Result, ignore_not_found, patch
 use crate::disruption::orchestration::{Action, EventTarget, Orchestration, ReplacementStatus};
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
-use crate::provisioning::template::build_nodeclaim;
+use crate::provisioning::input::nodeclaim_to_create;
 
 use super::decisions::{
     remove_condition, replacement_status, stale_disruptions, timestamp, with_disrupted_taint,
@@ -232,7 +232,7 @@ impl Executor {
             let Some(pool) = self.ctx.cluster.read().nodepool(&claim.node_pool) else {
                 return Err(format!("NodePool {} not found", claim.node_pool));
             };
-            let object = build_nodeclaim(&pool, claim);
+            let object = nodeclaim_to_create(self.ctx.cloud.as_ref(), pool, claim);
             let params = PostParams {
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..Default::default()

@@ -12,6 +12,7 @@ pub mod executor;
 pub mod metrics;
 pub mod view;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -310,6 +311,11 @@ impl Disruption {
                     node,
                     nodeclaim,
                     message,
+                }
+                | DisruptionEvent::ConsolidationCandidate {
+                    node,
+                    nodeclaim,
+                    message,
                 } => {
                     if self
                         .events
@@ -323,6 +329,42 @@ impl Disruption {
                                 .event_on_nodeclaim(claim, Severity::Normal, reason, message)
                                 .await;
                         }
+                    }
+                }
+                DisruptionEvent::DoNotDisrupt {
+                    namespace,
+                    name,
+                    uid,
+                    warning,
+                    message,
+                    ..
+                } => {
+                    if self.events.admit(
+                        format!("{reason}/{namespace}/{name}/{message}"),
+                        now,
+                        EVENT_DEDUPE,
+                    ) {
+                        let object = k8s_openapi::api::core::v1::ObjectReference {
+                            api_version: Some("v1".into()),
+                            kind: Some("Pod".into()),
+                            namespace: Some(namespace.clone()),
+                            name: Some(name.clone()),
+                            uid: (!uid.is_empty()).then(|| uid.clone()),
+                            ..Default::default()
+                        };
+                        self.ctx
+                            .events
+                            .publish(crate::operator::events::Recorded {
+                                object,
+                                severity: if *warning {
+                                    Severity::Warning
+                                } else {
+                                    Severity::Normal
+                                },
+                                reason: reason.into(),
+                                message: message.clone(),
+                            })
+                            .await;
                     }
                 }
                 DisruptionEvent::NodePoolBlocked {
@@ -362,13 +404,19 @@ impl Disruption {
                     .observe(score.min(1000.0));
             }
         }
+        let reason_of = |method: &str| match method {
+            "emptiness" => ("empty", names::CONSOLIDATION_TYPE_EMPTY),
+            "drift" | "static_drift" => ("drifted", ""),
+            "multi" => ("underutilized", names::CONSOLIDATION_TYPE_MULTI),
+            _ => ("underutilized", names::CONSOLIDATION_TYPE_SINGLE),
+        };
+        // Drift and static drift share the reason: the gauge counts both.
+        let mut eligible_by_reason: BTreeMap<&str, usize> = BTreeMap::new();
         for (method, m) in &outcome.metrics {
-            let (reason, consolidation_type) = match *method {
-                "emptiness" => ("empty", names::CONSOLIDATION_TYPE_EMPTY),
-                "drift" => ("drifted", ""),
-                "multi" => ("underutilized", names::CONSOLIDATION_TYPE_MULTI),
-                _ => ("underutilized", names::CONSOLIDATION_TYPE_SINGLE),
-            };
+            *eligible_by_reason.entry(reason_of(method).0).or_default() += m.eligible_nodes;
+        }
+        for (method, m) in &outcome.metrics {
+            let (reason, consolidation_type) = reason_of(method);
             self.metrics
                 .evaluation_duration
                 .get_or_create(&labels([
@@ -379,7 +427,7 @@ impl Disruption {
             self.metrics
                 .eligible_nodes
                 .get_or_create(&labels([("reason", reason)]))
-                .set(m.eligible_nodes as i64);
+                .set(eligible_by_reason[reason] as i64);
             for (pool, budget) in &m.budgets {
                 let l = labels([("nodepool", pool), ("reason", reason)]);
                 self.metrics

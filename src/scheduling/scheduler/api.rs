@@ -81,6 +81,35 @@ pub struct NewNodeClaim {
 }
 
 impl NewNodeClaim {
+    /// A NodeClaim made from the template alone, for no pod (a static NodePool's replica): the
+    /// template's requirements and every compatible instance type with an available offering,
+    /// cheapest first, at most [`MAX_INSTANCE_TYPES`]. `None` when no type fits.
+    pub fn from_template(
+        template: &NodePoolTemplate,
+        instance_types: &[Arc<InstanceType>],
+    ) -> Option<NewNodeClaim> {
+        let reqs = &template.requirements;
+        let mut priced: Vec<(f64, Arc<InstanceType>)> = instance_types
+            .iter()
+            .filter(|it| it.requirements.intersects(reqs).is_ok())
+            .filter_map(|it| Some((it.cheapest_price(reqs)?, it.clone())))
+            .collect();
+        if priced.is_empty() {
+            return None;
+        }
+        priced.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
+        priced.truncate(MAX_INSTANCE_TYPES);
+        Some(NewNodeClaim {
+            node_pool: template.name.clone(),
+            requirements: reqs.clone(),
+            instance_types: priced.into_iter().map(|(_, it)| it).collect(),
+            pods: Vec::new(),
+            requests: Resources::new(),
+            daemon_overhead: Resources::new(),
+            min_values_relaxed: false,
+        })
+    }
+
     /// Labels for the NodeClaim: `karpenter.sh/nodepool`, plus one concrete value for every
     /// custom (non-well-known, non-restricted) requirement key — template labels included.
     pub fn labels(&self, well_known: &WellKnownLabels) -> BTreeMap<String, String> {
