@@ -1006,6 +1006,30 @@ async fn a_static_nodepool_keeps_its_replicas_through_a_node_deletion_and_a_scal
             node.name_any()
         );
     }
+    // The NodePool's cost: three launched standard.small NodeClaims at the sim's list price.
+    let cost_line = format!("karpenter_nodepools_cost_total{{nodepool=\"{pool_name}\"}} ");
+    let cost: f64 = eventually(
+        "karpenter_nodepools_cost_total prices the three nodes",
+        || {
+            let exposed = world.replica_metrics("static-a");
+            let cost_line = cost_line.clone();
+            async move {
+                let value: f64 = exposed
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&cost_line))?
+                    .trim()
+                    .parse()
+                    .ok()?;
+                (value > 0.0).then_some(value)
+            }
+        },
+    )
+    .await;
+    let per_node = cost / 3.0;
+    assert!(
+        per_node > 0.0 && per_node < 1.0,
+        "standard.small per hour: {per_node}"
+    );
     let claims = world.nodeclaims();
     let claim_selector = selector.clone();
     eventually("status.nodes says 3", || {

@@ -87,6 +87,8 @@ pub struct Context {
     pub feature_gates: FeatureGates,
     pub leadership: Leadership,
     pub registration_health: nodepool::status::RegistrationHealth,
+    /// NodeClaims already counted as unpriceable (`karpenter_nodepools_cost_tracker_errors_total`).
+    pub cost: nodepool::cost::CostTracker,
     /// Stores and change streams of the cluster watch: Controllers open no watch of their own.
     pub shared: crate::state::SharedKinds,
     /// Reconciles each Controller runs at once (`CPU_REQUESTS`, see

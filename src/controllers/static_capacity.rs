@@ -236,7 +236,7 @@ pub async fn reconcile(pool: Arc<NodePool>, ctx: Arc<Context>) -> Result<Action>
             Ok(Action::requeue(RESYNC))
         }
         Plan::WaitingForBudget { excess } => {
-            tracing::info!(nodepool = %name, excess, "static NodePool above its replicas; its disruption budgets allow no deletion now");
+            tracing::debug!(nodepool = %name, excess, "static NodePool above its replicas; its disruption budgets allow no deletion now");
             Ok(Action::requeue(RECHECK))
         }
     }

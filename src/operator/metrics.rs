@@ -140,6 +140,8 @@ pub struct Metrics {
     pub pods_disruption_initiated: CounterFamily,
     pub nodepools_usage: GaugeFamily,
     pub nodepools_limit: GaugeFamily,
+    pub nodepools_cost: GaugeFamily,
+    pub nodepools_cost_errors: CounterFamily,
     pub cluster_state_synced: FloatGauge,
     pub cluster_state_node_count: FloatGauge,
     pub cluster_state_unsynced_time: FloatGauge,
@@ -273,6 +275,16 @@ impl Metrics {
                 r,
                 "karpenter_nodepools_limit",
                 "Resource limits of a NodePool.",
+            ),
+            nodepools_cost: gauge(
+                r,
+                "karpenter_nodepools_cost_total",
+                "Hourly price of a NodePool's launched NodeClaims at the provider's current offerings (NodeOverlays included); not a bill.",
+            ),
+            nodepools_cost_errors: counter(
+                r,
+                "karpenter_nodepools_cost_tracker_errors",
+                "NodeClaims whose price could not be found (instance type or offering unknown), by nodepool.",
             ),
             cluster_state_synced: plain_gauge(
                 r,

@@ -426,6 +426,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                     feature_gates: config.feature_gates.clone(),
                     leadership: leadership.clone(),
                     registration_health: Default::default(),
+                    cost: Default::default(),
                     shared,
                     reconcile_concurrency: config::reconcile_concurrency(config.cpu_requests),
                 });

@@ -15,8 +15,10 @@ use crate::controllers::{Context, Result, absent_ok, patch_object, patch_status}
 use crate::operator::metrics::labels;
 use crate::state::quantity::parse_milli;
 
+use super::cost::pool_cost;
 use super::hash::{hash_annotations, needs_hash_migration};
 use super::status::{desired_status, epoch};
+use crate::provisioning::input::pools_with_types;
 
 const RESYNC: Duration = Duration::from_secs(30);
 
@@ -74,7 +76,37 @@ pub async fn reconcile(pool: Arc<NodePool>, ctx: Arc<Context>) -> Result<Action>
                 .set(milli as f64 / 1000.0);
         }
     }
+    publish_cost(&pool, &ctx).await;
     Ok(Action::requeue(RESYNC))
+}
+
+/// `karpenter_nodepools_cost_total` from the instance types the cloud offers the pool now.
+async fn publish_cost(pool: &Arc<NodePool>, ctx: &Context) {
+    let name = pool.name_any();
+    let (found, failed) =
+        pools_with_types(ctx.cloud.as_ref(), &ctx.metrics, vec![pool.clone()]).await;
+    let claims = ctx.cluster.read().nodeclaims_of_nodepool(&name);
+    let cost = match (found.first(), failed.first()) {
+        (Some((_, types)), _) => pool_cost(&claims, types),
+        (None, Some((_, error))) => {
+            tracing::debug!(nodepool = %name, %error, "no instance types to price the NodePool with");
+            pool_cost(&claims, &[])
+        }
+        (None, None) => return,
+    };
+    let pool_label = labels([("nodepool", &name)]);
+    ctx.metrics
+        .nodepools_cost
+        .get_or_create(&pool_label)
+        .set(cost.per_hour);
+    let new_errors = ctx.cost.new_errors(&name, &cost.unpriced);
+    if new_errors > 0 {
+        tracing::warn!(nodepool = %name, nodeclaims = ?cost.unpriced, "NodeClaims without a known price are left out of the NodePool's cost");
+        ctx.metrics
+            .nodepools_cost_errors
+            .get_or_create(&pool_label)
+            .inc_by(new_errors as u64);
+    }
 }
 
 /// Rewrites hash annotations of this pool's non-drifted NodeClaims after a hash-version bump,
