@@ -246,6 +246,42 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
     })
     .await;
 
+    // The provisioning pod and scheduler metrics moved in this run (the README lists them).
+    let counted = |exposed: &str, family: &str| -> Option<f64> {
+        exposed
+            .lines()
+            .find(|l| l.starts_with(family))?
+            .rsplit(' ')
+            .next()?
+            .parse()
+            .ok()
+    };
+    eventually("the pods' provisioning metrics are on /metrics", || {
+        let exposed = world.replica_metrics("prov-a");
+        async move {
+            let decided = counted(&exposed, "karpenter_pods_scheduling_decision_duration_seconds_count")?;
+            let bound = counted(&exposed, "karpenter_pods_provisioning_bound_duration_seconds_count")?;
+            let zone = counted(
+                &exposed,
+                "karpenter_scheduler_pending_pods_by_effective_zone_count{controller=\"provisioner\",zone=\"flexible\"}",
+            )?;
+            (decided >= 5.0 && bound >= 5.0 && zone >= 1.0).then_some(())
+        }
+    })
+    .await;
+    let exposed = world.replica_metrics("prov-a");
+    assert!(
+        !exposed.contains("karpenter_scheduler_queue_depth{"),
+        "no round in progress any more: its queue gauge is gone"
+    );
+    assert!(
+        !exposed
+            .lines()
+            .any(|l| l.starts_with("karpenter_pods_unbound_time_seconds{")
+                && l.contains("name=\"web-")),
+        "bound pods have no unbound-time series left"
+    );
+
     deployments
         .delete("web", &DeleteParams::default())
         .await

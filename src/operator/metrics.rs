@@ -24,7 +24,7 @@ const DURATION_BUCKETS: [f64; 16] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 300.0, 600.0,
 ];
 
-fn duration_histogram() -> Histogram {
+pub fn duration_histogram() -> Histogram {
     Histogram::new(DURATION_BUCKETS)
 }
 
@@ -151,6 +151,10 @@ pub struct Metrics {
     pub pods_state: GaugeFamily,
     pub pods_startup_duration: Histogram,
     pub pods_bound_duration: Histogram,
+    pub pods_provisioning_startup_duration: Histogram,
+    pub pods_provisioning_bound_duration: Histogram,
+    /// Per-pod waiting gauges, in [`crate::controllers::metrics::WAITING_GAUGES`] order.
+    pub pods_waiting: [GaugeFamily; 5],
     pub cloudprovider_duration: HistogramFamily,
     pub cloudprovider_errors: CounterFamily,
     pub reconcile_errors: CounterFamily,
@@ -322,6 +326,43 @@ impl Metrics {
                 "karpenter_pods_bound_duration_seconds",
                 "Time from pod creation until the pod is bound to a node.",
             ),
+            pods_provisioning_startup_duration: plain_histogram(
+                r,
+                "karpenter_pods_provisioning_startup_duration_seconds",
+                "Time from provisioning first placing the pod until it is Ready (from this process's memory, not the creation time).",
+            ),
+            pods_provisioning_bound_duration: plain_histogram(
+                r,
+                "karpenter_pods_provisioning_bound_duration_seconds",
+                "Time from provisioning first placing the pod until it is bound (from this process's memory, not the creation time).",
+            ),
+            pods_waiting: [
+                gauge(
+                    r,
+                    "karpenter_pods_unbound_time_seconds",
+                    "Time since creation of a pod not yet bound, by name and namespace.",
+                ),
+                gauge(
+                    r,
+                    "karpenter_pods_unstarted_time_seconds",
+                    "Time since creation of a pod not yet running, by name and namespace.",
+                ),
+                gauge(
+                    r,
+                    "karpenter_pods_provisioning_unbound_time_seconds",
+                    "Time since provisioning first placed a pod not yet bound, by name and namespace.",
+                ),
+                gauge(
+                    r,
+                    "karpenter_pods_provisioning_unstarted_time_seconds",
+                    "Time since provisioning first placed a pod not yet running, by name and namespace.",
+                ),
+                gauge(
+                    r,
+                    "karpenter_pods_provisioning_scheduling_undecided_time_seconds",
+                    "Time since provisioning first saw a pod it has not decided about yet, by name and namespace.",
+                ),
+            ],
             cloudprovider_duration: histogram(
                 r,
                 "karpenter_cloudprovider_duration_seconds",

@@ -3,6 +3,7 @@
 //! Karpenter never binds pods; kube-scheduler does once the nodes are Ready.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,7 +26,7 @@ use super::backoff::LaunchBackoff;
 use super::batcher::Batcher;
 use super::eligibility;
 use super::input::nodeclaim_to_create;
-use super::input::{PodsToPlace, Prepared, pools_with_types, prepare, scheduler_options};
+use super::input::{Pending, PodsToPlace, Prepared, pools_with_types, prepare, scheduler_options};
 
 /// Pods still pending are triggered again after this long (upstream requeues every 10 s).
 const RETRIGGER_AFTER: Duration = Duration::from_secs(10);
@@ -62,10 +63,17 @@ impl Nominations {
 }
 
 /// The scheduler metrics provisioning owns.
+/// Numbers the scheduling rounds (`scheduling_id` of the in-progress gauges).
+static ROUND: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 pub struct ProvisioningMetrics {
     scheduling_duration: Family<Labels, Histogram, fn() -> Histogram>,
     unschedulable_pods: Family<Labels, Gauge>,
     ignored_pods: Gauge,
+    queue_depth: Family<Labels, Gauge>,
+    unfinished_work: Family<Labels, Gauge<f64, AtomicU64>>,
+    pending_by_zone: Family<Labels, Gauge>,
+    decision_duration: Histogram,
 }
 
 impl ProvisioningMetrics {
@@ -77,6 +85,10 @@ impl ProvisioningMetrics {
             ),
             unschedulable_pods: Family::default(),
             ignored_pods: Gauge::default(),
+            queue_depth: Family::default(),
+            unfinished_work: Family::default(),
+            pending_by_zone: Family::default(),
+            decision_duration: crate::operator::metrics::duration_histogram(),
         };
         metrics.register(
             "karpenter_scheduler_scheduling_duration_seconds",
@@ -92,6 +104,26 @@ impl ProvisioningMetrics {
             "karpenter_scheduler_ignored_pods_count",
             "Pods that could not be simulated (invalid requests or selectors).",
             m.ignored_pods.clone(),
+        );
+        metrics.register(
+            "karpenter_scheduler_queue_depth",
+            "Pods of the scheduling round in progress not yet decided (the whole batch until its solve returns).",
+            m.queue_depth.clone(),
+        );
+        metrics.register(
+            "karpenter_scheduler_unfinished_work_seconds",
+            "How long the scheduling round in progress has run (updated every second while it runs).",
+            m.unfinished_work.clone(),
+        );
+        metrics.register(
+            "karpenter_scheduler_pending_pods_by_effective_zone_count",
+            "Pending pods of the last round by the zone their own and their volumes' constraints leave: a zone, flexible or none.",
+            m.pending_by_zone.clone(),
+        );
+        metrics.register(
+            "karpenter_pods_scheduling_decision_duration_seconds",
+            "From provisioning first seeing a pod to its first scheduling decision.",
+            m.decision_duration.clone(),
         );
         m
     }
@@ -210,13 +242,73 @@ impl Provisioner {
             ..
         } = prepared;
         let started = Instant::now();
+        let now_unix = self.ctx.clock.now_unix();
+        let keys: Vec<String> = pods
+            .iter()
+            .map(|p| format!("{}/{}", p.pod.namespace, p.pod.name))
+            .collect();
+        let unbound = |p: &Pending| p.object.spec.as_ref().is_none_or(|s| s.node_name.is_none());
+        self.ctx.cluster.pod_times.ack(
+            pods.iter()
+                .zip(&keys)
+                .filter(|(p, _)| unbound(p))
+                .map(|(_, k)| k.as_str()),
+            now_unix,
+        );
+        self.metrics.pending_by_zone.clear();
+        for p in pods.iter().filter(|p| unbound(p)) {
+            self.metrics
+                .pending_by_zone
+                .get_or_create(&labels([
+                    ("controller", "provisioner"),
+                    ("zone", &super::effective_zone::effective_zone(&p.pod)),
+                ]))
+                .inc();
+        }
+        let round = ROUND
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .to_string();
+        let round_labels = labels([("controller", "provisioner"), ("scheduling_id", &round)]);
+        self.metrics
+            .queue_depth
+            .get_or_create(&round_labels)
+            .set(pods.len() as i64);
         let domain_pods: Vec<_> = pods.iter().map(|p| p.pod.clone()).collect();
-        let results =
-            tokio::task::spawn_blocking(move || Scheduler::new(input).solve(&domain_pods))
-                .await
-                .map_err(|e| {
-                    crate::controllers::Error::Invalid(format!("scheduler task failed: {e}"))
-                })?;
+        let mut solve =
+            tokio::task::spawn_blocking(move || Scheduler::new(input).solve(&domain_pods));
+        let results = loop {
+            self.metrics
+                .unfinished_work
+                .get_or_create(&round_labels)
+                .set(started.elapsed().as_secs_f64());
+            tokio::select! {
+                done = &mut solve => break done,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        };
+        self.metrics.queue_depth.remove(&round_labels);
+        self.metrics.unfinished_work.remove(&round_labels);
+        let results = results.map_err(|e| {
+            crate::controllers::Error::Invalid(format!("scheduler task failed: {e}"))
+        })?;
+        // Every pod of the round is decided: placed (on a new or existing node) or not.
+        let mut placed = vec![false; pods.len()];
+        for i in results
+            .new_node_claims
+            .iter()
+            .flat_map(|c| &c.pods)
+            .chain(results.existing_nodes.iter().flat_map(|a| &a.pods))
+        {
+            placed[*i] = true;
+        }
+        for (i, key) in keys.iter().enumerate() {
+            if !unbound(&pods[i]) {
+                continue;
+            }
+            if let Some(seconds) = self.ctx.cluster.pod_times.decide(key, placed[i], now_unix) {
+                self.metrics.decision_duration.observe(seconds);
+            }
+        }
         self.metrics
             .scheduling_duration
             .get_or_create(&labels([("controller", "provisioner")]))

@@ -4,6 +4,7 @@
 pub mod backoff;
 pub mod batcher;
 pub mod controller;
+pub mod effective_zone;
 pub mod eligibility;
 pub mod input;
 pub mod template;

@@ -5,6 +5,7 @@
 //! pure code.
 
 mod index;
+pub mod pod_times;
 pub mod pods;
 pub mod quantity;
 #[cfg(test)]
@@ -35,6 +36,8 @@ use crate::apis::{NodeClaim, NodeOverlay, NodePool};
 pub struct Cluster {
     index: RwLock<ClusterIndex>,
     revision: watch::Sender<u64>,
+    /// Provisioning's view of each pod's scheduling (for the pod metrics).
+    pub pod_times: pod_times::PodTimeline,
 }
 
 impl Default for Cluster {
@@ -42,6 +45,7 @@ impl Default for Cluster {
         Cluster {
             index: RwLock::new(ClusterIndex::default()),
             revision: watch::channel(0).0,
+            pod_times: Default::default(),
         }
     }
 }

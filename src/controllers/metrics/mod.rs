@@ -65,8 +65,18 @@ impl UnsyncedClock {
     }
 }
 
+/// The per-pod waiting gauges, in `Metrics::pods_waiting` order.
+pub const WAITING_GAUGES: [&str; 5] = [
+    "unbound",
+    "unstarted",
+    "provisioning_unbound",
+    "provisioning_unstarted",
+    "provisioning_scheduling_undecided",
+];
+
 #[derive(Default)]
 struct Publisher {
+    waiting: [Published; WAITING_GAUGES.len()],
     nodes: [Published; NodeGauge::ALL.len()],
     utilization: Published,
     pods: Published,
@@ -110,6 +120,7 @@ impl Publisher {
         if !leading {
             return;
         }
+        let times = &cluster.pod_times;
         let observed = self.transitions.observe(&input.pods);
         for seconds in observed.bound {
             metrics.pods_bound_duration.observe(seconds);
@@ -117,6 +128,25 @@ impl Publisher {
         for seconds in observed.started {
             metrics.pods_startup_duration.observe(seconds);
         }
+        let (bound, started) = state::provisioning_durations(&input.pods, times);
+        for seconds in bound {
+            metrics.pods_provisioning_bound_duration.observe(seconds);
+        }
+        for seconds in started {
+            metrics.pods_provisioning_startup_duration.observe(seconds);
+        }
+        let waiting = state::waiting_pods(&input.pods, &|key: &str| times.get(key), now);
+        let samples = [
+            &waiting.unbound,
+            &waiting.unstarted,
+            &waiting.provisioning_unbound,
+            &waiting.provisioning_unstarted,
+            &waiting.scheduling_undecided,
+        ];
+        for (i, samples) in samples.into_iter().enumerate() {
+            self.waiting[i].replace(&metrics.pods_waiting[i], samples);
+        }
+        times.retain(&input.pods.iter().map(|p| state::pod_key(p)).collect());
         self.publish_workload(metrics, &snapshot);
     }
 }

@@ -306,6 +306,113 @@ pub struct Observed {
     pub started: Vec<f64>,
 }
 
+/// From provisioning placing a pod to its binding / readiness
+/// (`karpenter_pods_provisioning_bound_duration_seconds` / `_startup_duration_seconds`), once per
+/// pod: provisioning saw every such pod unbound, so no transition needs to be seen here.
+pub fn provisioning_durations(
+    pods: &[Arc<Pod>],
+    timeline: &crate::state::pod_times::PodTimeline,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut bound = Vec::new();
+    let mut started = Vec::new();
+    for pod in pods {
+        let key = pod_key(pod);
+        if let Some(at) = condition_time(pod, "PodScheduled")
+            && pod.spec.as_ref().is_some_and(|s| s.node_name.is_some())
+            && let Some(placed) = timeline.report(&key, true)
+            && let Some(s) = seconds_since(placed, at)
+        {
+            bound.push(s);
+        }
+        if let Some(at) = condition_time(pod, "Ready")
+            && let Some(placed) = timeline.report(&key, false)
+            && let Some(s) = seconds_since(placed, at)
+        {
+            started.push(s);
+        }
+    }
+    (bound, started)
+}
+
+fn condition_time(pod: &Pod, kind: &str) -> Option<Timestamp> {
+    Some(
+        pod.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == kind && c.status == "True")?
+            .last_transition_time
+            .as_ref()?
+            .0,
+    )
+}
+
+/// `namespace/name`, the key of [`crate::state::pod_times::PodTimeline`].
+pub fn pod_key(pod: &Pod) -> String {
+    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+fn seconds_since(unix: i64, at: Timestamp) -> Option<f64> {
+    let from = Timestamp::from_second(unix).ok()?;
+    Some(at.duration_since(from).as_secs_f64().max(0.0))
+}
+
+/// Per-pod gauges of pods still on their way (upstream's `karpenter_pods_*_time_seconds`),
+/// labelled `name`, `namespace`; a pod leaves a gauge once it is bound / running.
+#[derive(Debug, Default, PartialEq)]
+pub struct WaitingPods {
+    pub unbound: Vec<Sample>,
+    pub unstarted: Vec<Sample>,
+    pub provisioning_unbound: Vec<Sample>,
+    pub provisioning_unstarted: Vec<Sample>,
+    pub scheduling_undecided: Vec<Sample>,
+}
+
+/// The waiting-pod gauges at `now`; `times` gives provisioning's instants for a pod key.
+pub fn waiting_pods(
+    pods: &[Arc<Pod>],
+    times: &dyn Fn(&str) -> Option<crate::state::pod_times::PodTimes>,
+    now: Timestamp,
+) -> WaitingPods {
+    let mut out = WaitingPods::default();
+    for pod in pods {
+        if is_terminal(pod) || pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let Some(created) = pod.metadata.creation_timestamp.as_ref().map(|t| t.0) else {
+            continue;
+        };
+        let labels: Labels = vec![
+            ("name".to_string(), pod.name_any()),
+            ("namespace".to_string(), pod.namespace().unwrap_or_default()),
+        ];
+        let age = now.duration_since(created).as_secs_f64().max(0.0);
+        let key = pod_key(pod);
+        let t = times(&key).unwrap_or_default();
+        let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+        let started = !is_pending(pod) || condition_true(pod, "Ready");
+        if !bound {
+            out.unbound.push((labels.clone(), age));
+            if let Some(s) = t.schedulable.and_then(|u| seconds_since(u, now)) {
+                out.provisioning_unbound.push((labels.clone(), s));
+            }
+            if t.decided.is_none()
+                && let Some(s) = t.acked.and_then(|u| seconds_since(u, now))
+            {
+                out.scheduling_undecided.push((labels.clone(), s));
+            }
+        }
+        if !started {
+            out.unstarted.push((labels.clone(), age));
+            if let Some(s) = t.schedulable.and_then(|u| seconds_since(u, now)) {
+                out.provisioning_unstarted.push((labels, s));
+            }
+        }
+    }
+    out
+}
+
 fn transition_seconds(pod: &Pod, kind: &str) -> Option<f64> {
     let created = pod.metadata.creation_timestamp.as_ref()?.0;
     let at = pod
@@ -630,6 +737,75 @@ mod tests {
             transitions.observe(&[Arc::new(recovered)]),
             Observed::default(),
             "no second startup duration for a readiness flap"
+        );
+    }
+
+    #[test]
+    fn provisioning_durations_and_waiting_gauges_count_from_provisionings_instants() {
+        use crate::state::pod_times::PodTimes;
+        use std::sync::Arc;
+        const BASE: i64 = 1_700_000_000; // `ts` counts from here
+        let at = |s: i64| Timestamp::from_second(BASE + s).unwrap();
+        let waiting = created(pod("default", "w", None), "u1", 100);
+        let undecided = created(pod("default", "u", None), "u2", 100);
+        let times = |key: &str| match key {
+            "default/w" => Some(PodTimes {
+                acked: Some(BASE + 101),
+                decided: Some(BASE + 102),
+                schedulable: Some(BASE + 102),
+                ..PodTimes::default()
+            }),
+            "default/u" => Some(PodTimes {
+                acked: Some(BASE + 101),
+                ..PodTimes::default()
+            }),
+            _ => None,
+        };
+        let pods = [Arc::new(waiting.clone()), Arc::new(undecided)];
+        let gauges = waiting_pods(&pods, &times, at(110));
+        let one = |samples: &[Sample], name: &str| {
+            samples
+                .iter()
+                .find(|(l, _)| l.contains(&("name".to_string(), name.to_string())))
+                .map(|(_, v)| *v)
+        };
+        assert_eq!(one(&gauges.unbound, "w"), Some(10.0));
+        assert_eq!(one(&gauges.unstarted, "w"), Some(10.0));
+        assert_eq!(one(&gauges.provisioning_unbound, "w"), Some(8.0));
+        assert_eq!(one(&gauges.provisioning_unstarted, "w"), Some(8.0));
+        assert_eq!(one(&gauges.scheduling_undecided, "w"), None, "decided");
+        assert_eq!(one(&gauges.scheduling_undecided, "u"), Some(9.0));
+        assert_eq!(one(&gauges.provisioning_unbound, "u"), None, "never placed");
+
+        // Bound at 105, Ready at 120: 3 s and 18 s after provisioning placed it at 102.
+        let timeline = crate::state::pod_times::PodTimeline::default();
+        timeline.ack(["default/w"], BASE + 101);
+        timeline.decide("default/w", true, BASE + 102);
+        let bound = with_condition(
+            {
+                let mut p = waiting;
+                p.spec.get_or_insert_with(Default::default).node_name = Some("n1".into());
+                p
+            },
+            "PodScheduled",
+            105,
+        );
+        let ready = with_condition(bound, "Ready", 120);
+        let pods = [Arc::new(ready.clone())];
+        assert_eq!(
+            provisioning_durations(&pods, &timeline),
+            (vec![3.0], vec![18.0])
+        );
+        assert_eq!(
+            provisioning_durations(&pods, &timeline),
+            (vec![], vec![]),
+            "once"
+        );
+        let gauges = waiting_pods(&[Arc::new(ready)], &times, at(130));
+        assert_eq!(
+            gauges,
+            WaitingPods::default(),
+            "a running pod waits for nothing"
         );
     }
 
