@@ -265,7 +265,16 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
                 &exposed,
                 "karpenter_scheduler_pending_pods_by_effective_zone_count{controller=\"provisioner\",zone=\"flexible\"}",
             )?;
-            (decided >= 5.0 && bound >= 5.0 && zone >= 1.0).then_some(())
+            // operatorpkg's status-condition series for the launched NodeClaims and their Nodes.
+            let ready_claim = exposed.lines().any(|l| {
+                l.starts_with("operator_nodeclaim_status_condition_count{")
+                    && l.contains("type=\"Ready\",status=\"True\"")
+            });
+            let node_seen = exposed
+                .lines()
+                .any(|l| l.starts_with("operator_node_status_condition_current_status_seconds{"));
+            (decided >= 5.0 && bound >= 5.0 && zone >= 1.0 && ready_claim && node_seen)
+                .then_some(())
         }
     })
     .await;

@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 
 use karpenter_exoscale::controllers::disruption::metrics::DisruptionMetrics;
+use karpenter_exoscale::controllers::metrics::conditions::StatusConditionMetrics;
 use karpenter_exoscale::operator::metrics::Metrics;
 use karpenter_exoscale::provisioning::controller::ProvisioningMetrics;
 
@@ -14,6 +15,7 @@ fn ours() -> BTreeSet<String> {
     let metrics = Metrics::new();
     let _disruption = DisruptionMetrics::register(&metrics);
     let _provisioning = ProvisioningMetrics::register(&metrics);
+    let _conditions = StatusConditionMetrics::register(&metrics);
     metrics.families().into_iter().collect()
 }
 

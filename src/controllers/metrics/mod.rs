@@ -4,6 +4,7 @@
 //! Every replica keeps a synced cache and says so; only the leader exports the per-node and
 //! per-pod series (as upstream), so summing them across replicas does not double count.
 
+pub mod conditions;
 pub mod state;
 
 use std::collections::BTreeSet;
@@ -76,6 +77,9 @@ pub const WAITING_GAUGES: [&str; 5] = [
 
 #[derive(Default)]
 struct Publisher {
+    /// Per kind: count, current status seconds, termination time.
+    condition_gauges: [[Published; 3]; 3],
+    conditions: conditions::ConditionTracker,
     waiting: [Published; WAITING_GAUGES.len()],
     nodes: [Published; NodeGauge::ALL.len()],
     utilization: Published,
@@ -106,7 +110,40 @@ impl Publisher {
         self.pods.replace(&metrics.pods_state, &pods);
     }
 
-    fn refresh(&mut self, cluster: &Cluster, metrics: &Metrics, now: Timestamp, leading: bool) {
+    fn publish_conditions(
+        &mut self,
+        families: &conditions::StatusConditionMetrics,
+        input: &StateInput,
+        now: Timestamp,
+    ) {
+        let objects = conditions::objects(&input.nodeclaims, &input.nodepools, &input.nodes);
+        let out = self.conditions.observe(&objects, now);
+        for (k, f) in families.kinds.iter().enumerate() {
+            self.condition_gauges[k][0].replace(&f.count, &out.count[k]);
+            self.condition_gauges[k][1]
+                .replace(&f.current_status_seconds, &out.current_status_seconds[k]);
+            self.condition_gauges[k][2]
+                .replace(&f.termination_current, &out.termination_current[k]);
+            for l in &out.transitions[k] {
+                f.transitions.get_or_create(l).inc();
+            }
+            for (l, s) in &out.transition_seconds[k] {
+                f.transition_seconds.get_or_create(l).observe(*s);
+            }
+            for (l, s) in &out.termination_durations[k] {
+                f.termination_duration.get_or_create(l).observe(*s);
+            }
+        }
+    }
+
+    fn refresh(
+        &mut self,
+        cluster: &Cluster,
+        metrics: &Metrics,
+        conditions: &conditions::StatusConditionMetrics,
+        now: Timestamp,
+        leading: bool,
+    ) {
         let input = StateInput::from_index(&cluster.read());
         let snapshot = snapshot(&input, now);
         let unsynced = self.unsynced.update(snapshot.synced, now);
@@ -147,6 +184,7 @@ impl Publisher {
             self.waiting[i].replace(&metrics.pods_waiting[i], samples);
         }
         times.retain(&input.pods.iter().map(|p| state::pod_key(p)).collect());
+        self.publish_conditions(conditions, &input, now);
         self.publish_workload(metrics, &snapshot);
     }
 }
@@ -160,9 +198,10 @@ pub async fn run(
 ) {
     let mut revisions = cluster.subscribe();
     let mut publisher = Publisher::default();
+    let conditions = conditions::StatusConditionMetrics::register(&metrics);
     loop {
         let now = Timestamp::from_second(clock.now_unix()).unwrap_or(Timestamp::UNIX_EPOCH);
-        publisher.refresh(&cluster, &metrics, now, leadership.is_leader());
+        publisher.refresh(&cluster, &metrics, &conditions, now, leadership.is_leader());
         tokio::time::sleep(MIN_REFRESH).await;
         // Either the state changed since the last refresh, or it is time anyway.
         let _ = tokio::time::timeout(MAX_REFRESH - MIN_REFRESH, revisions.changed()).await;
@@ -236,22 +275,40 @@ mod tests {
     fn only_the_leader_exports_node_and_pod_series() {
         use crate::state::testing::{node, pod};
         let cluster = Cluster::default();
+        let mut n1 = node("n1", Some("exoscale://1"), &[]);
+        n1.status.as_mut().unwrap().conditions =
+            Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: Some("KubeletReady".into()),
+                ..Default::default()
+            }]);
         cluster.update(|index| {
-            index.apply_node(node("n1", Some("exoscale://1"), &[]));
+            index.apply_node(n1);
             index.apply_pod(pod("default", "web", Some("n1")));
         });
         let now = Timestamp::from_second(1_000).unwrap();
         let standby = Metrics::new();
-        Publisher::default().refresh(&cluster, &standby, now, false);
+        let standby_conditions = conditions::StatusConditionMetrics::register(&standby);
+        Publisher::default().refresh(&cluster, &standby, &standby_conditions, now, false);
         let text = standby.render();
         assert!(
             text.contains("karpenter_cluster_state_node_count 1.0"),
             "{text}"
         );
         assert!(!text.contains("karpenter_pods_state{"), "{text}");
+        assert!(
+            !text.contains("operator_node_status_condition_count{"),
+            "{text}"
+        );
         let leader = Metrics::new();
-        Publisher::default().refresh(&cluster, &leader, now, true);
+        let leader_conditions = conditions::StatusConditionMetrics::register(&leader);
+        Publisher::default().refresh(&cluster, &leader, &leader_conditions, now, true);
         let text = leader.render();
         assert!(text.contains("karpenter_pods_state{name=\"web\""), "{text}");
+        assert!(
+            text.contains("operator_node_status_condition_count{namespace=\"\",name=\"n1\",karpenter_exoscale_com_exoscalenodeclass=\"\",karpenter_sh_nodepool=\"\",karpenter_sh_initialized=\"\",type=\"Ready\",status=\"True\",reason=\"KubeletReady\"} 1"),
+            "{text}"
+        );
     }
 }

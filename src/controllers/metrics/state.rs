@@ -197,6 +197,8 @@ fn pod_state_labels(pod: &Pod, node: Option<&Node>) -> Labels {
 pub struct StateInput {
     pub nodes: Vec<Arc<Node>>,
     pub pods: Vec<Arc<Pod>>,
+    pub nodeclaims: Vec<Arc<crate::apis::NodeClaim>>,
+    pub nodepools: Vec<Arc<crate::apis::NodePool>>,
     /// Provider IDs of NodeClaims that have one.
     pub claim_provider_ids: Vec<String>,
     pub synced: bool,
@@ -204,15 +206,17 @@ pub struct StateInput {
 
 impl StateInput {
     pub fn from_index(index: &ClusterIndex) -> Self {
+        let nodeclaims = index.nodeclaims();
         StateInput {
             nodes: index.nodes(),
             pods: index.pods(),
-            claim_provider_ids: index
-                .nodeclaims()
+            nodepools: index.nodepools(),
+            claim_provider_ids: nodeclaims
                 .iter()
                 .filter_map(|c| nodeclaim_provider_id(c).map(str::to_string))
                 .collect(),
             synced: index.synced(),
+            nodeclaims,
         }
     }
 }

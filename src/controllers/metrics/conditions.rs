@@ -1,0 +1,390 @@
+//! operatorpkg's status-condition metrics, which upstream Karpenter exports for NodeClaims,
+//! NodePools and Nodes: `operator_<kind>_status_condition_count`, `_current_status_seconds`,
+//! `_transitions_total`, `_transition_seconds`, and `operator_<kind>_termination_current_time_seconds`
+//! / `_termination_duration_seconds`. Transitions are what this process saw change between two
+//! looks (as operatorpkg: best effort, a flap between looks is not seen). The deprecated
+//! kind-less `operator_status_condition_*` copies are not exported (they double every series).
+//!
+//! [`ConditionTracker::observe`] is pure over the objects and the clock; the publisher registers
+//! the families ([`StatusConditionMetrics`]) and applies the output.
+
+use std::collections::{BTreeSet, HashMap};
+
+use k8s_openapi::jiff::Timestamp;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
+use crate::operator::metrics::{Labels, Metrics};
+
+use super::state::Sample;
+
+/// The kinds upstream reports, as they appear in the metric names.
+pub const KINDS: [&str; 3] = ["nodeclaim", "nodepool", "node"];
+
+/// One condition as the object states it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConditionState {
+    pub type_: String,
+    pub status: String,
+    pub reason: String,
+    pub last_transition: Option<Timestamp>,
+}
+
+/// One object of a reported kind.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObjectConditions {
+    /// Index into [`KINDS`].
+    pub kind: usize,
+    pub namespace: String,
+    pub name: String,
+    /// Object labels upstream adds to every series (`karpenter_sh_nodepool`, …).
+    pub extra: Labels,
+    pub conditions: Vec<ConditionState>,
+    pub deleting_since: Option<Timestamp>,
+}
+
+/// What to write for one look at the objects, per kind.
+#[derive(Debug, Default, PartialEq)]
+pub struct ConditionOutput {
+    pub count: [Vec<Sample>; 3],
+    pub current_status_seconds: [Vec<Sample>; 3],
+    pub transitions: [Vec<Labels>; 3],
+    pub transition_seconds: [Vec<(Labels, f64)>; 3],
+    pub termination_current: [Vec<Sample>; 3],
+    pub termination_durations: [Vec<(Labels, f64)>; 3],
+}
+
+type Key = (usize, String, String);
+
+/// What was seen at the previous look.
+#[derive(Debug, Default)]
+pub struct ConditionTracker {
+    observed: HashMap<Key, Vec<ConditionState>>,
+    terminating: HashMap<Key, (Timestamp, Labels)>,
+}
+
+fn label(k: &str, v: &str) -> (String, String) {
+    (k.to_string(), v.to_string())
+}
+
+/// operatorpkg's label name for an object label key.
+pub fn prometheus_label(key: &str) -> String {
+    key.replace(['/', '.', '-'], "_")
+}
+
+fn seconds(from: Timestamp, to: Timestamp) -> f64 {
+    to.duration_since(from).as_secs_f64().max(0.0)
+}
+
+impl ConditionTracker {
+    pub fn observe(&mut self, objects: &[ObjectConditions], now: Timestamp) -> ConditionOutput {
+        let mut out = ConditionOutput::default();
+        let mut present = BTreeSet::new();
+        for o in objects {
+            let k = o.kind;
+            let key = (k, o.namespace.clone(), o.name.clone());
+            present.insert(key.clone());
+            let object_labels = || {
+                let mut l = vec![label("namespace", &o.namespace), label("name", &o.name)];
+                l.extend(o.extra.iter().cloned());
+                l
+            };
+            for c in &o.conditions {
+                let mut l = object_labels();
+                l.extend([
+                    label("type", &c.type_),
+                    label("status", &c.status),
+                    label("reason", &c.reason),
+                ]);
+                out.count[k].push((l.clone(), 1.0));
+                let since = c.last_transition.map_or(0.0, |t| seconds(t, now));
+                out.current_status_seconds[k].push((l, since));
+            }
+            let previous = self.observed.insert(key.clone(), o.conditions.clone());
+            for c in &o.conditions {
+                let before = previous
+                    .as_ref()
+                    .and_then(|p| p.iter().find(|b| b.type_ == c.type_));
+                if before.is_some_and(|b| b.status == c.status) {
+                    continue;
+                }
+                let mut l = vec![
+                    label("type", &c.type_),
+                    label("status", &c.status),
+                    label("reason", &c.reason),
+                ];
+                l.extend(o.extra.iter().cloned());
+                // The first look at an object is not a transition this process saw.
+                if previous.is_some() {
+                    out.transitions[k].push(l);
+                }
+                if let Some(b) = before
+                    && let (Some(from), Some(to)) = (b.last_transition, c.last_transition)
+                {
+                    let mut l = vec![label("type", &b.type_), label("status", &b.status)];
+                    l.extend(o.extra.iter().cloned());
+                    out.transition_seconds[k].push((l, seconds(from, to)));
+                }
+            }
+            if let Some(since) = o.deleting_since {
+                out.termination_current[k].push((object_labels(), seconds(since, now)));
+                self.terminating.insert(key, (since, object_labels()));
+            }
+        }
+        // Objects gone since the last look: the termination took until now.
+        let gone: Vec<Key> = self
+            .terminating
+            .keys()
+            .filter(|k| !present.contains(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some((since, labels)) = self.terminating.remove(&key) {
+                out.termination_durations[key.0].push((labels, seconds(since, now)));
+            }
+        }
+        self.observed.retain(|k, _| present.contains(k));
+        out
+    }
+}
+
+fn status_str(s: crate::apis::ConditionStatus) -> &'static str {
+    match s {
+        crate::apis::ConditionStatus::True => "True",
+        crate::apis::ConditionStatus::False => "False",
+        crate::apis::ConditionStatus::Unknown => "Unknown",
+    }
+}
+
+fn extra_labels(labels: &std::collections::BTreeMap<String, String>, keys: &[&str]) -> Labels {
+    keys.iter()
+        .map(|k| {
+            label(
+                &prometheus_label(k),
+                labels.get(*k).map_or("", String::as_str),
+            )
+        })
+        .collect()
+}
+
+/// The NodeClaims, NodePools and Nodes of the index as the tracker reads them, with the object
+/// labels upstream adds (NodeClaims: NodeClass and NodePool; Nodes: also `initialized`).
+pub fn objects(
+    nodeclaims: &[std::sync::Arc<crate::apis::NodeClaim>],
+    nodepools: &[std::sync::Arc<crate::apis::NodePool>],
+    nodes: &[std::sync::Arc<k8s_openapi::api::core::v1::Node>],
+) -> Vec<ObjectConditions> {
+    use crate::apis::labels::{NODE_INITIALIZED_LABEL, NODECLASS_LABEL, NODEPOOL_LABEL};
+    use kube::ResourceExt;
+    let ours = |c: &crate::apis::Condition| ConditionState {
+        type_: c.type_.clone(),
+        status: status_str(c.status).into(),
+        reason: c.reason.clone(),
+        last_transition: Some(c.last_transition_time.0),
+    };
+    let deleting = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        m.deletion_timestamp.as_ref().map(|t| t.0)
+    };
+    let mut out = Vec::new();
+    for c in nodeclaims {
+        out.push(ObjectConditions {
+            kind: 0,
+            namespace: String::new(),
+            name: c.name_any(),
+            extra: extra_labels(c.labels(), &[NODECLASS_LABEL, NODEPOOL_LABEL]),
+            conditions: c
+                .status
+                .iter()
+                .flat_map(|s| &s.conditions)
+                .map(ours)
+                .collect(),
+            deleting_since: deleting(&c.metadata),
+        });
+    }
+    for p in nodepools {
+        out.push(ObjectConditions {
+            kind: 1,
+            namespace: String::new(),
+            name: p.name_any(),
+            extra: Vec::new(),
+            conditions: p
+                .status
+                .iter()
+                .flat_map(|s| &s.conditions)
+                .map(ours)
+                .collect(),
+            deleting_since: deleting(&p.metadata),
+        });
+    }
+    for n in nodes {
+        out.push(ObjectConditions {
+            kind: 2,
+            namespace: String::new(),
+            name: n.name_any(),
+            extra: extra_labels(
+                n.labels(),
+                &[NODECLASS_LABEL, NODEPOOL_LABEL, NODE_INITIALIZED_LABEL],
+            ),
+            conditions: n
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .map(|c| ConditionState {
+                    type_: c.type_.clone(),
+                    status: c.status.clone(),
+                    reason: c.reason.clone().unwrap_or_default(),
+                    last_transition: c.last_transition_time.as_ref().map(|t| t.0),
+                })
+                .collect(),
+            deleting_since: deleting(&n.metadata),
+        });
+    }
+    out
+}
+
+type GaugeFamily = Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>;
+type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Upstream's buckets for these histograms: 0.5 s doubling to 8192 s.
+fn buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.5, 2.0, 15))
+}
+
+/// The six families of one kind.
+#[derive(Clone)]
+pub struct KindFamilies {
+    pub count: GaugeFamily,
+    pub current_status_seconds: GaugeFamily,
+    pub transitions: Family<Labels, Counter>,
+    pub transition_seconds: HistogramFamily,
+    pub termination_current: GaugeFamily,
+    pub termination_duration: HistogramFamily,
+}
+
+/// The families of every reported kind, registered on the process's registry.
+#[derive(Clone)]
+pub struct StatusConditionMetrics {
+    pub kinds: [KindFamilies; 3],
+}
+
+impl StatusConditionMetrics {
+    pub fn register(metrics: &Metrics) -> Self {
+        let kinds = KINDS.map(|kind| {
+            let f = KindFamilies {
+                count: Family::default(),
+                current_status_seconds: Family::default(),
+                transitions: Family::default(),
+                transition_seconds: Family::new_with_constructor(buckets as fn() -> Histogram),
+                termination_current: Family::default(),
+                termination_duration: Family::new_with_constructor(buckets as fn() -> Histogram),
+            };
+            let name = |suffix: &str| format!("operator_{kind}_{suffix}");
+            metrics.register(
+                &name("status_condition_count"),
+                "The number of a condition for a given object, type and status.",
+                f.count.clone(),
+            );
+            metrics.register(
+                &name("status_condition_current_status_seconds"),
+                "Seconds a status condition has been in its current state.",
+                f.current_status_seconds.clone(),
+            );
+            metrics.register(
+                &name("status_condition_transitions"),
+                "Transitions of a condition type to a status seen by this process.",
+                f.transitions.clone(),
+            );
+            metrics.register(
+                &name("status_condition_transition_seconds"),
+                "Seconds a condition was in a state before it transitioned.",
+                f.transition_seconds.clone(),
+            );
+            metrics.register(
+                &name("termination_current_time_seconds"),
+                "Seconds an object has been terminating.",
+                f.termination_current.clone(),
+            );
+            metrics.register(
+                &name("termination_duration_seconds"),
+                "Seconds an object took to terminate completely.",
+                f.termination_duration.clone(),
+            );
+            f
+        });
+        StatusConditionMetrics { kinds }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + s).unwrap()
+    }
+
+    fn object(status: &str, since: i64, deleting: Option<i64>) -> ObjectConditions {
+        ObjectConditions {
+            kind: 0,
+            namespace: String::new(),
+            name: "claim".into(),
+            extra: vec![label("karpenter_sh_nodepool", "default")],
+            conditions: vec![ConditionState {
+                type_: "Ready".into(),
+                status: status.into(),
+                reason: if status == "True" {
+                    "Ready"
+                } else {
+                    "NotReady"
+                }
+                .into(),
+                last_transition: Some(at(since)),
+            }],
+            deleting_since: deleting.map(at),
+        }
+    }
+
+    #[test]
+    fn counts_current_seconds_transitions_and_termination() {
+        let mut tracker = ConditionTracker::default();
+        let first = tracker.observe(&[object("False", 0, None)], at(10));
+        assert_eq!(first.count[0].len(), 1);
+        assert_eq!(first.current_status_seconds[0][0].1, 10.0);
+        assert!(
+            first.transitions[0].is_empty(),
+            "a first look is no transition"
+        );
+
+        let second = tracker.observe(&[object("True", 30, None)], at(40));
+        assert_eq!(second.transitions[0].len(), 1);
+        assert!(second.transitions[0][0].contains(&label("status", "True")));
+        assert!(second.transitions[0][0].contains(&label("karpenter_sh_nodepool", "default")));
+        assert_eq!(second.transition_seconds[0].len(), 1);
+        assert!(
+            second.transition_seconds[0][0]
+                .0
+                .contains(&label("status", "False"))
+        );
+        assert_eq!(second.transition_seconds[0][0].1, 30.0, "False lasted 30 s");
+        let same = tracker.observe(&[object("True", 30, None)], at(50));
+        assert!(same.transitions[0].is_empty());
+        assert_eq!(same.current_status_seconds[0][0].1, 20.0);
+
+        let deleting = tracker.observe(&[object("True", 30, Some(60))], at(65));
+        assert_eq!(deleting.termination_current[0][0].1, 5.0);
+        let gone = tracker.observe(&[], at(90));
+        assert_eq!(gone.termination_durations[0].len(), 1);
+        assert_eq!(gone.termination_durations[0][0].1, 30.0);
+        assert!(gone.count[0].is_empty());
+    }
+
+    #[test]
+    fn label_keys_become_prometheus_names() {
+        assert_eq!(
+            prometheus_label("karpenter.exoscale.com/exoscalenodeclass"),
+            "karpenter_exoscale_com_exoscalenodeclass"
+        );
+    }
+}
