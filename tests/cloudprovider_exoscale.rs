@@ -27,6 +27,9 @@ use karpenter_exoscale::providers::userdata;
 use karpenter_exoscale::scheduling::{InstanceType, Quantity};
 use karpenter_exoscale::sim::{ExoscaleSim, Fault, FaultAction};
 
+#[path = "support/openapi.rs"]
+mod openapi;
+
 const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
 const PREFIX: &str = "karpenter-";
 /// The `kube-system` Namespace UID these tests' provider stands for.
@@ -41,6 +44,21 @@ struct World {
     clock: FixedClock,
 }
 
+impl Drop for World {
+    /// The test's traffic, checked against the OpenAPI document once the test body is done.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let problems = openapi::all_problems(&self.sim.exchanges());
+        assert!(
+            problems.is_empty(),
+            "traffic the Exoscale API would not accept or send:\n{}",
+            problems.join("\n")
+        );
+    }
+}
+
 async fn world() -> World {
     world_with_lookup_wait(Duration::from_secs(60)).await
 }
@@ -48,6 +66,8 @@ async fn world() -> World {
 /// A world whose client looks an outcome-unknown create up for `wait`.
 async fn world_with_lookup_wait(wait: Duration) -> World {
     let sim = ExoscaleSim::start().await.unwrap();
+    // Every exchange of every test here is checked against the API's OpenAPI document.
+    sim.record_exchanges();
     let mut config = sim.client_config();
     config.create_lookup_wait = wait;
     let client = exoscale::Client::new(config).unwrap();

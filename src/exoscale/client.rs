@@ -701,10 +701,11 @@ impl Client {
             .await
     }
 
-    /// Resolves a security group by id, else by exact name.
+    /// Resolves a security group by id (when the value is a UUID: the API's ids are, and it
+    /// refuses anything else in the path), else by exact name.
     pub async fn resolve_security_group(&self, id_or_name: &str) -> Result<SecurityGroup, Error> {
         resolve(
-            self.get_security_group(id_or_name).await,
+            || self.get_security_group(id_or_name),
             || self.list_security_groups(),
             id_or_name,
             |g: &SecurityGroup| &g.name,
@@ -715,7 +716,7 @@ impl Client {
 
     pub async fn resolve_private_network(&self, id_or_name: &str) -> Result<PrivateNetwork, Error> {
         resolve(
-            self.get_private_network(id_or_name).await,
+            || self.get_private_network(id_or_name),
             || self.list_private_networks(),
             id_or_name,
             |g: &PrivateNetwork| &g.name,
@@ -729,7 +730,7 @@ impl Client {
         id_or_name: &str,
     ) -> Result<AntiAffinityGroup, Error> {
         resolve(
-            self.get_anti_affinity_group(id_or_name).await,
+            || self.get_anti_affinity_group(id_or_name),
             || self.list_anti_affinity_groups(),
             id_or_name,
             |g: &AntiAffinityGroup| &g.name,
@@ -815,17 +816,26 @@ fn preview(req: &CreateInstanceRequest) -> Instance {
 }
 
 /// By id first; on NotFound or an id-shaped error, by exact name in the list.
-async fn resolve<T, F, Fut>(
-    by_id: Result<T, Error>,
+async fn resolve<T, G, GFut, F, Fut>(
+    by_id: G,
     list: F,
     id_or_name: &str,
     name_of: impl Fn(&T) -> &String,
     what: &str,
 ) -> Result<T, Error>
 where
+    G: FnOnce() -> GFut,
+    GFut: std::future::Future<Output = Result<T, Error>>,
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<Vec<T>, Error>>,
 {
+    let by_id = if uuid::Uuid::parse_str(id_or_name).is_ok() {
+        by_id().await
+    } else {
+        Err(Error::InvalidRequest(format!(
+            "{id_or_name:?} is not an id"
+        )))
+    };
     match by_id {
         Ok(found) => Ok(found),
         Err(Error::NotFound { .. }) | Err(Error::InvalidRequest(_)) => list()

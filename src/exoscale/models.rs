@@ -44,7 +44,8 @@ pub struct InstanceType {
     pub size: String,
     #[serde(default)]
     pub cpus: u32,
-    #[serde(default)]
+    /// The API leaves it out for types without GPUs (its schema: `gpus > 0`).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub gpus: u32,
     /// Bytes.
     #[serde(default)]
@@ -53,6 +54,10 @@ pub struct InstanceType {
     pub authorized: bool,
     #[serde(default)]
     pub zones: Vec<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl InstanceType {

@@ -177,9 +177,31 @@ pub(crate) async fn handle(
         auth: auth.clone(),
         response_lost: false,
     };
-    let response = respond(&shared, route, &auth, &body, &uri, &mut record).await;
+    let mut sent = Sent::default();
+    let response = respond(&shared, route, &auth, &body, &uri, &mut record, &mut sent).await;
+    super::record_exchange(
+        &shared,
+        super::Exchange {
+            method: record.method.clone(),
+            path: record.path.clone(),
+            query: record.query.clone(),
+            request_body: String::from_utf8_lossy(&body).into_owned(),
+            status: record.status,
+            response_body: sent.body,
+            injected: sent.injected,
+            lost: record.response_lost,
+        },
+    );
     super::record_call(&shared, record);
     response
+}
+
+/// What the sim answered, for the exchange log.
+#[derive(Default)]
+struct Sent {
+    body: Option<serde_json::Value>,
+    /// A fault decided the answer, not the simulated API.
+    injected: bool,
 }
 
 async fn respond(
@@ -189,16 +211,30 @@ async fn respond(
     body: &[u8],
     uri: &Uri,
     record: &mut CallRecord,
+    sent: &mut Sent,
 ) -> Response {
     if let AuthOutcome::Rejected(_) = auth {
         record.status = 403;
-        return json_response(&world::error(403, "Invalid request signature"), None);
+        let reply = world::error(403, "Invalid request signature");
+        sent.body = Some(reply.body.clone());
+        return json_response(&reply, None);
     }
     let Some(route) = route else {
         record.status = 404;
-        return json_response(&world::error(404, "Not found"), None);
+        let reply = world::error(404, "Not found");
+        sent.body = Some(reply.body.clone());
+        return json_response(&reply, None);
     };
     let action = faults::next_action(&mut shared.faults.lock().expect("lock"), route.operation);
+    sent.injected = matches!(
+        action,
+        Some(
+            FaultAction::Status { .. }
+                | FaultAction::RateLimited { .. }
+                | FaultAction::QuotaExceeded
+                | FaultAction::FailOperation { .. }
+        )
+    );
     let mut lose = false;
     let mut failure = None;
     let mut hold_after = None;
@@ -265,6 +301,7 @@ async fn respond(
         record.response_lost = true;
         return lost_response();
     }
+    sent.body = Some(reply.body.clone());
     json_response(&reply, None)
 }
 

@@ -127,6 +127,7 @@ pub(crate) struct Shared {
     credentials: Mutex<HashMap<String, String>>,
     faults: Mutex<Vec<faults::FaultSlot>>,
     calls: Mutex<Vec<CallRecord>>,
+    exchanges: Mutex<Option<Vec<Exchange>>>,
     events: broadcast::Sender<InstanceEvent>,
     operation_delay: Mutex<Duration>,
     clock: Arc<dyn Clock>,
@@ -134,6 +135,29 @@ pub(crate) struct Shared {
 
 /// The call log keeps the most recent calls only, so a long-running standalone sim stays small.
 const MAX_RECORDED_CALLS: usize = 100_000;
+
+/// One request and the sim's answer, kept only while [`ExoscaleSim::record_exchanges`] is on
+/// (the OpenAPI conformance checks read them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Exchange {
+    pub method: String,
+    /// Raw path, with `/v2`.
+    pub path: String,
+    pub query: Option<String>,
+    pub request_body: String,
+    pub status: u16,
+    /// The JSON body sent (`None` when the response was lost or not JSON).
+    pub response_body: Option<serde_json::Value>,
+    /// A fault decided the answer (a hostile or injected body, not the simulated API's).
+    pub injected: bool,
+    pub lost: bool,
+}
+
+pub(crate) fn record_exchange(shared: &Shared, exchange: Exchange) {
+    if let Some(log) = shared.exchanges.lock().expect("lock").as_mut() {
+        log.push(exchange);
+    }
+}
 
 pub(crate) fn record_call(shared: &Shared, record: CallRecord) {
     let mut calls = shared.calls.lock().expect("lock");
@@ -228,6 +252,7 @@ impl ExoscaleSim {
             credentials: Mutex::new(HashMap::from([(key.clone(), secret.clone())])),
             faults: Mutex::new(Vec::new()),
             calls: Mutex::new(Vec::new()),
+            exchanges: Mutex::new(None),
             events,
             operation_delay: Mutex::new(config.operation_delay),
             clock: config.clock,
@@ -463,6 +488,26 @@ impl ExoscaleSim {
     }
 
     /// How many calls of `operation` the sim received.
+    /// Starts keeping every request and answer, bodies included, until [`Self::exchanges`] takes them.
+    pub fn record_exchanges(&self) {
+        self.shared
+            .exchanges
+            .lock()
+            .expect("lock")
+            .get_or_insert_with(Vec::new);
+    }
+
+    /// The exchanges recorded so far (recording goes on).
+    pub fn exchanges(&self) -> Vec<Exchange> {
+        self.shared
+            .exchanges
+            .lock()
+            .expect("lock")
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
     pub fn call_count(&self, operation: &str) -> usize {
         self.shared
             .calls

@@ -126,6 +126,7 @@ impl World {
         let namespace = plane.namespace(&client, test).await;
         support::control_plane::publish_cluster_ca(&client, &plane.config().await).await;
         let sim = Arc::new(ExoscaleSim::start().await.expect("simulated cloud starts"));
+        sim.record_exchanges();
         let exo = exoscale::Client::new(sim.client_config()).expect("sim client");
         let types = exo.list_instance_types().await.expect("instance types");
 
@@ -572,6 +573,14 @@ impl World {
         let _ = classes
             .delete(&self.nodeclass, &DeleteParams::default())
             .await;
+        // The controller's whole conversation with the simulated cloud, against the API's
+        // OpenAPI document (after the clean-up, so a finding does not leave objects behind).
+        let problems = crate::support::openapi::all_problems(&self.sim.exchanges());
+        assert!(
+            problems.is_empty(),
+            "traffic the Exoscale API would not accept or send:\n{}",
+            problems.join("\n")
+        );
     }
 }
 
