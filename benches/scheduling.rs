@@ -3,7 +3,10 @@
 //!
 //! Run with `cargo bench --bench scheduling`. Reports pods/sec, NodeClaims created and the peak
 //! heap allocated during one solve (measured by a counting global allocator).
-//! `SCHED_BENCH_SIZES=1,100` limits the sizes; `SCHED_BENCH_MIN_SECS` sets the time per case.
+//! `SCHED_BENCH_SIZES=1,100` limits the sizes; `SCHED_BENCH_MIN_SECS` sets the time per case;
+//! `SCHED_BENCH_ONLY=diverse|respect|ignore|exoscale` runs one group; `SCHED_BENCH_TSV=1` prints
+//! `case pods nodes first_solve_seconds mean_solve_seconds` lines for scripts
+//! (`hack/bench-compare.sh`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -175,40 +178,63 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(if quick { 0.0 } else { 2.0 }),
     );
+    let only = std::env::var("SCHED_BENCH_ONLY").ok();
+    let run = |group: &str| only.as_deref().is_none_or(|o| o == group);
     let mut rows = Vec::new();
-    for &n in &sizes {
-        let pods = PodGenerator::new(42).diverse(n);
+    if run("diverse") {
+        for &n in &sizes {
+            let pods = PodGenerator::new(42).diverse(n);
+            rows.push(measure(
+                &format!("diverse/{n}"),
+                &pods,
+                PreferencePolicy::Respect,
+                min_time,
+            ));
+        }
+    }
+    let preference_count = if quick { 100 } else { 4_000 };
+    let pods = PodGenerator::new(42).preference(preference_count);
+    if run("respect") {
         rows.push(measure(
-            &format!("diverse/{n}"),
+            &format!("preferences-respect/{preference_count}"),
             &pods,
             PreferencePolicy::Respect,
             min_time,
         ));
     }
-    let preference_count = if quick { 100 } else { 4_000 };
-    let pods = PodGenerator::new(42).preference(preference_count);
-    rows.push(measure(
-        &format!("preferences-respect/{preference_count}"),
-        &pods,
-        PreferencePolicy::Respect,
-        min_time,
-    ));
-    rows.push(measure(
-        &format!("preferences-ignore/{preference_count}"),
-        &pods,
-        PreferencePolicy::Ignore,
-        min_time,
-    ));
-    // The real Exoscale catalogue (ch-gva-2, list prices, default NodeClass) with the same mix.
-    for &n in &sizes {
-        let pods = PodGenerator::new(7).diverse(n);
-        rows.push(measure_on(
-            &format!("exoscale-diverse/{n}"),
-            exoscale_types(),
+    if run("ignore") {
+        rows.push(measure(
+            &format!("preferences-ignore/{preference_count}"),
             &pods,
-            PreferencePolicy::Respect,
+            PreferencePolicy::Ignore,
             min_time,
         ));
+    }
+    // The real Exoscale catalogue (ch-gva-2, list prices, default NodeClass) with the same mix.
+    if run("exoscale") {
+        for &n in &sizes {
+            let pods = PodGenerator::new(7).diverse(n);
+            rows.push(measure_on(
+                &format!("exoscale-diverse/{n}"),
+                exoscale_types(),
+                &pods,
+                PreferencePolicy::Respect,
+                min_time,
+            ));
+        }
+    }
+    if std::env::var("SCHED_BENCH_TSV").is_ok() {
+        for m in rows {
+            println!(
+                "{}\t{}\t{}\t{:.9}\t{:.9}",
+                m.name,
+                m.pods,
+                m.nodes,
+                m.cold.as_secs_f64(),
+                m.per_solve.as_secs_f64()
+            );
+        }
+        return;
     }
 
     println!(
