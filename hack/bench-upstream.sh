@@ -11,6 +11,7 @@ version="${UPSTREAM_KARPENTER_VERSION:-v1.15.0}"
 # Upstream's go.mod asks for a newer Go than this machine may have: fetch that toolchain.
 toolchain="${UPSTREAM_GO_TOOLCHAIN:-go1.26.10}"
 cache="${UPSTREAM_BENCH_CACHE:-$HOME/.cache/karpenter-exoscale/upstream}"
+# The benchmark files carry the `test_performance` build tag.
 out="$cache/karpenter-$version/scheduling.test"
 
 if [[ ! -x "$out" ]]; then
@@ -25,7 +26,7 @@ if [[ ! -x "$out" ]]; then
   cp -r "$dir" "$work/karpenter"
   chmod -R u+w "$work/karpenter"
   (cd "$work/karpenter" && GOTOOLCHAIN="$toolchain" GOFLAGS=-mod=mod \
-    go test -c -o "$out.tmp" ./pkg/controllers/provisioning/scheduling >&2)
+    go test -tags=test_performance -c -o "$out.tmp" ./pkg/controllers/provisioning/scheduling >&2)
   mv "$out.tmp" "$out"
 fi
 
