@@ -76,6 +76,8 @@ pub struct FeatureGates {
     pub capacity_buffer: bool,
     /// Gate names this version does not know, in the order given.
     pub unknown: Vec<String>,
+    /// Known gate names the operator set (a default is not worth a start-up warning).
+    pub named: Vec<String>,
 }
 
 impl Default for FeatureGates {
@@ -88,6 +90,7 @@ impl Default for FeatureGates {
             static_capacity: false,
             capacity_buffer: false,
             unknown: Vec::new(),
+            named: Vec::new(),
         }
     }
 }
@@ -117,12 +120,14 @@ impl FeatureGates {
                 }
             };
             *slot = enabled;
+            gates.named.push(name.trim().to_string());
         }
         Ok(gates)
     }
 
-    /// What start-up logs about the gates: unknown names (ignored) and enabled gates that
-    /// change nothing on Exoscale or in this version.
+    /// What start-up logs about the gates: unknown names (ignored) and gates the operator
+    /// enabled that change nothing on Exoscale or in this version (`ReservedCapacity` is on by
+    /// default, as upstream's, and only warned about when set).
     pub fn notices(&self) -> Vec<String> {
         let mut out: Vec<String> = self
             .unknown
@@ -147,7 +152,7 @@ impl FeatureGates {
             ),
         ];
         for (enabled, name, why) in no_effect {
-            if enabled {
+            if enabled && self.named.iter().any(|n| n == name) {
                 out.push(format!("feature gate {name}=true has no effect: {why}"));
             }
         }
@@ -212,6 +217,9 @@ pub struct Config {
     pub karpenter_service: String,
     pub metrics_port: u16,
     pub health_probe_port: u16,
+    /// The address metrics and health listen on (`0.0.0.0`; `::` for IPv6 clusters,
+    /// `127.0.0.1` for a sandbox on a shared machine).
+    pub listen_address: std::net::IpAddr,
     pub kube_client_qps: f32,
     pub kube_client_burst: u32,
     pub disable_leader_election: bool,
@@ -259,6 +267,8 @@ pub struct RunArgs {
     pub metrics_port: Option<String>,
     #[arg(long)]
     pub health_probe_port: Option<String>,
+    #[arg(long)]
+    pub listen_address: Option<String>,
     #[arg(long)]
     pub kube_client_qps: Option<String>,
     #[arg(long)]
@@ -505,8 +515,18 @@ impl Config {
                 "METRICS_PORT and HEALTH_PROBE_PORT must differ (both {metrics_port})"
             ));
         }
+        let listen_address = r.parsed(
+            &args.listen_address,
+            "LISTEN_ADDRESS",
+            std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            |v| {
+                v.parse::<std::net::IpAddr>()
+                    .map_err(|_| "expected an IP address such as 0.0.0.0, :: or 127.0.0.1".into())
+            },
+        );
         let config = Config {
             exoscale,
+            listen_address,
             karpenter_service: r
                 .raw(&args.karpenter_service, "KARPENTER_SERVICE")
                 .unwrap_or_default(),
@@ -687,6 +707,7 @@ mod tests {
         let config = Config::resolve(&RunArgs::default(), &minimal()).unwrap();
         assert_eq!(config.metrics_port, 8080);
         assert_eq!(config.health_probe_port, 8081);
+        assert_eq!(config.listen_address.to_string(), "0.0.0.0");
         assert_eq!(config.leader_election_name, "karpenter-leader-election");
         assert_eq!(config.batch_max_duration, Duration::from_secs(10));
         assert_eq!(config.batch_idle_duration, Duration::from_secs(1));
@@ -729,6 +750,7 @@ mod tests {
             ("LOG_LEVEL", "loud"),
             ("FEATURE_GATES", "NodeRepair=maybe"),
             ("BATCH_MAX_DURATION", "10 seconds"),
+            ("LISTEN_ADDRESS", "localhost"),
         ]);
         let err = Config::resolve(&RunArgs::default(), &e).unwrap_err();
         let text = err.to_string();
@@ -741,10 +763,11 @@ mod tests {
             "LOG_LEVEL=\"loud\"",
             "NodeRepair",
             "BATCH_MAX_DURATION=\"10 seconds\"",
+            "LISTEN_ADDRESS=\"localhost\"",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in {text}");
         }
-        assert_eq!(err.0.len(), 8);
+        assert_eq!(err.0.len(), 9);
     }
 
     #[test]
@@ -776,6 +799,15 @@ mod tests {
         assert!(gates.node_repair);
         assert!(gates.reserved_capacity);
         assert!(gates.unknown.is_empty());
+        // On by default (as upstream), so only a gate the operator set is warned about.
+        assert!(gates.notices().is_empty(), "{:?}", gates.notices());
+        let set = FeatureGates::parse("ReservedCapacity=true").unwrap();
+        assert_eq!(
+            set.notices(),
+            [
+                "feature gate ReservedCapacity=true has no effect: Exoscale has no capacity reservations"
+            ]
+        );
         assert_eq!(
             FeatureGates::parse("Bogus=true").unwrap().unknown,
             vec!["Bogus".to_string()]

@@ -57,6 +57,9 @@ impl KubeEvents {
 
     async fn send(&self, event: &Recorded, note: String) -> Result<(), kube::Error> {
         let now = Timestamp::now();
+        // Events are namespaced; one about a cluster-scoped object (Node, NodeClaim, NodePool,
+        // ExoscaleNodeClass) goes to `default`, as client-go's recorders put it and where
+        // `kubectl describe` and `kubectl get events -A` look, so upstream tooling finds ours.
         let namespace = event
             .object
             .namespace

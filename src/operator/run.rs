@@ -2,7 +2,7 @@
 //! graceful shutdown. [`serve`] takes its cloud and clients injected (tests run two replicas
 //! in one process against a simulated cloud); [`run`] builds the Exoscale ones from [`Config`].
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -147,6 +147,7 @@ pub async fn run(
         clock.clone(),
     )
     .await?;
+    let bind_ip = config.listen_address;
     let result = serve(
         Runtime {
             config,
@@ -154,7 +155,7 @@ pub async fn run(
             cloud: cloud.provider.clone(),
             nodeclasses: Some(cloud.nodeclass_wiring()),
             clock,
-            bind_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            bind_ip,
             extra_controllers,
             lease: LeaseTimings::default(),
             metrics: Arc::new(Metrics::new()),

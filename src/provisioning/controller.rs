@@ -26,7 +26,10 @@ use super::backoff::LaunchBackoff;
 use super::batcher::Batcher;
 use super::eligibility;
 use super::input::nodeclaim_to_create;
-use super::input::{Pending, PodsToPlace, Prepared, pools_with_types, prepare, scheduler_options};
+use super::input::{
+    Pending, PodsToPlace, Prepared, name_left_out_pools, pools_with_types, prepare,
+    scheduler_options,
+};
 
 /// Pods still pending are triggered again after this long (upstream requeues every 10 s).
 const RETRIGGER_AFTER: Duration = Duration::from_secs(10);
@@ -239,6 +242,7 @@ impl Provisioner {
             input,
             pods,
             invalid,
+            skipped_pools,
             ..
         } = prepared;
         let started = Instant::now();
@@ -393,7 +397,8 @@ impl Provisioner {
             }
         }
         for u in &results.unschedulable {
-            let message = format!("Failed to schedule pod, {}", u.reason);
+            let reason = name_left_out_pools(&u.reason, &skipped_pools);
+            let message = format!("Failed to schedule pod, {reason}");
             pod_events.push((u.pod, Severity::Warning, "FailedScheduling", message));
         }
         for (i, severity, reason, message) in pod_events {

@@ -16,7 +16,7 @@ use crate::apis::{ConditionsExt, NodeClaim, NodePool};
 use crate::cloudprovider::{CloudProvider, CloudProviderError};
 use crate::operator::metrics::Metrics;
 use crate::scheduling::{
-    DaemonSetPod, ExistingNode, InstanceType, MinValuesPolicy, NodePoolTemplate, Pod,
+    DaemonSetPod, ExistingNode, InstanceType, MinValuesPolicy, NO_NODEPOOLS, NodePoolTemplate, Pod,
     PreferencePolicy, Quantity, Resources, SchedulerInput, SchedulerOptions,
     TopologySpreadConstraint, WellKnownLabels, convert,
 };
@@ -334,6 +334,25 @@ pub fn pods_to_place(
     (pods, invalid)
 }
 
+/// The scheduler sees only the NodePools provisioning can use. When it found none, its reason
+/// names those left out and why, so a pod whose only NodePool is not Ready (or is static) is
+/// told which and why rather than only upstream's "no nodepools found".
+pub fn name_left_out_pools(reason: &str, skipped_pools: &[(String, String)]) -> String {
+    const SHOWN: usize = 5;
+    if reason != NO_NODEPOOLS || skipped_pools.is_empty() {
+        return reason.to_string();
+    }
+    let mut parts: Vec<String> = skipped_pools
+        .iter()
+        .take(SHOWN)
+        .map(|(pool, why)| format!("nodepool {pool:?} {why}"))
+        .collect();
+    if skipped_pools.len() > SHOWN {
+        parts.push(format!("and {} more", skipped_pools.len() - SHOWN));
+    }
+    format!("{reason}: {}", parts.join("; "))
+}
+
 /// Builds a provisioning round's input. `pools` are the NodePools with the instance types the
 /// cloud offers each; `options` carries the policies.
 pub fn prepare(
@@ -586,13 +605,28 @@ mod tests {
                 None,
                 now,
             );
+        let mut index = ClusterIndex::default();
+        index.apply_pod(pending("a", "1"));
         let prepared = prepare(
-            &ClusterIndex::default(),
+            &index,
             vec![(Arc::new(p), vec![])],
             SchedulerOptions::default(),
             PodsToPlace::Pending,
         );
         assert!(prepared.input.node_pools.is_empty());
         assert!(prepared.skipped_pools[0].1.contains("not ready"));
+        // The pod is told which NodePool and why, not only "no nodepools found".
+        let pods: Vec<Pod> = prepared.pods.iter().map(|p| p.pod.clone()).collect();
+        let results = crate::scheduling::Scheduler::new(prepared.input).solve(&pods);
+        let reason = name_left_out_pools(&results.unschedulable[0].reason, &prepared.skipped_pools);
+        assert_eq!(
+            reason,
+            "no nodepools found: nodepool \"p\" is not ready: NodeClass default is not ready"
+        );
+        let many: Vec<(String, String)> = (0..7)
+            .map(|i| (format!("p{i}"), "is being deleted".to_string()))
+            .collect();
+        assert!(name_left_out_pools(NO_NODEPOOLS, &many).ends_with("; and 2 more"));
+        assert_eq!(name_left_out_pools("other", &many), "other");
     }
 }

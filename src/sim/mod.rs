@@ -8,6 +8,7 @@
 mod faults;
 mod http;
 pub mod kubelet;
+pub mod pods;
 mod world;
 
 use std::collections::HashMap;
@@ -343,6 +344,15 @@ impl ExoscaleSim {
 
     pub fn clear_faults(&self) {
         self.shared.faults.lock().expect("lock").clear();
+    }
+
+    /// The SKS cluster's API endpoint (a sandbox points it at its local apiserver, so the
+    /// controller's endpoint check agrees).
+    pub fn set_cluster_endpoint(&self, endpoint: &str) {
+        let mut world = self.shared.world.lock().expect("lock");
+        for cluster in &mut world.clusters {
+            cluster.endpoint = Some(endpoint.to_string());
+        }
     }
 
     /// Caps the number of live instances; creates beyond it get a quota error.

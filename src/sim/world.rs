@@ -169,6 +169,8 @@ impl World {
         }
         let default_sg = world.add_security_group("sks-default");
         world.add_security_group("karpenter-nodes");
+        // The name the README's examples select.
+        world.add_security_group("sks-nodes");
         world.add_private_network("karpenter-private");
         world.add_anti_affinity_group("karpenter-spread");
         let cluster_id = stable_uuid(&format!("sks-cluster/{zone}"));

@@ -8,5 +8,7 @@ pub mod openapi;
 pub mod pki;
 pub mod process;
 pub mod proxy;
+pub mod sandbox;
 
+#[allow(unused_imports)]
 pub use control_plane::shared;

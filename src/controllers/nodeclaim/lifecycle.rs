@@ -96,6 +96,24 @@ pub fn registration(claim: &NodeClaim, nodes: &[impl Borrow<Node>]) -> Registrat
     }
 }
 
+/// True when a Node Karpenter has not synced yet came up without the `unregistered` taint (the
+/// `UnregisteredTaintMissing` warning). A Node carrying `karpenter.sh/registered=true` was
+/// synced by an earlier pass that removed the taint itself: under a burst the NodeClaim cache
+/// can lag behind the Node's, so registration runs again on a node it already synced, and must
+/// not report the taint it removed as missing.
+pub fn unregistered_taint_missing(node: &Node) -> bool {
+    let synced = node
+        .labels()
+        .get(NODE_REGISTERED_LABEL)
+        .is_some_and(|v| v == "true");
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == UNREGISTERED_TAINT_KEY));
+    !synced && !tainted
+}
+
 /// The Node with the NodeClaim's labels, annotations, taints, finalizer and owner reference,
 /// the unregistered taint removed and `karpenter.sh/registered=true`.
 pub fn synced_node(claim: &NodeClaim, node: &Node) -> Node {
@@ -441,6 +459,30 @@ mod tests {
         assert_eq!(keys, vec!["dedicated", "cni/not-ready"]);
         // Idempotent: syncing again changes nothing.
         assert_eq!(synced_node(&claim, &synced), *synced);
+    }
+
+    #[test]
+    fn a_node_synced_under_a_stale_nodeclaim_is_not_reported_as_missing_its_taint() {
+        let claim = nodeclaim("c", "pool", Some("exoscale://i"));
+        let joined = node(
+            "n",
+            Some("exoscale://i"),
+            &[(UNREGISTERED_TAINT_KEY, "NoExecute")],
+        );
+        assert!(!unregistered_taint_missing(&joined));
+        let Registration::Register(synced) = registration(&claim, &[joined]) else {
+            panic!("expected registration");
+        };
+        // The burst race: the Node watch already shows our sync (taint gone) while the cached
+        // NodeClaim is still unregistered, so registration runs again on the synced Node.
+        assert!(!unregistered_taint_missing(&synced));
+        let Registration::Register(again) = registration(&claim, &[(*synced).clone()]) else {
+            panic!("expected registration");
+        };
+        assert_eq!(*again, *synced);
+        // A node that joined without the taint and was never synced is reported.
+        let bare = node("n", Some("exoscale://i"), &[]);
+        assert!(unregistered_taint_missing(&bare));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::controllers::{Result, patch_object};
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
 
-use super::lifecycle::{Registration, registration};
+use super::lifecycle::{Registration, registration, unregistered_taint_missing};
 use super::pass::{Pass, Step};
 use super::reconcile::{nodepool_of, record_registration};
 
@@ -42,12 +42,7 @@ pub async fn register(pass: &mut Pass<'_>) -> Result<Step> {
         Registration::Register(synced) => {
             let ctx = pass.ctx;
             let node = &nodes[0];
-            let had_taint = node
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.as_ref())
-                .is_some_and(|t| t.iter().any(|t| t.key == UNREGISTERED_TAINT_KEY));
-            if !had_taint {
+            if unregistered_taint_missing(node) {
                 ctx.event(node.as_ref(), Severity::Warning, "UnregisteredTaintMissing", format!("Missing {UNREGISTERED_TAINT_KEY} taint which prevents registration related race conditions on Karpenter-managed nodes")).await;
             }
             if *synced != **node {

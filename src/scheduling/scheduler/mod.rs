@@ -65,6 +65,9 @@ struct NodeBase {
     available: Resources,
 }
 
+/// Upstream's reason for a pod when no NodePool reached the scheduler.
+pub const NO_NODEPOOLS: &str = "no nodepools found";
+
 /// A NodePool that could not take part, and why (for the operator).
 #[derive(Debug, Clone)]
 pub struct SkippedNodePool {

@@ -555,7 +555,7 @@ impl<'a> Solve<'a> {
         }
         if self.s.templates.is_empty() {
             let reason = if self.s.skipped.is_empty() {
-                "no nodepools found".to_string()
+                NO_NODEPOOLS.to_string()
             } else {
                 "nodepool requirements filtered out all available instance types".to_string()
             };
