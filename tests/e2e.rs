@@ -89,6 +89,25 @@ async fn deleting_a_nodeclaim_drains_and_deletes_the_vm_and_the_node() {
         (instances_of(&world, &claim) == 0).then_some(())
     })
     .await;
+    // The launch and the termination show on /metrics: each Exoscale request by operation and
+    // status, their latency, and the cloud provider calls behind them.
+    let text = world.replica_metrics("a");
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    for series in [
+        r#"karpenter_exoscale_api_requests_total{operation="POST /instance",code="200"}"#,
+        r#"karpenter_exoscale_api_requests_total{operation="DELETE /instance/{id}",code="200"}"#,
+        // Termination ends when the instance is confirmed gone.
+        r#"karpenter_exoscale_api_requests_total{operation="GET /instance/{id}",code="404"}"#,
+        r#"karpenter_exoscale_api_request_duration_seconds_count{operation="POST /instance"}"#,
+        r#"karpenter_cloudprovider_duration_seconds_count{method="Create",provider="exoscale"}"#,
+        r#"karpenter_cloudprovider_duration_seconds_count{method="Delete",provider="exoscale"}"#,
+    ] {
+        assert!(value(series) >= 1.0, "{series} did not move");
+    }
     world.finish().await;
 }
 

@@ -550,3 +550,72 @@ async fn update_instance_replaces_name_and_user_data() {
             .is_not_found()
     );
 }
+
+/// Operation, status, error kind.
+type Report = (String, Option<u16>, Option<&'static str>);
+
+/// Remembers what the client reports about each request it sent.
+#[derive(Default)]
+struct Recorded(std::sync::Mutex<Vec<Report>>);
+
+impl karpenter_exoscale::exoscale::RequestObserver for Recorded {
+    fn observe(
+        &self,
+        operation: &str,
+        status: Option<u16>,
+        error: Option<&'static str>,
+        _elapsed: Duration,
+    ) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((operation.to_string(), status, error));
+    }
+}
+
+#[tokio::test]
+async fn every_request_sent_is_reported_with_its_status_and_error_kind() {
+    use karpenter_exoscale::sim::{Fault, FaultAction};
+    let sim = ExoscaleSim::start().await.expect("sim starts");
+    let recorded = Arc::new(Recorded::default());
+    let config = karpenter_exoscale::exoscale::ClientConfig {
+        observer: karpenter_exoscale::exoscale::Observer(Some(recorded.clone())),
+        retry: karpenter_exoscale::exoscale::RetryPolicy::none(),
+        ..sim.client_config()
+    };
+    let client = Client::new(config).unwrap();
+    client
+        .list_instances(&InstanceFilter::default())
+        .await
+        .unwrap();
+    let missing = "6a7a4f0e-3e0c-4c3b-9d58-3f1f1f0c2b11";
+    assert!(matches!(
+        client.get_instance(missing).await,
+        Err(Error::NotFound { .. })
+    ));
+    sim.inject(Fault::on(
+        "list-instances",
+        FaultAction::RateLimited {
+            retry_after_secs: 1,
+        },
+    ));
+    assert!(
+        client
+            .list_instances(&InstanceFilter::default())
+            .await
+            .is_err()
+    );
+    let seen = recorded.0.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            ("GET /instance".to_string(), Some(200), None),
+            (
+                "GET /instance/{id}".to_string(),
+                Some(404),
+                Some("not_found")
+            ),
+            ("GET /instance".to_string(), Some(429), Some("rate_limited")),
+        ]
+    );
+}

@@ -6,6 +6,7 @@ pub mod error;
 pub mod exoscale;
 #[cfg(test)]
 pub mod fake;
+pub mod metered;
 pub mod overlay;
 
 use std::sync::Arc;

@@ -18,6 +18,60 @@ use super::retry::{RetryPolicy, is_retryable};
 use super::signer::{self, Clock, SIGNATURE_VALIDITY_SECS, SystemClock};
 use crate::fence::Fence;
 
+/// Told about every request that reached the wire, once its answer (or failure) is in: the
+/// operator's metrics implement it. `operation` is bounded (ids and versions are elided).
+pub trait RequestObserver: Send + Sync {
+    fn observe(
+        &self,
+        operation: &str,
+        status: Option<u16>,
+        error: Option<&'static str>,
+        elapsed: Duration,
+    );
+}
+
+/// An optional [`RequestObserver`] (a wrapper so [`ClientConfig`] stays `Debug`).
+#[derive(Clone, Default)]
+pub struct Observer(pub Option<Arc<dyn RequestObserver>>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Observer(set)"
+        } else {
+            "Observer(none)"
+        })
+    }
+}
+
+/// The metrics label of a request: method and path with ids and versions elided
+/// (`GET /instance/{id}`, `PUT /security-group/{id}:attach`), so the label set stays bounded.
+pub fn operation_name(method: &Method, path: &str) -> String {
+    let segments: Vec<String> = path
+        .split('/')
+        .map(|segment| {
+            let (name, action) = match segment.split_once(':') {
+                Some((name, action)) => (name, Some(action)),
+                None => (segment, None),
+            };
+            let looks_like_id =
+                name.len() >= 16 && name.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+            let elided = if looks_like_id {
+                "{id}"
+            } else if name.starts_with(|c: char| c.is_ascii_digit()) {
+                "{version}"
+            } else {
+                name
+            };
+            match action {
+                Some(action) => format!("{elided}:{action}"),
+                None => elided.to_string(),
+            }
+        })
+        .collect();
+    format!("{method} {}", segments.join("/"))
+}
+
 /// Everything a client needs; build once from configuration, then share the `Client`.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -34,6 +88,8 @@ pub struct ClientConfig {
     /// After a create whose outcome is unknown (the request may have been committed), how
     /// long to look the instance up before giving up the attempt. The create is never re-sent.
     pub create_lookup_wait: Duration,
+    /// Told about every request (metrics); none by default.
+    pub observer: Observer,
 }
 
 impl ClientConfig {
@@ -48,6 +104,7 @@ impl ClientConfig {
             clock: Arc::new(SystemClock),
             user_agent: format!("karpenter-exoscale/{}", env!("CARGO_PKG_VERSION")),
             create_lookup_wait: Duration::from_secs(60),
+            observer: Observer::default(),
         }
     }
 
@@ -126,6 +183,30 @@ pub struct CreatedInstance {
     pub operation: Option<Operation>,
     /// True when the instance already existed (an earlier create whose answer was lost).
     pub adopted: bool,
+}
+
+/// An attempt's error, with the answer's status when one arrived.
+struct Failed {
+    status: Option<u16>,
+    error: Error,
+}
+
+impl Failed {
+    fn answered(status: u16, error: Error) -> Self {
+        Failed {
+            status: Some(status),
+            error,
+        }
+    }
+}
+
+impl From<Error> for Failed {
+    fn from(error: Error) -> Self {
+        Failed {
+            status: None,
+            error,
+        }
+    }
 }
 
 struct Call {
@@ -294,11 +375,32 @@ impl Client {
         }
     }
 
+    /// One attempt: waits for the rate limiter, then sends and observes the exchange.
     async fn send_once(&self, call: &Call) -> Result<Vec<u8>, Error> {
-        let config = &self.inner.config;
         if let Some(limiter) = &self.inner.limiter {
             limiter.acquire().await;
         }
+        let started = std::time::Instant::now();
+        let result = self.exchange(call).await;
+        let observed = match &result {
+            Ok((status, _)) => Some((Some(*status), None)),
+            // Refused before anything was sent: not a request.
+            Err(Failed {
+                error: Error::Fenced(_) | Error::InvalidRequest(_),
+                ..
+            }) => None,
+            Err(Failed { status, error }) => Some((*status, Some(error.kind()))),
+        };
+        if let (Some(observer), Some((status, error))) = (&self.inner.config.observer.0, observed) {
+            let operation = operation_name(&call.method, &call.path);
+            observer.observe(&operation, status, error, started.elapsed());
+        }
+        result.map(|(_, body)| body).map_err(|f| f.error)
+    }
+
+    /// Signs and sends `call`; the answer's status comes back beside the body or the error.
+    async fn exchange(&self, call: &Call) -> Result<(u16, Vec<u8>), Failed> {
+        let config = &self.inner.config;
         let mut url = config.endpoint.join(&call.path);
         if !call.query.is_empty() {
             url.query_pairs_mut()
@@ -325,7 +427,9 @@ impl Client {
         }
         // At the last moment: a wait for the rate limiter may have outlasted leadership.
         if let Some(fence) = self.fence.as_ref().filter(|_| call.method != Method::GET) {
-            fence.check(|| format!("{} {}", call.method, call.path))?;
+            fence
+                .check(|| format!("{} {}", call.method, call.path))
+                .map_err(Error::from)?;
         }
         let response = request.send().await.map_err(transport_error)?;
         let status = response.status().as_u16();
@@ -342,16 +446,24 @@ impl Client {
                 .and_then(|v| url::Url::parse(v).ok())
                 .and_then(|u| u.host_str().map(str::to_string))
                 .unwrap_or_else(|| "an unreadable location".into());
-            return Err(Error::Redirected {
+            return Err(Failed::answered(
                 status,
-                location: error::sanitize_api_text(&location),
-            });
+                Error::Redirected {
+                    status,
+                    location: error::sanitize_api_text(&location),
+                },
+            ));
         }
-        let bytes = read_bounded(response, MAX_RESPONSE_BODY).await?;
+        let bytes = read_bounded(response, MAX_RESPONSE_BODY)
+            .await
+            .map_err(|e| Failed::answered(status, e))?;
         if (200..300).contains(&status) {
-            Ok(bytes)
+            Ok((status, bytes))
         } else {
-            Err(error::from_response(status, &bytes, retry_after))
+            Err(Failed::answered(
+                status,
+                error::from_response(status, &bytes, retry_after),
+            ))
         }
     }
 
@@ -852,6 +964,25 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn operation_names_elide_ids_and_versions() {
+        let id = "6a7a4f0e-3e0c-4c3b-9d58-3f1f1f0c2b11";
+        assert_eq!(operation_name(&Method::POST, "/instance"), "POST /instance");
+        assert_eq!(
+            operation_name(&Method::GET, &format!("/operation/{id}")),
+            "GET /operation/{id}"
+        );
+        assert_eq!(
+            operation_name(&Method::PUT, &format!("/security-group/{id}:attach")),
+            "PUT /security-group/{id}:attach"
+        );
+        assert_eq!(
+            operation_name(&Method::GET, "/sks-template/1.34.1/nvidia"),
+            "GET /sks-template/{version}/nvidia"
+        );
+        assert_eq!(operation_name(&Method::GET, "/zone"), "GET /zone");
+    }
 
     #[test]
     fn path_segments_are_validated() {

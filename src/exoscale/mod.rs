@@ -13,7 +13,10 @@ pub mod ratelimit;
 pub mod retry;
 pub mod signer;
 
-pub use client::{Client, ClientConfig, CreatedInstance, InstanceFilter};
+pub use client::{
+    Client, ClientConfig, CreatedInstance, InstanceFilter, Observer, RequestObserver,
+    operation_name,
+};
 pub use credentials::{ApiSecret, Credentials};
 pub use endpoint::{Endpoint, EndpointError};
 pub use error::Error;

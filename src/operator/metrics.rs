@@ -460,17 +460,6 @@ impl Metrics {
         }
     }
 
-    /// Records one Exoscale API request (the client calls this through its hook).
-    pub fn observe_exoscale_request(&self, operation: &str, status: u16, elapsed: Duration) {
-        let code = status.to_string();
-        self.exoscale_api_requests
-            .get_or_create(&labels([("operation", operation), ("code", &code)]))
-            .inc();
-        self.exoscale_api_duration
-            .get_or_create(&labels([("operation", operation)]))
-            .observe(elapsed.as_secs_f64());
-    }
-
     /// The instances garbage collection found but may not touch, by `reason`.
     pub fn set_unowned_instances(&self, reason: &str, count: usize) {
         self.unowned_instances
@@ -490,6 +479,31 @@ impl Metrics {
     }
 }
 
+/// Every Exoscale API request the client sends (`Client` calls this once the answer is in).
+impl crate::exoscale::RequestObserver for Metrics {
+    fn observe(
+        &self,
+        operation: &str,
+        status: Option<u16>,
+        error: Option<&'static str>,
+        elapsed: Duration,
+    ) {
+        // `none`: no answer arrived (timeout, connection lost).
+        let code = status.map_or_else(|| "none".to_string(), |s| s.to_string());
+        self.exoscale_api_requests
+            .get_or_create(&labels([("operation", operation), ("code", &code)]))
+            .inc();
+        self.exoscale_api_duration
+            .get_or_create(&labels([("operation", operation)]))
+            .observe(elapsed.as_secs_f64());
+        if let Some(kind) = error {
+            self.exoscale_api_errors
+                .get_or_create(&labels([("operation", operation), ("kind", kind)]))
+                .inc();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -498,7 +512,14 @@ mod tests {
     fn exports_upstream_names() {
         let metrics = Metrics::new();
         metrics.nodeclaim_disrupted("expired", "default", "on-demand");
-        metrics.observe_exoscale_request("create-instance", 200, Duration::from_millis(20));
+        use crate::exoscale::RequestObserver;
+        metrics.observe("POST /instance", Some(200), None, Duration::from_millis(20));
+        metrics.observe(
+            "GET /instance/{id}",
+            None,
+            Some("timeout"),
+            Duration::from_secs(30),
+        );
         metrics.observe_cloud_call(
             "Create",
             Duration::from_millis(5),
@@ -507,7 +528,10 @@ mod tests {
         let text = metrics.render();
         for name in [
             "karpenter_nodeclaims_disrupted_total{reason=\"expired\",nodepool=\"default\",capacity_type=\"on-demand\"} 1",
-            "karpenter_exoscale_api_requests_total{operation=\"create-instance\",code=\"200\"} 1",
+            "karpenter_exoscale_api_requests_total{operation=\"POST /instance\",code=\"200\"} 1",
+            "karpenter_exoscale_api_requests_total{operation=\"GET /instance/{id}\",code=\"none\"} 1",
+            "karpenter_exoscale_api_errors_total{operation=\"GET /instance/{id}\",kind=\"timeout\"} 1",
+            "karpenter_exoscale_api_request_duration_seconds_count{operation=\"POST /instance\"} 1",
             "karpenter_cloudprovider_errors_total{method=\"Create\",provider=\"exoscale\",error=\"InsufficientCapacityError\"} 1",
             "karpenter_cloudprovider_duration_seconds_bucket",
             "karpenter_build_info{version=",

@@ -17,6 +17,7 @@ use crate::cloudprovider::CloudProvider;
 use crate::cloudprovider::exoscale::{
     Dependencies, ExoscaleCloudProvider, ExoscaleSettings as ProviderSettings, KubeNodeBootstrap,
 };
+use crate::cloudprovider::metered::Metered;
 use crate::cloudprovider::overlay::{OverlaySource, WithOverlays};
 use crate::controllers::{self, Context, shutdown_signal};
 use crate::exoscale;
@@ -106,8 +107,12 @@ pub async fn run(
     .map_err(|e| RunError::Exoscale(e.to_string()))?;
     let credentials =
         exoscale::Credentials::new(settings.api_key.expose(), settings.api_secret.expose());
-    let exo = exoscale::Client::new(exoscale::ClientConfig::new(endpoint, credentials))
-        .map_err(|e| RunError::Exoscale(e.to_string()))?;
+    let metrics = Arc::new(Metrics::new());
+    let exo_config = exoscale::ClientConfig {
+        observer: exoscale::Observer(Some(metrics.clone())),
+        ..exoscale::ClientConfig::new(endpoint, credentials)
+    };
+    let exo = exoscale::Client::new(exo_config).map_err(|e| RunError::Exoscale(e.to_string()))?;
     exo.check_zone(&settings.zone)
         .await
         .map_err(|e| RunError::Exoscale(e.to_string()))?;
@@ -158,7 +163,7 @@ pub async fn run(
             bind_ip,
             extra_controllers,
             lease: LeaseTimings::default(),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             fence,
         },
         shutdown,
@@ -346,6 +351,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
     } else {
         cloud
     };
+    let cloud: Arc<dyn CloudProvider> = Arc::new(Metered::new(cloud, metrics.clone()));
 
     let readiness = Readiness::default().with_check("cluster-state", {
         let cluster = cluster.clone();

@@ -227,6 +227,13 @@ impl World {
         let extra_controllers = karpenter_exoscale::operator::run::core_controllers(&config);
         // Writes pass the replica's fence, as in `run`.
         let fence = Fence::closed();
+        let metrics = Arc::new(Metrics::new());
+        // The replica's own client, so its Exoscale requests land in its own registry.
+        let exo = exoscale::Client::new(exoscale::ClientConfig {
+            observer: exoscale::Observer(Some(metrics.clone())),
+            ..self.sim.client_config()
+        })
+        .expect("sim client");
         let cloud = build_cloud(
             ExoscaleSettings {
                 zone: self.sim.zone().into(),
@@ -237,14 +244,13 @@ impl World {
                 cluster_domain: "cluster.local".into(),
                 bootstrap_token_ttl: std::time::Duration::from_secs(600),
             },
-            self.exo.fenced(fence.clone()),
+            exo.fenced(fence.clone()),
             fenced(client.clone(), fence.clone()),
             clock.clone(),
         )
         .await
         .expect("cloud provider against the sim");
         let (stop, rx) = watch::channel(false);
-        let metrics = Arc::new(Metrics::new());
         let runtime = Runtime {
             config,
             client,
