@@ -8,6 +8,7 @@ pub mod controllers;
 pub mod disruption;
 pub mod doctor;
 pub mod exoscale;
+pub mod explain;
 pub mod fence;
 pub mod operator;
 pub mod providers;

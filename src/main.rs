@@ -47,6 +47,19 @@ enum Command {
     },
     /// Check configuration, credentials, zone, instance types, SKS cluster and templates.
     Doctor,
+    /// Explain, read-only against the cluster in KUBECONFIG, where a pod would go or why not.
+    Explain {
+        #[command(subcommand)]
+        what: ExplainWhat,
+        #[command(flatten)]
+        pricing: Pricing,
+    },
+    /// What a provisioning round and the next disruption pass would do now, read-only, with
+    /// the price per hour and per 30-day month before and after.
+    Plan {
+        #[command(flatten)]
+        pricing: Pricing,
+    },
     /// Serve the simulated Exoscale API v2 on loopback, for tests and local trials.
     Sim {
         /// Address to listen on.
@@ -70,6 +83,31 @@ enum Command {
     Version,
 }
 
+#[derive(Subcommand)]
+enum ExplainWhat {
+    /// A pod, as NAMESPACE/NAME (or NAME in `default`).
+    Pod { pod: String },
+}
+
+#[derive(clap::Args)]
+struct Pricing {
+    /// Exoscale zone of the cluster's nodes.
+    #[arg(long, env = "EXOSCALE_ZONE", default_value = "ch-gva-2", global = true)]
+    zone: String,
+    /// Currency of the list prices.
+    #[arg(long, default_value = "EUR", global = true)]
+    currency: String,
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_enum,
+        default_value = "table",
+        global = true
+    )]
+    output: OutputFormat,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // One TLS crypto backend for kube and reqwest alike, chosen here rather than by features.
@@ -81,6 +119,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Doctor => runtime().block_on(doctor()),
+        Command::Explain { what, pricing } => runtime().block_on(explain(Some(what), pricing)),
+        Command::Plan { pricing } => runtime().block_on(explain(None, pricing)),
         Command::Sim {
             listen,
             zone,
@@ -147,6 +187,59 @@ fn simulate(
         }
         Err(error) => {
             eprintln!("simulate: {}", simulate::printable(&error.to_string()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `explain pod` (`what` set) or `plan`: exit 0 with the answer (an unschedulable pod is an
+/// answer), 1 when the cluster cannot be read or the pod does not exist.
+async fn explain(what: Option<ExplainWhat>, pricing: Pricing) -> ExitCode {
+    use karpenter_exoscale::explain;
+    let client = match kube::Client::try_default().await {
+        Ok(client) => client,
+        Err(error) => {
+            eprintln!("cannot reach the cluster (KUBECONFIG or in-cluster): {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let live = match explain::live::read(&client).await {
+        Ok(live) => live,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let env = explain::Env::new(&pricing.zone, &pricing.currency);
+    let json = matches!(pricing.output, OutputFormat::Json);
+    let printed = match what {
+        Some(ExplainWhat::Pod { pod }) => {
+            let (namespace, name) = pod.split_once('/').unwrap_or(("default", pod.as_str()));
+            explain::explain_pod(&live, &env, namespace, name)
+                .await
+                .map(|e| {
+                    if json {
+                        serde_json::to_string_pretty(&e).expect("serialises") + "\n"
+                    } else {
+                        explain::render_pod(&e)
+                    }
+                })
+        }
+        None => explain::plan(&live, &env).await.map(|p| {
+            if json {
+                serde_json::to_string_pretty(&p).expect("serialises") + "\n"
+            } else {
+                explain::render_plan(&p)
+            }
+        }),
+    };
+    match printed {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{error}");
             ExitCode::FAILURE
         }
     }

@@ -16,7 +16,7 @@ use thiserror::Error;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use crate::apis::{ExoscaleNodeClass, ExoscaleNodeClassSpec};
+use crate::apis::{ExoscaleNodeClass, ExoscaleNodeClassSpec, NodeOverlay};
 use crate::catalogue::{Catalogue, Currency};
 use crate::cloudprovider::overlay::{self, WithOverlays};
 use crate::operator::metrics::Metrics;
@@ -86,74 +86,17 @@ pub fn run(options: &Options) -> Result<Report, SimulateError> {
 /// go through the same adapter as a provisioning round (`provisioning::input::prepare`), with
 /// instance types from the embedded catalogue and the manifests' NodeOverlays applied.
 pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, SimulateError> {
-    let catalogue = Catalogue::embedded();
-    if !catalogue.zones().iter().any(|z| z == zone) {
-        return Err(SimulateError::UnknownZone {
-            zone: zone.to_string(),
-            known: catalogue.zones().join(", "),
-        });
-    }
-    let currency: Currency = currency
-        .parse()
-        .map_err(|_| SimulateError::UnknownCurrency(currency.to_string()))?;
-    let prices = PriceBook::from_catalogue(catalogue, currency);
-    let discovered = catalogue_types(catalogue, zone);
+    let currency = zone_and_currency(zone, currency)?;
     let mut warnings = m.warnings.clone();
-
     let index = cluster_index(m, &mut warnings);
-    let classes: HashMap<String, &ExoscaleNodeClass> = m
-        .node_classes
-        .iter()
-        .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
-        .collect();
-    // Each referenced ExoscaleNodeClass's instance types from the catalogue at list prices.
-    let mut estimated = std::collections::BTreeSet::new();
-    let mut types_by_class = HashMap::new();
-    for pool in index.nodepools() {
-        let name = pool.name_any();
-        let class_name = pool.spec.template.spec.node_class_ref.name.clone();
-        let default_class;
-        let class = match classes.get(&class_name) {
-            Some(c) => *c,
-            None => {
-                warnings.push(format!(
-                    "NodePool {name} references ExoscaleNodeClass {class_name}, which is not in the manifests; simulating its defaults"
-                ));
-                default_class = default_nodeclass(&class_name);
-                &default_class
-            }
-        };
-        if types_by_class.contains_key(&class_name) {
-            continue;
-        }
-        let mut types = Vec::new();
-        for t in &discovered {
-            let price = prices.price(&t.name(), t.shape());
-            if price.source == PriceSource::Estimated {
-                estimated.insert(t.name());
-            }
-            let it = instance_types::build(t, class, zone, price.per_hour, true).map_err(|e| {
-                SimulateError::Invalid(format!("ExoscaleNodeClass {class_name}: {e}"))
-            })?;
-            types.push(Arc::new(it));
-        }
-        types_by_class.insert(class_name, types);
-    }
-    // The controller skips an invalid NodeOverlay (its status says why); simulate refuses it.
-    for o in &m.overlays {
-        overlay::validate(o).map_err(|e| SimulateError::Invalid(e.to_string()))?;
-    }
-    let overlays: Vec<Arc<_>> = m.overlays.iter().cloned().map(Arc::new).collect();
-    let cloud = WithOverlays::new(
-        Arc::new(CatalogueCloud {
-            types_by_class,
-            node_classes: classes
-                .iter()
-                .map(|(name, c)| (name.clone(), (*c).clone()))
-                .collect(),
-        }),
-        Arc::new(move || overlays.clone()),
-    );
+    let (cloud, estimated) = catalogue_cloud(
+        &index,
+        &m.node_classes,
+        &m.overlays,
+        zone,
+        currency,
+        &mut warnings,
+    )?;
     let (pools, failed) = futures::executor::block_on(cluster_input::pools_with_types(
         &cloud,
         &Metrics::new(),
@@ -239,6 +182,89 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
         unschedulable,
         warnings,
     ))
+}
+
+/// Checks that the catalogue knows `zone` and parses `currency`.
+pub fn zone_and_currency(zone: &str, currency: &str) -> Result<Currency, SimulateError> {
+    let catalogue = Catalogue::embedded();
+    if !catalogue.zones().iter().any(|z| z == zone) {
+        return Err(SimulateError::UnknownZone {
+            zone: zone.to_string(),
+            known: catalogue.zones().join(", "),
+        });
+    }
+    currency
+        .parse()
+        .map_err(|_| SimulateError::UnknownCurrency(currency.to_string()))
+}
+
+/// The cloud `simulate`, `explain` and `plan` ask: the embedded catalogue's types of `zone` at
+/// list prices in `currency`, built for each ExoscaleNodeClass the NodePools of `index`
+/// reference (one not among `node_classes` gets the defaults, with a warning), behind the
+/// `WithOverlays` decorator with `overlays`. Also returns the types whose price is estimated.
+pub fn catalogue_cloud(
+    index: &ClusterIndex,
+    node_classes: &[ExoscaleNodeClass],
+    overlays: &[NodeOverlay],
+    zone: &str,
+    currency: Currency,
+    warnings: &mut Vec<String>,
+) -> Result<(WithOverlays, std::collections::BTreeSet<String>), SimulateError> {
+    let prices = PriceBook::from_catalogue(Catalogue::embedded(), currency);
+    let discovered = catalogue_types(Catalogue::embedded(), zone);
+    let classes: HashMap<String, &ExoscaleNodeClass> = node_classes
+        .iter()
+        .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
+        .collect();
+    // Each referenced ExoscaleNodeClass's instance types from the catalogue at list prices.
+    let mut estimated = std::collections::BTreeSet::new();
+    let mut types_by_class = HashMap::new();
+    for pool in index.nodepools() {
+        let name = pool.name_any();
+        let class_name = pool.spec.template.spec.node_class_ref.name.clone();
+        let default_class;
+        let class = match classes.get(&class_name) {
+            Some(c) => *c,
+            None => {
+                warnings.push(format!(
+                    "NodePool {name} references ExoscaleNodeClass {class_name}, which is not known; simulating its defaults"
+                ));
+                default_class = default_nodeclass(&class_name);
+                &default_class
+            }
+        };
+        if types_by_class.contains_key(&class_name) {
+            continue;
+        }
+        let mut types = Vec::new();
+        for t in &discovered {
+            let price = prices.price(&t.name(), t.shape());
+            if price.source == PriceSource::Estimated {
+                estimated.insert(t.name());
+            }
+            let it = instance_types::build(t, class, zone, price.per_hour, true).map_err(|e| {
+                SimulateError::Invalid(format!("ExoscaleNodeClass {class_name}: {e}"))
+            })?;
+            types.push(Arc::new(it));
+        }
+        types_by_class.insert(class_name, types);
+    }
+    // The controller skips an invalid NodeOverlay (its status says why); simulate refuses it.
+    for o in overlays {
+        overlay::validate(o).map_err(|e| SimulateError::Invalid(e.to_string()))?;
+    }
+    let overlays: Vec<Arc<_>> = overlays.iter().cloned().map(Arc::new).collect();
+    let cloud = WithOverlays::new(
+        Arc::new(CatalogueCloud {
+            types_by_class,
+            node_classes: classes
+                .iter()
+                .map(|(name, c)| (name.clone(), (*c).clone()))
+                .collect(),
+        }),
+        Arc::new(move || overlays.clone()),
+    );
+    Ok((cloud, estimated))
 }
 
 /// The manifests as the controller's cluster index would hold them. Pods bound to a Node the

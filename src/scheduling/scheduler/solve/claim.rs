@@ -254,6 +254,23 @@ impl Solve<'_> {
             compatible.as_deref().map(Vec::as_slice),
         );
         if types.is_empty() {
+            // Larger types exist but the NodePool's limits rule them out: say so.
+            if !all_within {
+                let every: Vec<u32> = (0..t.types.len() as u32).collect();
+                let compatible = compatible.as_deref().map(Vec::as_slice);
+                if !filter_types(t, &every, &zero, &pod.requests, compatible).is_empty() {
+                    let left: Vec<String> = remaining
+                        .iter()
+                        .filter(|(k, _)| k.as_str() != NODES)
+                        .map(|(k, v)| format!("{k}: {}", Quantity::from_milli(*v)))
+                        .collect();
+                    return Err(format!(
+                        "every instance type large enough for requests {} exceeds the nodepool's remaining limits {{{}}}",
+                        pod.requests,
+                        left.join(", ")
+                    ));
+                }
+            }
             return Err(explain_no_type(
                 t,
                 &within_limits,
