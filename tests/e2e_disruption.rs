@@ -690,6 +690,39 @@ async fn two_under_used_nodes_become_one_cheaper_node() {
             .unwrap();
     }
     consolidatable(&world, &old).await;
+
+    // `plan`, read-only, on the cluster as it is but with the budget about to open: it must
+    // name the move the controller then makes (both nodes for one cheaper node) and its saving.
+    let mut live = karpenter_exoscale::explain::live::read(&world.client)
+        .await
+        .expect("the cluster reads");
+    let mut opened = serde_json::to_value(
+        Api::<NodePool>::all(world.client.clone())
+            .get(&pool)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    opened["spec"]["disruption"]["budgets"] = json!([{"nodes": "2"}]);
+    live.index
+        .apply_nodepool(serde_json::from_value(opened).unwrap());
+    let plan = karpenter_exoscale::explain::plan(
+        &live,
+        &karpenter_exoscale::explain::Env::new(world.sim.zone(), "EUR"),
+    )
+    .await
+    .expect("plan");
+    eprintln!("{}", karpenter_exoscale::explain::render_plan(&plan));
+    let planned = plan.disruption.clone().expect("plan proposes a disruption");
+    assert_eq!(planned.method, "MultiNodeConsolidation");
+    assert_eq!(planned.decision, "replace");
+    let removed: BTreeSet<String> = planned.remove.iter().map(|r| r.node.clone()).collect();
+    assert_eq!(
+        removed,
+        BTreeSet::from([node_a[0].clone(), node_b[0].clone()])
+    );
+    assert_eq!(planned.launch.len(), 1, "{planned:?}");
+
     set_budgets(&world, &pool, json!([{"nodes": "2"}])).await;
 
     // Both old NodeClaims go at once for one new NodeClaim: the small pods never move to the
@@ -749,6 +782,14 @@ async fn two_under_used_nodes_become_one_cheaper_node() {
     assert!(
         new_price < old_price,
         "{new_type} at {new_price} is not cheaper than the two old nodes at {old_price}"
+    );
+    // The controller did what `plan` said, at the saving it said.
+    assert_eq!(planned.launch[0].instance_type, new_type);
+    assert!(
+        (planned.savings_per_hour - (old_price - new_price)).abs() < 1e-6,
+        "plan saves {} per hour, the move {}",
+        planned.savings_per_hour,
+        old_price - new_price
     );
     let node = node_of(&survivor).expect("the replacement has a node");
     eventually_within("both small pods run on the new node", LONG, || async {
