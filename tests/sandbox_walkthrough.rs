@@ -228,6 +228,44 @@ async fn the_readme_walk_through_works_in_the_sandbox() {
         assert_eq!(instance.instance.template.id, template);
     }
 
+    // The read-only commands against the sandbox: the output the README shows.
+    let kubeconfig = sandbox.kubeconfig();
+    let cli = |args: &[&str]| -> String {
+        let out = std::process::Command::new(binary)
+            .args(args)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("EXOSCALE_ZONE", sandbox.sim.zone())
+            .output()
+            .expect("the binary runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("$ karpenter-exoscale {}\n{stdout}", args.join(" "));
+        stdout
+    };
+    let plan = cli(&["plan"]);
+    assert!(plan.contains("nothing to launch"), "{plan}");
+    let (web_pod, _) = placed.iter().next().unwrap();
+    let bound = cli(&["explain", "pod", &format!("default/{web_pod}")]);
+    assert!(bound.contains("bound to node"), "{bound}");
+    let typo: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "typo"},
+        "spec": {"nodeSelector": {"team.example.com/teir": "general"},
+            "containers": [{"name": "c", "image": "nginx:1.27",
+                "resources": {"requests": {"cpu": "100m"}}}]}
+    }))
+    .unwrap();
+    pods.create(&Default::default(), &typo).await.unwrap();
+    let why = cli(&["explain", "pod", "default/typo"]);
+    assert!(
+        why.contains("(typo of \"team.example.com/tier\"?)"),
+        "{why}"
+    );
+    pods.delete("typo", &Default::default()).await.unwrap();
+
     let scaled = Instant::now();
     deployments
         .patch(
