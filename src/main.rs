@@ -87,6 +87,8 @@ enum Command {
 enum ExplainWhat {
     /// A pod, as NAMESPACE/NAME (or NAME in `default`).
     Pod { pod: String },
+    /// A node (or NodeClaim): price, utilisation, each disruption method's verdict, drift.
+    Node { node: String },
 }
 
 #[derive(clap::Args)]
@@ -224,6 +226,15 @@ async fn explain(what: Option<ExplainWhat>, pricing: Pricing) -> ExitCode {
                         explain::render_pod(&e)
                     }
                 })
+        }
+        Some(ExplainWhat::Node { node }) => {
+            explain::explain_node(&live, &env, &node).await.map(|e| {
+                if json {
+                    serde_json::to_string_pretty(&e).expect("serialises") + "\n"
+                } else {
+                    explain::render_node(&e)
+                }
+            })
         }
         None => explain::plan(&live, &env).await.map(|p| {
             if json {

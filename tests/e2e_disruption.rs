@@ -576,8 +576,58 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
         .collect();
     assert_eq!(now, claims, "protected nodes stay");
 
-    // Without the PDB the guarded node is consolidated onto the pinned one, which stays.
+    // `explain node` and `explain pod` name the same protections, read-only.
     let pinned_node = bound_pods(&world, "pinned", 1).await;
+    let guarded_node = bound_pods(&world, "guarded", 1).await;
+    let live = karpenter_exoscale::explain::live::read(&world.client)
+        .await
+        .expect("the cluster reads");
+    let env = karpenter_exoscale::explain::Env::new(world.sim.zone(), "EUR");
+    for (node, protection) in [
+        (&pinned_node[0], "karpenter.sh/do-not-disrupt"),
+        (&guarded_node[0], "pdb prevents pod evictions"),
+    ] {
+        let e = karpenter_exoscale::explain::explain_node(&live, &env, node)
+            .await
+            .expect("explain node");
+        eprintln!("{}", karpenter_exoscale::explain::render_node(&e));
+        let consolidation = e
+            .methods
+            .iter()
+            .find(|m| m.method == "SingleNodeConsolidation")
+            .unwrap();
+        assert!(!consolidation.eligible);
+        assert!(
+            consolidation.detail.contains(protection),
+            "{node}: {consolidation:?}"
+        );
+        assert!(e.price_per_hour.is_some_and(|p| p > 0.0), "{e:?}");
+        assert!(e.utilisation["cpu"] > 0.0, "{e:?}");
+    }
+    let guarded_pod = world
+        .pods()
+        .list(&ListParams::default().labels("app=guarded"))
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let e = karpenter_exoscale::explain::explain_pod(
+        &live,
+        &env,
+        &world.namespace,
+        &guarded_pod.name_any(),
+    )
+    .await
+    .expect("explain pod");
+    match &e.verdict {
+        karpenter_exoscale::explain::Verdict::Bound {
+            consolidation_blocked_by: Some(why),
+            ..
+        } => assert!(why.contains("pdb prevents pod evictions"), "{why}"),
+        other => panic!("the guarded pod's node is blocked by its PDB: {other:?}"),
+    }
+
+    // Without the PDB the guarded node is consolidated onto the pinned one, which stays.
     Api::<PodDisruptionBudget>::namespaced(world.client.clone(), &world.namespace)
         .delete("guarded", &DeleteParams::default())
         .await

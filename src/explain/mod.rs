@@ -1,4 +1,4 @@
-//! `karpenter-exoscale explain pod` and `plan`: read-only answers about the live cluster, from
+//! `karpenter-exoscale explain pod`, `explain node` and `plan`: read-only answers about the live cluster, from
 //! the code the controller runs — the one state→scheduler adapter (`provisioning::input`), the
 //! shared scheduler, the disruption view and methods — over instance types and list prices of
 //! the embedded catalogue (the same cloud `simulate` asks). Nothing is written.
@@ -7,6 +7,7 @@
 //! snake_case fields; new fields may be added, none renamed or removed.
 
 pub mod live;
+mod node;
 mod render;
 
 use std::collections::{BTreeMap, HashSet};
@@ -31,7 +32,8 @@ use crate::simulate::{SimulateError, catalogue_cloud, zone_and_currency};
 use crate::state::pods::is_terminal;
 
 pub use live::Live;
-pub use render::{render_plan, render_pod};
+pub use node::{MethodVerdict, NodeExplanation, explain_node};
+pub use render::{render_node, render_plan, render_pod};
 
 /// Hours in the 30-day month prices are quoted for.
 pub const HOURS_PER_MONTH: f64 = 720.0;
@@ -44,6 +46,8 @@ pub enum ExplainError {
     TooLarge { kind: String, limit: usize },
     #[error("pod {0} not found")]
     PodNotFound(String),
+    #[error("{0} not found")]
+    NotFound(String),
     #[error(transparent)]
     Simulate(#[from] SimulateError),
 }

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::{Plan, PlannedNode, PodExplanation, Verdict};
+use super::{NodeExplanation, Plan, PlannedNode, PodExplanation, Verdict};
 
 fn price(value: f64, currency: &str) -> String {
     format!("{value:.4} {currency}/h")
@@ -139,6 +139,48 @@ pub fn render_plan(p: &Plan) -> String {
         p.cost_per_month_after
     );
     for w in &p.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    out
+}
+
+pub fn render_node(e: &NodeExplanation) -> String {
+    let mut out = String::new();
+    let c = &e.currency;
+    let _ = writeln!(
+        out,
+        "Node {}{}",
+        e.node,
+        e.nodeclaim
+            .as_ref()
+            .map(|n| format!(" (nodeclaim {n})"))
+            .unwrap_or_default()
+    );
+    let _ = writeln!(
+        out,
+        "  nodepool {}, type {}, {}",
+        e.nodepool
+            .as_deref()
+            .unwrap_or("none: not managed by Karpenter"),
+        e.instance_type.as_deref().unwrap_or("unknown"),
+        e.price_per_hour
+            .map_or("no list price".to_string(), |p| price(p, c))
+    );
+    let used: Vec<String> = e
+        .utilisation
+        .iter()
+        .map(|(r, u)| format!("{r} {:.0} %", u * 100.0))
+        .collect();
+    let _ = writeln!(out, "  {} pod(s); requested: {}", e.pods, used.join(", "));
+    let _ = writeln!(
+        out,
+        "  drift: {}",
+        e.drifted.as_deref().unwrap_or("not drifted")
+    );
+    for m in &e.methods {
+        let _ = writeln!(out, "  {}: {}", m.method, m.detail);
+    }
+    for w in &e.warnings {
         let _ = writeln!(out, "warning: {w}");
     }
     out
