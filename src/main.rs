@@ -212,7 +212,38 @@ async fn explain(what: Option<ExplainWhat>, pricing: Pricing) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let env = explain::Env::new(&pricing.zone, &pricing.currency);
+    let mut env = explain::Env::new(&pricing.zone, &pricing.currency);
+    // With credentials, the instance types this account may use come from the Exoscale API.
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    if let (Some(key), Some(secret)) = (var("EXOSCALE_API_KEY"), var("EXOSCALE_API_SECRET")) {
+        let endpoint = karpenter_exoscale::exoscale::Endpoint::resolve(
+            &pricing.zone,
+            var("EXOSCALE_API_ENDPOINT").as_deref(),
+            var("EXOSCALE_API_ENVIRONMENT").as_deref(),
+        );
+        let client = endpoint.map_err(|e| e.to_string()).and_then(|endpoint| {
+            karpenter_exoscale::exoscale::Client::new(
+                karpenter_exoscale::exoscale::ClientConfig::new(
+                    endpoint,
+                    karpenter_exoscale::exoscale::Credentials::new(&key, &secret),
+                ),
+            )
+            .map_err(|e| e.to_string())
+        });
+        let with_types = match client {
+            Ok(client) => explain::Env::new(&pricing.zone, &pricing.currency)
+                .with_api_instance_types(&client)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        match with_types {
+            Ok(api_env) => env = api_env,
+            Err(error) => eprintln!(
+                "warning: the Exoscale API could not be read ({error}); using the embedded catalogue"
+            ),
+        }
+    }
     let json = matches!(pricing.output, OutputFormat::Json);
     let printed = match what {
         Some(ExplainWhat::Pod { pod }) => {

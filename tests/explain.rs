@@ -32,13 +32,26 @@ fn pod(name: &str, spec: Value) -> Value {
 }
 
 fn run(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, Value, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-exoscale"))
+    run_with(kubeconfig, args, &[])
+}
+
+fn run_with(
+    kubeconfig: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (bool, Value, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-exoscale"));
+    command
         .args(args)
         .args(["-o", "json", "--zone", "ch-gva-2"])
         .env("KUBECONFIG", kubeconfig)
         .env_remove("EXOSCALE_ZONE")
-        .output()
-        .expect("the binary runs");
+        .env_remove("EXOSCALE_API_KEY")
+        .env_remove("EXOSCALE_API_SECRET");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = command.output().expect("the binary runs");
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     (out.status.success(), value, stderr)
@@ -69,7 +82,7 @@ async fn wait_unschedulable(pods: &Api<Pod>, names: &[&str]) {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_and_plan_name_why_each_pod_waits_and_what_would_launch() {
     let Some(plane) = support::shared() else {
         return;
@@ -230,6 +243,35 @@ async fn explain_and_plan_name_why_each_pod_waits_and_what_would_launch() {
     assert_eq!(v["nodepool"], open.as_str());
     assert!(v["price_per_hour"].as_f64().unwrap() > 0.0, "{v}");
     assert!(text(&v["instance_type"]).starts_with("\"standard."), "{v}");
+
+    // With credentials, the account's instance types come from the Exoscale API: a type it may
+    // not use is not offered.
+    let sim = karpenter_exoscale::sim::ExoscaleSim::start()
+        .await
+        .expect("simulated cloud");
+    assert!(sim.set_authorized("standard.tiny", false));
+    let credentials = sim.credentials();
+    let secret = credentials.secret.expose().to_string();
+    let api_env = [
+        ("EXOSCALE_API_KEY", credentials.key.as_str()),
+        ("EXOSCALE_API_SECRET", secret.as_str()),
+        ("EXOSCALE_API_ENDPOINT", sim.endpoint()),
+    ];
+    let (ok, value, stderr) = run_with(
+        &kubeconfig,
+        &["explain", "pod", &format!("{ns}/fits")],
+        &api_env,
+    );
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        value["verdict"]["instance_type"], "standard.small",
+        "{value}"
+    );
+    assert!(
+        text(&value["warnings"]).contains("from the Exoscale API"),
+        "{value}"
+    );
+    assert!(sim.call_count("list-instance-types") >= 1);
 
     let (ok, missing, stderr) = run(&kubeconfig, &["explain", "pod", &format!("{ns}/nope")]);
     assert!(

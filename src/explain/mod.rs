@@ -23,6 +23,7 @@ use crate::controllers::disruption::view::{ViewInputs, build_view};
 use crate::disruption::candidates::{DisruptionClass, candidates};
 use crate::disruption::methods::decide;
 use crate::operator::metrics::Metrics;
+use crate::providers::instance_types::{DiscoveredType, usable_in_zone};
 use crate::provisioning::input::{
     PodsToPlace, name_left_out_pools, pools_with_types, prepare, scheduler_options,
 };
@@ -52,12 +53,15 @@ pub enum ExplainError {
     Simulate(#[from] SimulateError),
 }
 
-/// Where and how to price: the zone (`EXOSCALE_ZONE`), the currency, the scheduler policies.
+/// Where and how to price: the zone (`EXOSCALE_ZONE`), the currency, the scheduler policies,
+/// and the instance types the account may use when the Exoscale API was asked.
 pub struct Env {
     pub zone: String,
     pub currency: String,
     pub now: DateTime<Utc>,
     pub options: SchedulerOptions,
+    /// From the Exoscale API (authorized types of the zone); `None`: the embedded catalogue's.
+    pub instance_types: Option<Vec<DiscoveredType>>,
 }
 
 impl Env {
@@ -72,7 +76,18 @@ impl Env {
                 defaults.min_values_policy,
                 &defaults.default_topology_spread,
             ),
+            instance_types: None,
         }
+    }
+
+    /// Reads the instance types this account may use in the zone from the Exoscale API.
+    pub async fn with_api_instance_types(
+        mut self,
+        client: &crate::exoscale::Client,
+    ) -> Result<Self, crate::exoscale::Error> {
+        let types = client.list_instance_types().await?;
+        self.instance_types = Some(usable_in_zone(types, &self.zone));
+        Ok(self)
     }
 }
 
@@ -137,16 +152,18 @@ struct Priced {
 
 async fn priced(live: &Live, env: &Env) -> Result<Priced, ExplainError> {
     let currency = zone_and_currency(&env.zone, &env.currency)?;
-    let mut warnings = vec![
-        "instance types and list prices come from the embedded catalogue, not the Exoscale API"
-            .to_string(),
-    ];
+    let mut warnings = vec![if env.instance_types.is_some() {
+        "instance types from the Exoscale API (those this account may use), list prices from the embedded catalogue".to_string()
+    } else {
+        "instance types and list prices come from the embedded catalogue, not the Exoscale API (no credentials)".to_string()
+    }];
     let (cloud, _) = catalogue_cloud(
         &live.index,
         &live.node_classes,
         &live.overlays,
         &env.zone,
         currency,
+        env.instance_types.clone(),
         &mut warnings,
     )?;
     let (pools, failed) = pools_with_types(&cloud, &Metrics::new(), live.index.nodepools()).await;

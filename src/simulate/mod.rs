@@ -95,6 +95,7 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
         &m.overlays,
         zone,
         currency,
+        None,
         &mut warnings,
     )?;
     let (pools, failed) = futures::executor::block_on(cluster_input::pools_with_types(
@@ -201,17 +202,20 @@ pub fn zone_and_currency(zone: &str, currency: &str) -> Result<Currency, Simulat
 /// The cloud `simulate`, `explain` and `plan` ask: the embedded catalogue's types of `zone` at
 /// list prices in `currency`, built for each ExoscaleNodeClass the NodePools of `index`
 /// reference (one not among `node_classes` gets the defaults, with a warning), behind the
-/// `WithOverlays` decorator with `overlays`. Also returns the types whose price is estimated.
+/// `WithOverlays` decorator with `overlays`. `discovered` replaces the catalogue's types (the
+/// ones an Exoscale account is authorized for, read from the API). Also returns the types whose
+/// price is estimated.
 pub fn catalogue_cloud(
     index: &ClusterIndex,
     node_classes: &[ExoscaleNodeClass],
     overlays: &[NodeOverlay],
     zone: &str,
     currency: Currency,
+    discovered: Option<Vec<DiscoveredType>>,
     warnings: &mut Vec<String>,
 ) -> Result<(WithOverlays, std::collections::BTreeSet<String>), SimulateError> {
     let prices = PriceBook::from_catalogue(Catalogue::embedded(), currency);
-    let discovered = catalogue_types(Catalogue::embedded(), zone);
+    let discovered = discovered.unwrap_or_else(|| catalogue_types(Catalogue::embedded(), zone));
     let classes: HashMap<String, &ExoscaleNodeClass> = node_classes
         .iter()
         .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
