@@ -222,13 +222,14 @@ async fn explain(what: Option<ExplainWhat>, pricing: Pricing) -> ExitCode {
             var("EXOSCALE_API_ENVIRONMENT").as_deref(),
         );
         let client = endpoint.map_err(|e| e.to_string()).and_then(|endpoint| {
-            karpenter_exoscale::exoscale::Client::new(
-                karpenter_exoscale::exoscale::ClientConfig::new(
-                    endpoint,
-                    karpenter_exoscale::exoscale::Credentials::new(&key, &secret),
-                ),
-            )
-            .map_err(|e| e.to_string())
+            use karpenter_exoscale::exoscale::{ClientConfig, Credentials, RetryPolicy};
+            // One bounded attempt: a read-only answer should not wait minutes on the API.
+            let config = ClientConfig {
+                retry: RetryPolicy::none(),
+                request_timeout: std::time::Duration::from_secs(10),
+                ..ClientConfig::new(endpoint, Credentials::new(&key, &secret))
+            };
+            karpenter_exoscale::exoscale::Client::new(config).map_err(|e| e.to_string())
         });
         let with_types = match client {
             Ok(client) => explain::Env::new(&pricing.zone, &pricing.currency)
