@@ -272,6 +272,26 @@ async fn explain_and_plan_name_why_each_pod_waits_and_what_would_launch() {
         "{value}"
     );
     assert!(sim.call_count("list-instance-types") >= 1);
+    // Credentials the API refuses: one attempt, a warning, and the catalogue's answer.
+    let refused = [
+        ("EXOSCALE_API_KEY", credentials.key.as_str()),
+        ("EXOSCALE_API_SECRET", "not-the-secret"),
+        ("EXOSCALE_API_ENDPOINT", sim.endpoint()),
+    ];
+    let (ok, value, stderr) = run_with(
+        &kubeconfig,
+        &["explain", "pod", &format!("{ns}/fits")],
+        &refused,
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("could not be read") && stderr.contains("embedded catalogue"),
+        "{stderr}"
+    );
+    assert_eq!(
+        value["verdict"]["instance_type"], "standard.tiny",
+        "{value}"
+    );
 
     let (ok, missing, stderr) = run(&kubeconfig, &["explain", "pod", &format!("{ns}/nope")]);
     assert!(
