@@ -622,6 +622,7 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
     match &e.verdict {
         karpenter_exoscale::explain::Verdict::Bound {
             consolidation_blocked_by: Some(why),
+            this_pod_blocks: true,
             ..
         } => assert!(why.contains("pdb prevents pod evictions"), "{why}"),
         other => panic!("the guarded pod's node is blocked by its PDB: {other:?}"),

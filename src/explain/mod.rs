@@ -121,6 +121,8 @@ pub enum Verdict {
         price_per_hour: Option<f64>,
         /// `None`: the node is a consolidation candidate (this pod may be moved).
         consolidation_blocked_by: Option<String>,
+        /// This pod itself is what blocks it (its `do-not-disrupt`, or a PDB selecting it).
+        this_pod_blocks: bool,
     },
     /// Fits a node that exists or is being launched (kube-scheduler binds it there).
     ExistingNode { node: String },
@@ -271,6 +273,11 @@ pub async fn explain_pod(
             .unwrap_or_default();
         let price_per_hour = node_price(&pools, &labels);
         let view = view_of(live, env, pools);
+        let this_pod = view.node(&node).and_then(|n| {
+            n.pods
+                .iter()
+                .find(|p| format!("{}/{}", p.pod.namespace, p.pod.name) == key)
+        });
         let (eligible, rejected) = candidates(&view, DisruptionClass::Graceful);
         let consolidation_blocked_by = if eligible.iter().any(|c| c.name == node) {
             None
@@ -283,9 +290,18 @@ pub async fn explain_pod(
                     .unwrap_or_else(|| "the node is not managed by Karpenter".to_string()),
             )
         };
+        let this_pod_blocks = consolidation_blocked_by.as_ref().is_some_and(|why| {
+            why.contains(&format!("Pod={key}"))
+                || this_pod.is_some_and(|p| {
+                    view.pdbs
+                        .iter()
+                        .any(|pdb| pdb.matches(p) && why.contains(&pdb.key()))
+                })
+        });
         return Ok(PodExplanation {
             pod: key,
             verdict: Verdict::Bound {
+                this_pod_blocks,
                 nodepool: labels.get(crate::apis::labels::NODEPOOL_LABEL).cloned(),
                 instance_type: labels.get(INSTANCE_TYPE).cloned(),
                 node,

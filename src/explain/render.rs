@@ -30,6 +30,7 @@ pub fn render_pod(e: &PodExplanation) -> String {
             instance_type,
             price_per_hour,
             consolidation_blocked_by,
+            this_pod_blocks,
         } => {
             let _ = writeln!(
                 out,
@@ -48,7 +49,12 @@ pub fn render_pod(e: &PodExplanation) -> String {
                     );
                 }
                 Some(why) => {
-                    let _ = writeln!(out, "  its node is not disrupted: {why}");
+                    let whose = if *this_pod_blocks {
+                        "this pod keeps its node"
+                    } else {
+                        "its node is not disrupted"
+                    };
+                    let _ = writeln!(out, "  {whose}: {why}");
                 }
             }
         }
