@@ -18,13 +18,14 @@ RUN apt-get update \
 RUN rustup target add "$(uname -m)-unknown-linux-musl"
 WORKDIR /src
 # Only what the binary is built from: sources, the embedded catalogue and the manifest. The
-# benches and the sandbox example are declared in Cargo.toml, so cargo needs their files to read
-# the manifest.
+# benches and the sandbox and scale examples are declared in Cargo.toml, so cargo needs their
+# files to read the manifest.
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY data ./data
 COPY benches ./benches
 COPY hack/sandbox ./hack/sandbox
+COPY hack/scale ./hack/scale
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     target="$(uname -m)-unknown-linux-musl" \
