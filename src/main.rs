@@ -221,7 +221,7 @@ async fn explain(what: Option<ExplainWhat>, pricing: Pricing) -> ExitCode {
             var("EXOSCALE_API_ENDPOINT").as_deref(),
             var("EXOSCALE_API_ENVIRONMENT").as_deref(),
         );
-        let client = endpoint.map_err(|e| e.to_string()).and_then(|endpoint| {
+        let exo_client = endpoint.map_err(|e| e.to_string()).and_then(|endpoint| {
             use karpenter_exoscale::exoscale::{ClientConfig, Credentials, RetryPolicy};
             // One bounded attempt: a read-only answer should not wait minutes on the API.
             let config = ClientConfig {
@@ -231,11 +231,16 @@ async fn explain(what: Option<ExplainWhat>, pricing: Pricing) -> ExitCode {
             };
             karpenter_exoscale::exoscale::Client::new(config).map_err(|e| e.to_string())
         });
-        let with_types = match client {
-            Ok(client) => explain::Env::new(&pricing.zone, &pricing.currency)
-                .with_api_instance_types(&client)
+        let with_types = match exo_client {
+            Ok(exo) => match explain::Env::new(&pricing.zone, &pricing.currency)
+                .with_api_instance_types(&exo)
                 .await
-                .map_err(|e| e.to_string()),
+            {
+                Ok(env) => Ok(env
+                    .with_api_templates(&exo, &client, &live.node_classes)
+                    .await),
+                Err(e) => Err(e.to_string()),
+            },
             Err(e) => Err(e),
         };
         match with_types {

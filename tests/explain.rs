@@ -272,6 +272,30 @@ async fn explain_and_plan_name_why_each_pod_waits_and_what_would_launch() {
         "{value}"
     );
     assert!(sim.call_count("list-instance-types") >= 1);
+    // The NodeClass's template is resolved through the API as the controller would: the sim
+    // serves no template for this control plane's version yet, then it does.
+    let class_warning = |value: &Value| {
+        value["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|w| w.as_str())
+            .any(|w| {
+                w.contains(&format!(
+                    "ExoscaleNodeClass {class}: its template cannot be used"
+                ))
+            })
+    };
+    assert!(class_warning(&value), "{value}");
+    let version = client.apiserver_version().await.unwrap().git_version;
+    sim.add_kubernetes_version(version.trim_start_matches('v'));
+    let (ok, value, stderr) = run_with(
+        &kubeconfig,
+        &["explain", "pod", &format!("{ns}/fits")],
+        &api_env,
+    );
+    assert!(ok, "{stderr}");
+    assert!(!class_warning(&value), "{value}");
     // Credentials the API refuses: one attempt, a warning, and the catalogue's answer.
     let refused = [
         ("EXOSCALE_API_KEY", credentials.key.as_str()),

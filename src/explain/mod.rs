@@ -62,6 +62,9 @@ pub struct Env {
     pub options: SchedulerOptions,
     /// From the Exoscale API (authorized types of the zone); `None`: the embedded catalogue's.
     pub instance_types: Option<Vec<DiscoveredType>>,
+    /// Per ExoscaleNodeClass, the template the API resolved (or why it could not): only when
+    /// credentials were given.
+    pub templates: BTreeMap<String, Result<String, String>>,
 }
 
 impl Env {
@@ -77,7 +80,34 @@ impl Env {
                 &defaults.default_topology_spread,
             ),
             instance_types: None,
+            templates: BTreeMap::new(),
         }
+    }
+
+    /// Resolves and checks each NodeClass's template through the Exoscale API, as the
+    /// NodeClass controller does (the control plane's version from `kube`).
+    pub async fn with_api_templates(
+        mut self,
+        client: &crate::exoscale::Client,
+        kube: &kube::Client,
+        node_classes: &[crate::apis::ExoscaleNodeClass],
+    ) -> Self {
+        use crate::providers::template::{ApiServerVersion, TemplateResolver};
+        let resolver = TemplateResolver::new(
+            client.clone(),
+            Arc::new(ApiServerVersion(kube.clone())),
+            Arc::new(crate::exoscale::SystemClock),
+            std::time::Duration::from_secs(300),
+        );
+        for class in node_classes {
+            let outcome = resolver
+                .resolve_and_verify(class)
+                .await
+                .map(|t| t.id)
+                .map_err(|e| e.to_string());
+            self.templates.insert(class.name_any(), outcome);
+        }
+        self
     }
 
     /// Reads the instance types this account may use in the zone from the Exoscale API.
@@ -168,6 +198,13 @@ async fn priced(live: &Live, env: &Env) -> Result<Priced, ExplainError> {
         env.instance_types.clone(),
         &mut warnings,
     )?;
+    for (class, outcome) in &env.templates {
+        if let Err(why) = outcome {
+            warnings.push(format!(
+                "ExoscaleNodeClass {class}: its template cannot be used ({why}); launches for its NodePools would fail"
+            ));
+        }
+    }
     let (pools, failed) = pools_with_types(&cloud, &Metrics::new(), live.index.nodepools()).await;
     for (pool, error) in failed {
         warnings.push(format!("NodePool {} skipped: {error}", pool.name_any()));
