@@ -554,9 +554,12 @@ async fn update_instance_replaces_name_and_user_data() {
 /// Operation, status, error kind.
 type Report = (String, Option<u16>, Option<&'static str>);
 
-/// Remembers what the client reports about each request it sent.
+/// Remembers what the client reports about each request it sent, and its rate-limiter waits.
 #[derive(Default)]
-struct Recorded(std::sync::Mutex<Vec<Report>>);
+struct Recorded(
+    std::sync::Mutex<Vec<Report>>,
+    std::sync::Mutex<Vec<Duration>>,
+);
 
 impl karpenter_exoscale::exoscale::RequestObserver for Recorded {
     fn observe(
@@ -570,6 +573,10 @@ impl karpenter_exoscale::exoscale::RequestObserver for Recorded {
             .lock()
             .unwrap()
             .push((operation.to_string(), status, error));
+    }
+
+    fn waited(&self, wait: Duration) {
+        self.1.lock().unwrap().push(wait);
     }
 }
 
@@ -618,4 +625,29 @@ async fn every_request_sent_is_reported_with_its_status_and_error_kind() {
             ("GET /instance".to_string(), Some(429), Some("rate_limited")),
         ]
     );
+}
+
+#[tokio::test]
+async fn rate_limiter_waits_are_reported() {
+    let sim = ExoscaleSim::start().await.expect("sim starts");
+    let recorded = Arc::new(Recorded::default());
+    let config = karpenter_exoscale::exoscale::ClientConfig {
+        observer: karpenter_exoscale::exoscale::Observer(Some(recorded.clone())),
+        // One token, refilled every 2 s: the second request must wait for it.
+        rate_limit: Some(RateLimit {
+            per_second: 0.5,
+            burst: 1,
+        }),
+        ..sim.client_config()
+    };
+    let client = Client::new(config).unwrap();
+    client.list_zones().await.unwrap();
+    assert!(
+        recorded.1.lock().unwrap().is_empty(),
+        "the first token is free"
+    );
+    client.list_zones().await.unwrap();
+    let waits = recorded.1.lock().unwrap().clone();
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert!(waits[0] >= Duration::from_millis(500), "{waits:?}");
 }

@@ -28,6 +28,9 @@ pub trait RequestObserver: Send + Sync {
         error: Option<&'static str>,
         elapsed: Duration,
     );
+
+    /// A request waited this long for the client's rate limiter (only waits are reported).
+    fn waited(&self, _wait: Duration) {}
 }
 
 /// An optional [`RequestObserver`] (a wrapper so [`ClientConfig`] stays `Debug`).
@@ -378,7 +381,14 @@ impl Client {
     /// One attempt: waits for the rate limiter, then sends and observes the exchange.
     async fn send_once(&self, call: &Call) -> Result<Vec<u8>, Error> {
         if let Some(limiter) = &self.inner.limiter {
+            let asked = std::time::Instant::now();
             limiter.acquire().await;
+            let wait = asked.elapsed();
+            if let Some(observer) = &self.inner.config.observer.0
+                && wait >= Duration::from_millis(1)
+            {
+                observer.waited(wait);
+            }
         }
         let started = std::time::Instant::now();
         let result = self.exchange(call).await;

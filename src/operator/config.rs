@@ -161,7 +161,7 @@ impl FeatureGates {
 }
 
 /// Exoscale provider settings (same variable names as the Go provider).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ExoscaleSettings {
     pub api_key: Secret,
     pub api_secret: Secret,
@@ -173,6 +173,9 @@ pub struct ExoscaleSettings {
     pub cluster_endpoint: Option<String>,
     pub api_endpoint: Option<String>,
     pub api_environment: Option<String>,
+    /// The client's token bucket (`EXOSCALE_API_QPS`/`EXOSCALE_API_BURST`). Exoscale documents
+    /// no numbers; the default keeps a burst of launches well clear of a 429.
+    pub api_rate_limit: crate::exoscale::RateLimit,
 }
 
 /// Lifecycle timings; configurable so tests need not wait upstream's 15 minutes.
@@ -261,6 +264,10 @@ pub struct RunArgs {
     pub exoscale_api_endpoint: Option<String>,
     #[arg(long)]
     pub exoscale_api_environment: Option<String>,
+    #[arg(long)]
+    pub exoscale_api_qps: Option<String>,
+    #[arg(long)]
+    pub exoscale_api_burst: Option<String>,
     #[arg(long)]
     pub karpenter_service: Option<String>,
     #[arg(long)]
@@ -467,6 +474,32 @@ impl Config {
             cluster_endpoint,
             api_endpoint,
             api_environment,
+            api_rate_limit: crate::exoscale::RateLimit {
+                per_second: r.parsed(
+                    &args.exoscale_api_qps,
+                    "EXOSCALE_API_QPS",
+                    crate::exoscale::RateLimit::default().per_second,
+                    |v| {
+                        v.parse::<f64>()
+                            .ok()
+                            .filter(|q| q.is_finite() && *q > 0.0 && *q <= 10_000.0)
+                            .ok_or_else(|| {
+                                "expected a number of requests per second, 0 < QPS <= 10000".into()
+                            })
+                    },
+                ),
+                burst: r.parsed(
+                    &args.exoscale_api_burst,
+                    "EXOSCALE_API_BURST",
+                    crate::exoscale::RateLimit::default().burst,
+                    |v| {
+                        v.parse::<u32>()
+                            .ok()
+                            .filter(|b| (1..=10_000).contains(b))
+                            .ok_or_else(|| "expected a whole number 1-10000".into())
+                    },
+                ),
+            },
         };
 
         let defaults = Timings::default();
@@ -708,6 +741,7 @@ mod tests {
         assert_eq!(config.metrics_port, 8080);
         assert_eq!(config.health_probe_port, 8081);
         assert_eq!(config.listen_address.to_string(), "0.0.0.0");
+        assert_eq!(config.exoscale.api_rate_limit, crate::exoscale::RateLimit::default());
         assert_eq!(config.leader_election_name, "karpenter-leader-election");
         assert_eq!(config.batch_max_duration, Duration::from_secs(10));
         assert_eq!(config.batch_idle_duration, Duration::from_secs(1));
@@ -751,6 +785,7 @@ mod tests {
             ("FEATURE_GATES", "NodeRepair=maybe"),
             ("BATCH_MAX_DURATION", "10 seconds"),
             ("LISTEN_ADDRESS", "localhost"),
+            ("EXOSCALE_API_QPS", "0"),
         ]);
         let err = Config::resolve(&RunArgs::default(), &e).unwrap_err();
         let text = err.to_string();
@@ -764,10 +799,11 @@ mod tests {
             "NodeRepair",
             "BATCH_MAX_DURATION=\"10 seconds\"",
             "LISTEN_ADDRESS=\"localhost\"",
+            "EXOSCALE_API_QPS=\"0\"",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in {text}");
         }
-        assert_eq!(err.0.len(), 9);
+        assert_eq!(err.0.len(), 10);
     }
 
     #[test]

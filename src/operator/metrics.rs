@@ -162,6 +162,7 @@ pub struct Metrics {
     pub exoscale_api_requests: CounterFamily,
     pub exoscale_api_duration: HistogramFamily,
     pub exoscale_api_errors: CounterFamily,
+    pub exoscale_api_rate_limit_wait: Histogram,
     pub build_info: GaugeFamily,
     pub leader: GaugeFamily,
     pub unowned_instances: GaugeFamily,
@@ -398,6 +399,11 @@ impl Metrics {
                 "karpenter_exoscale_api_errors",
                 "Exoscale API errors, by operation and kind.",
             ),
+            exoscale_api_rate_limit_wait: plain_histogram(
+                r,
+                "karpenter_exoscale_api_rate_limit_wait_seconds",
+                "Time an Exoscale API request waited for the client's rate limiter (EXOSCALE_API_QPS/BURST).",
+            ),
             build_info: gauge(r, "karpenter_build_info", "Build information."),
             leader: gauge(
                 r,
@@ -501,6 +507,11 @@ impl crate::exoscale::RequestObserver for Metrics {
                 .get_or_create(&labels([("operation", operation), ("kind", kind)]))
                 .inc();
         }
+    }
+
+    fn waited(&self, wait: Duration) {
+        self.exoscale_api_rate_limit_wait
+            .observe(wait.as_secs_f64());
     }
 }
 

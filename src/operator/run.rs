@@ -110,6 +110,7 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     let exo_config = exoscale::ClientConfig {
         observer: exoscale::Observer(Some(metrics.clone())),
+        rate_limit: Some(settings.api_rate_limit),
         ..exoscale::ClientConfig::new(endpoint, credentials)
     };
     let exo = exoscale::Client::new(exo_config).map_err(|e| RunError::Exoscale(e.to_string()))?;
