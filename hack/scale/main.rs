@@ -105,6 +105,7 @@ async fn deployment(client: &kube::Client, replicas: i32, anti: bool) {
 
 struct Sample {
     names: Vec<String>,
+    claim_names: Vec<String>,
     claims: usize,
     live_claims: usize,
     pods: usize,
@@ -131,6 +132,10 @@ async fn sample(client: &kube::Client) -> Option<Sample> {
         names: pods
             .iter()
             .filter_map(|p| p.metadata.name.clone())
+            .collect(),
+        claim_names: claims
+            .iter()
+            .filter_map(|c| c.metadata.name.clone())
             .collect(),
         claims: claims.len(),
         live_claims: claims
@@ -232,10 +237,19 @@ async fn main() {
     if let Some(down) = down {
         let calls_before = sandbox.sim.calls().len();
         let cpu_before = process.cpu_seconds();
-        let before: std::collections::HashSet<String> = sample(&client)
+        let (before, claims_before): (
+            std::collections::HashSet<String>,
+            std::collections::HashSet<String>,
+        ) = sample(&client)
             .await
-            .map(|s| s.names.into_iter().collect())
+            .map(|s| {
+                (
+                    s.names.into_iter().collect(),
+                    s.claim_names.into_iter().collect(),
+                )
+            })
             .unwrap_or_default();
+        let mut new_claims = std::collections::HashSet::new();
         let mut moved = std::collections::HashSet::new();
         let scaled = Instant::now();
         Api::<Deployment>::namespaced(client.clone(), "default")
@@ -248,8 +262,7 @@ async fn main() {
             .expect("scale down");
         // Done when the NodeClaim count has not changed for 3 minutes with every pod running.
         let mut last_change = Instant::now();
-        let mut last = (nodes, 0usize);
-        let mut replaced = 0usize;
+        let mut last = (nodes, nodes);
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let Some(s) = sample(&client).await else {
@@ -257,10 +270,14 @@ async fn main() {
             };
             // A pod the ReplicaSet created after the scale-down replaces an evicted one.
             moved.extend(s.names.iter().filter(|n| !before.contains(*n)).cloned());
+            // A NodeClaim created after the scale-down is a replacement.
+            new_claims.extend(
+                s.claim_names
+                    .iter()
+                    .filter(|n| !claims_before.contains(*n))
+                    .cloned(),
+            );
             if (s.live_claims, s.claims) != last {
-                if s.claims > last.1 && s.live_claims >= last.0 {
-                    replaced += s.claims.saturating_sub(last.1);
-                }
                 last = (s.live_claims, s.claims);
                 last_change = Instant::now();
             }
@@ -274,9 +291,10 @@ async fn main() {
         let deletes = sandbox.sim.call_count("delete-instance");
         let (rss, peak) = process.rss_mb();
         println!(
-            "| {scenario} scale-down to {down} | {nodes} → {} nodes in {:.0} s | {replaced} replacement(s), {} pods evicted | {deletes} deletes | {} calls | {rss:.0} / {peak:.0} MB | {:.1} s CPU |",
+            "| {scenario} scale-down to {down} | {nodes} → {} nodes in {:.0} s | {} replacement(s), {} pods evicted | {deletes} deletes | {} calls | {rss:.0} / {peak:.0} MB | {:.1} s CPU |",
             last.0,
             took.as_secs_f64(),
+            new_claims.len(),
             moved.len(),
             sandbox.sim.calls().len() - calls_before,
             process.cpu_seconds() - cpu_before,

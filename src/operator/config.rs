@@ -741,7 +741,10 @@ mod tests {
         assert_eq!(config.metrics_port, 8080);
         assert_eq!(config.health_probe_port, 8081);
         assert_eq!(config.listen_address.to_string(), "0.0.0.0");
-        assert_eq!(config.exoscale.api_rate_limit, crate::exoscale::RateLimit::default());
+        assert_eq!(
+            config.exoscale.api_rate_limit,
+            crate::exoscale::RateLimit::default()
+        );
         assert_eq!(config.leader_election_name, "karpenter-leader-election");
         assert_eq!(config.batch_max_duration, Duration::from_secs(10));
         assert_eq!(config.batch_idle_duration, Duration::from_secs(1));
