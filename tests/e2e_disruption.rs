@@ -623,8 +623,17 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
         karpenter_exoscale::explain::Verdict::Bound {
             consolidation_blocked_by: Some(why),
             this_pod_blocks: true,
+            landed_because,
             ..
-        } => assert!(why.contains("pdb prevents pod evictions"), "{why}"),
+        } => {
+            assert!(why.contains("pdb prevents pod evictions"), "{why}");
+            assert!(
+                landed_because
+                    .iter()
+                    .any(|l| l.starts_with(&format!("nodeSelector {NODEPOOL_LABEL}={pool}"))),
+                "{landed_because:?}"
+            );
+        }
         other => panic!("the guarded pod's node is blocked by its PDB: {other:?}"),
     }
 

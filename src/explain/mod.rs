@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use serde::Serialize;
 use thiserror::Error;
@@ -153,6 +153,9 @@ pub enum Verdict {
         consolidation_blocked_by: Option<String>,
         /// This pod itself is what blocks it (its `do-not-disrupt`, or a PDB selecting it).
         this_pod_blocks: bool,
+        /// Why it could land there: the node labels its nodeSelector and required node affinity
+        /// matched, and the node taints it tolerates.
+        landed_because: Vec<String>,
     },
     /// Fits a node that exists or is being launched (kube-scheduler binds it there).
     ExistingNode { node: String },
@@ -327,6 +330,11 @@ pub async fn explain_pod(
                     .unwrap_or_else(|| "the node is not managed by Karpenter".to_string()),
             )
         };
+        let landed = live
+            .index
+            .node(&node)
+            .map(|n| landed_because(&target, &n))
+            .unwrap_or_default();
         let this_pod_blocks = consolidation_blocked_by.as_ref().is_some_and(|why| {
             why.contains(&format!("Pod={key}"))
                 || this_pod.is_some_and(|p| {
@@ -339,6 +347,7 @@ pub async fn explain_pod(
             pod: key,
             verdict: Verdict::Bound {
                 this_pod_blocks,
+                landed_because: landed,
                 nodepool: labels.get(crate::apis::labels::NODEPOOL_LABEL).cloned(),
                 instance_type: labels.get(INSTANCE_TYPE).cloned(),
                 node,
@@ -433,6 +442,81 @@ pub async fn explain_pod(
         currency: env.currency.clone(),
         warnings,
     })
+}
+
+/// What on `node` let `pod` land there: its nodeSelector and required node-affinity terms with
+/// the node's values, and the node's taints it tolerates. Empty: the pod constrains nothing and
+/// kube-scheduler chose by its scoring.
+pub fn landed_because(pod: &Pod, node: &Node) -> Vec<String> {
+    let labels = node.labels();
+    let value = |key: &str| {
+        labels
+            .get(key)
+            .map_or("no such label".to_string(), |v| format!("{key}={v}"))
+    };
+    let mut out = Vec::new();
+    let Some(spec) = pod.spec.as_ref() else {
+        return out;
+    };
+    for (key, wanted) in spec.node_selector.iter().flatten() {
+        out.push(format!(
+            "nodeSelector {key}={wanted} (node: {})",
+            value(key)
+        ));
+    }
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    for term in required
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default()
+    {
+        for e in term.match_expressions.iter().flatten() {
+            out.push(format!(
+                "node affinity {} {} [{}] (node: {})",
+                e.key,
+                e.operator,
+                e.values.clone().unwrap_or_default().join(", "),
+                value(&e.key)
+            ));
+        }
+    }
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    for taint in &taints {
+        let tolerated = spec.tolerations.iter().flatten().any(|t| {
+            let key = t.key.as_deref().unwrap_or("");
+            let effect = t.effect.as_deref().unwrap_or("");
+            let operator = t.operator.as_deref().unwrap_or("Equal");
+            (key.is_empty() && operator == "Exists"
+                || key == taint.key
+                    && (operator == "Exists"
+                        || t.value.as_deref().unwrap_or("")
+                            == taint.value.as_deref().unwrap_or("")))
+                && (effect.is_empty() || effect == taint.effect)
+        });
+        if tolerated {
+            out.push(format!(
+                "tolerates taint {}{}:{}",
+                taint.key,
+                taint
+                    .value
+                    .as_ref()
+                    .map(|v| format!("={v}"))
+                    .unwrap_or_default(),
+                taint.effect
+            ));
+        }
+    }
+    out
 }
 
 /// A node a disruption command would remove.

@@ -31,6 +31,7 @@ pub fn render_pod(e: &PodExplanation) -> String {
             price_per_hour,
             consolidation_blocked_by,
             this_pod_blocks,
+            landed_because,
         } => {
             let _ = writeln!(
                 out,
@@ -41,6 +42,15 @@ pub fn render_pod(e: &PodExplanation) -> String {
                 instance_type.as_deref().unwrap_or("unknown"),
                 price_per_hour.map_or("no list price".to_string(), |p| price(p, c)),
             );
+            if landed_because.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "  it constrains no node: kube-scheduler chose this one by its scoring"
+                );
+            }
+            for why in landed_because {
+                let _ = writeln!(out, "  landed there: {why}");
+            }
             match consolidation_blocked_by {
                 None => {
                     let _ = writeln!(

@@ -121,3 +121,37 @@ fn the_json_contract_tags_verdicts_and_the_table_names_each_nodepool() {
         "{table}"
     );
 }
+
+#[test]
+fn a_bound_pod_is_told_which_of_its_constraints_the_node_met() {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {"nodeName": "n", "containers": [],
+            "nodeSelector": {"team": "a"},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["ch-gva-2"]}]}]}}},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]}
+    }))
+    .unwrap();
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "n", "labels": {"team": "a", "topology.kubernetes.io/zone": "ch-gva-2"}},
+        "spec": {"taints": [
+            {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
+            {"key": "other", "effect": "NoSchedule"}]}
+    }))
+    .unwrap();
+    assert_eq!(
+        landed_because(&pod, &node),
+        [
+            "nodeSelector team=a (node: team=a)",
+            "node affinity topology.kubernetes.io/zone In [ch-gva-2] (node: topology.kubernetes.io/zone=ch-gva-2)",
+            "tolerates taint dedicated=gpu:NoSchedule",
+        ]
+    );
+    let bare: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "q"}, "spec": {"containers": []}
+    }))
+    .unwrap();
+    assert!(landed_because(&bare, &node).is_empty());
+}
