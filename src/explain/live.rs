@@ -24,6 +24,34 @@ pub struct Live {
     pub index: ClusterIndex,
     pub node_classes: Vec<ExoscaleNodeClass>,
     pub overlays: Vec<NodeOverlay>,
+    /// The latest `DriftDetected` note per NodeClaim (the field that differs, both sides).
+    pub drift_notes: std::collections::BTreeMap<String, String>,
+    /// What could not be read without failing the command (events), for the warnings.
+    pub unread: Vec<String>,
+}
+
+/// The `DriftDetected` events (the Go provider's, naming what differs), newest per NodeClaim.
+async fn drift_notes(
+    client: &Client,
+) -> Result<std::collections::BTreeMap<String, String>, kube::Error> {
+    use k8s_openapi::api::events::v1::Event;
+    let events: Api<Event> = Api::all(client.clone());
+    let list = events
+        .list(
+            &ListParams::default()
+                .fields("reason=DriftDetected")
+                .limit(PAGE),
+        )
+        .await?;
+    let mut items = list.items;
+    items.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    let mut out = std::collections::BTreeMap::new();
+    for e in items {
+        if let (Some(name), Some(note)) = (e.regarding.and_then(|r| r.name), e.note) {
+            out.insert(name, note);
+        }
+    }
+    Ok(out)
 }
 
 async fn list_all<K>(client: &Client, optional: bool) -> Result<Vec<K>, ExplainError>
@@ -90,9 +118,18 @@ pub async fn read(client: &Client) -> Result<Live, ExplainError> {
         index.apply_overlay(overlay.clone());
     }
     let node_classes = list_all::<ExoscaleNodeClass>(client, false).await?;
+    let mut unread = Vec::new();
+    let drift_notes = drift_notes(client).await.unwrap_or_else(|e| {
+        unread.push(format!(
+            "DriftDetected events not read ({e}): drift is shown by reason only"
+        ));
+        Default::default()
+    });
     Ok(Live {
         index,
         node_classes,
         overlays,
+        drift_notes,
+        unread,
     })
 }

@@ -153,6 +153,7 @@ pub async fn explain_node(
         methods.push(verdict);
     }
 
+    warnings.extend(live.unread.iter().cloned());
     let drifted = claim.as_ref().and_then(|c| {
         let condition = c
             .status
@@ -160,11 +161,15 @@ pub async fn explain_node(
             .conditions
             .get_condition(conditions::DRIFTED)?;
         (condition.status == ConditionStatus::True).then(|| {
-            if condition.message.is_empty() {
-                condition.reason.clone()
-            } else {
-                format!("{}: {}", condition.reason, condition.message)
+            let mut text = condition.reason.clone();
+            if !condition.message.is_empty() {
+                text = format!("{text}: {}", condition.message);
             }
+            // The provider's DriftDetected event names the field and both values.
+            if let Some(note) = live.drift_notes.get(&c.name_any()) {
+                text = format!("{text} ({note})");
+            }
+            text
         })
     });
     if node.is_none() {

@@ -155,3 +155,48 @@ fn a_bound_pod_is_told_which_of_its_constraints_the_node_met() {
     .unwrap();
     assert!(landed_because(&bare, &node).is_empty());
 }
+
+#[test]
+fn explain_node_names_the_drift_the_provider_detected() {
+    use crate::state::testing;
+    let mut index = crate::state::ClusterIndex::default();
+    let mut claim = testing::nodeclaim("c1", "p", Some("exoscale://i1"));
+    claim.status.as_mut().unwrap().node_name = Some("n1".into());
+    let claim = testing::set_condition(
+        claim,
+        crate::apis::labels::conditions::DRIFTED,
+        crate::apis::ConditionStatus::True,
+        0,
+    );
+    index.apply_nodeclaim(claim);
+    index.apply_node(testing::node("n1", Some("exoscale://i1"), &[]));
+    index.apply_nodepool((*pool("p")).clone());
+    let live = Live {
+        index,
+        node_classes: vec![],
+        overlays: vec![],
+        drift_notes: BTreeMap::from([(
+            "c1".to_string(),
+            "security groups [sg-a] differ from the NodeClass's [sg-b]".to_string(),
+        )]),
+        unread: vec![],
+    };
+    let env = Env::new("ch-gva-2", "EUR");
+    let e = futures::executor::block_on(explain_node(&live, &env, "c1")).unwrap();
+    assert_eq!(e.node, "n1");
+    assert_eq!(e.nodeclaim.as_deref(), Some("c1"));
+    let drifted = e.drifted.unwrap();
+    assert!(drifted.starts_with("Drifted"), "{drifted}");
+    assert!(
+        drifted.contains("security groups [sg-a] differ"),
+        "{drifted}"
+    );
+    assert_eq!(e.methods.len(), 5);
+    // By Node name too.
+    let by_node = futures::executor::block_on(explain_node(&live, &env, "n1")).unwrap();
+    assert_eq!(by_node.nodeclaim.as_deref(), Some("c1"));
+    assert!(matches!(
+        futures::executor::block_on(explain_node(&live, &env, "nope")),
+        Err(ExplainError::NotFound(_))
+    ));
+}
