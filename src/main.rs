@@ -169,15 +169,7 @@ fn simulate(
     };
     match simulate::run(&options) {
         Ok(report) => {
-            match output {
-                OutputFormat::Table => print!("{}", simulate::render_table(&report)),
-                OutputFormat::Json => {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&report).expect("the report serialises")
-                    )
-                }
-            }
+            print!("{}", formatted(output, &report, simulate::render_table));
             let invalid = report.invalid_pods();
             if invalid > 0 && !allow_invalid_pods {
                 eprintln!(
@@ -250,36 +242,20 @@ async fn explain(what: Option<ExplainWhat>, pricing: Pricing) -> ExitCode {
             ),
         }
     }
-    let json = matches!(pricing.output, OutputFormat::Json);
+    let output = pricing.output;
     let printed = match what {
         Some(ExplainWhat::Pod { pod }) => {
             let (namespace, name) = pod.split_once('/').unwrap_or(("default", pod.as_str()));
             explain::explain_pod(&live, &env, namespace, name)
                 .await
-                .map(|e| {
-                    if json {
-                        serde_json::to_string_pretty(&e).expect("serialises") + "\n"
-                    } else {
-                        explain::render_pod(&e)
-                    }
-                })
+                .map(|e| formatted(output, &e, explain::render_pod))
         }
-        Some(ExplainWhat::Node { node }) => {
-            explain::explain_node(&live, &env, &node).await.map(|e| {
-                if json {
-                    serde_json::to_string_pretty(&e).expect("serialises") + "\n"
-                } else {
-                    explain::render_node(&e)
-                }
-            })
-        }
-        None => explain::plan(&live, &env).await.map(|p| {
-            if json {
-                serde_json::to_string_pretty(&p).expect("serialises") + "\n"
-            } else {
-                explain::render_plan(&p)
-            }
-        }),
+        Some(ExplainWhat::Node { node }) => explain::explain_node(&live, &env, &node)
+            .await
+            .map(|e| formatted(output, &e, explain::render_node)),
+        None => explain::plan(&live, &env)
+            .await
+            .map(|p| formatted(output, &p, explain::render_plan)),
     };
     match printed {
         Ok(text) => {
@@ -290,6 +266,18 @@ async fn explain(what: Option<ExplainWhat>, pricing: Pricing) -> ExitCode {
             eprintln!("{error}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `value` as pretty JSON (`-o json`) or as its table.
+fn formatted<T: serde::Serialize>(
+    output: OutputFormat,
+    value: &T,
+    table: impl Fn(&T) -> String,
+) -> String {
+    match output {
+        OutputFormat::Json => serde_json::to_string_pretty(value).expect("serialises") + "\n",
+        OutputFormat::Table => table(value),
     }
 }
 

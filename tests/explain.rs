@@ -288,7 +288,9 @@ async fn explain_and_plan_name_why_each_pod_waits_and_what_would_launch() {
     };
     assert!(class_warning(&value), "{value}");
     let version = client.apiserver_version().await.unwrap().git_version;
-    sim.add_kubernetes_version(version.trim_start_matches('v'));
+    sim.add_kubernetes_version(
+        &karpenter_exoscale::providers::template::parse_kubernetes_version(&version).unwrap(),
+    );
     let (ok, value, stderr) = run_with(
         &kubeconfig,
         &["explain", "pod", &format!("{ns}/fits")],

@@ -486,35 +486,8 @@ pub fn landed_because(pod: &Pod, node: &Node) -> Vec<String> {
             ));
         }
     }
-    let taints = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.clone())
-        .unwrap_or_default();
-    for taint in &taints {
-        let tolerated = spec.tolerations.iter().flatten().any(|t| {
-            let key = t.key.as_deref().unwrap_or("");
-            let effect = t.effect.as_deref().unwrap_or("");
-            let operator = t.operator.as_deref().unwrap_or("Equal");
-            (key.is_empty() && operator == "Exists"
-                || key == taint.key
-                    && (operator == "Exists"
-                        || t.value.as_deref().unwrap_or("")
-                            == taint.value.as_deref().unwrap_or("")))
-                && (effect.is_empty() || effect == taint.effect)
-        });
-        if tolerated {
-            out.push(format!(
-                "tolerates taint {}{}:{}",
-                taint.key,
-                taint
-                    .value
-                    .as_ref()
-                    .map(|v| format!("={v}"))
-                    .unwrap_or_default(),
-                taint.effect
-            ));
-        }
+    for taint in crate::scheduling::convert::tolerated_node_taints(pod, node) {
+        out.push(format!("tolerates taint {taint}"));
     }
     out
 }

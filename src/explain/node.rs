@@ -12,7 +12,6 @@ use crate::apis::{ConditionStatus, ConditionsExt};
 use crate::disruption::command::Method;
 use crate::disruption::methods::{DisruptionEvent, budget_mapping, eligible_candidates};
 use crate::scheduling::labels::INSTANCE_TYPE;
-use crate::state::quantity::parse_milli;
 
 use super::{Env, ExplainError, Live, node_price, priced, view_of};
 
@@ -79,32 +78,25 @@ pub async fn explain_node(
     let price_per_hour = node_price(&pools, &labels);
 
     let pods = index.pods_on_node(&node_name);
+    let view = view_of(live, env, pools);
+    let state = view.node(&node_name);
+    // The requests and allocatable the scheduler itself works with (init containers and pod
+    // overhead included).
     let mut utilisation = BTreeMap::new();
-    if let Some(allocatable) = node
-        .as_ref()
-        .and_then(|n| n.status.as_ref()?.allocatable.clone())
-    {
+    if let Some(existing) = state.map(|s| &s.scheduling) {
         for resource in ["cpu", "memory"] {
-            let Some(total) = allocatable
-                .get(resource)
-                .and_then(|q| parse_milli(&q.0))
-                .filter(|t| *t > 0)
-            else {
+            let total = existing.allocatable.get(resource).milli();
+            if total <= 0 {
                 continue;
-            };
-            let requested: i128 = pods
+            }
+            let requested: i128 = existing
+                .pods
                 .iter()
-                .filter_map(|p| p.spec.as_ref())
-                .flat_map(|s| s.containers.iter())
-                .filter_map(|c| c.resources.as_ref()?.requests.as_ref()?.get(resource))
-                .filter_map(|q| parse_milli(&q.0))
+                .map(|p| p.requests.get(resource).milli())
                 .sum();
             utilisation.insert(resource.to_string(), requested as f64 / total as f64);
         }
     }
-
-    let view = view_of(live, env, pools);
-    let state = view.node(&node_name);
     let mut methods = Vec::new();
     for method in Method::ORDER {
         let (eligible, events) = eligible_candidates(&view, method);

@@ -314,6 +314,26 @@ pub fn untolerated_node_taint(pod: &core::Pod, node: &core::Node) -> Option<Tain
     crate::scheduling::taints::first_untolerated(&taints, &tolerations, true).cloned()
 }
 
+/// The taints of `node` that `pod` tolerates (unreadable ones count as not tolerated).
+pub fn tolerated_node_taints(pod: &core::Pod, node: &core::Node) -> Vec<Taint> {
+    let object = pod.metadata.name.as_deref().unwrap_or_default();
+    let Some(tolerations) = pod
+        .spec
+        .as_ref()
+        .and_then(|s| tolerations(object, s.tolerations.as_ref()).ok())
+    else {
+        return Vec::new();
+    };
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|t| taint(object, t).ok())
+        .filter(|t| tolerations.iter().any(|tol| tol.tolerates(t)))
+        .collect()
+}
+
 fn tolerations(
     object: &str,
     list: Option<&Vec<core::Toleration>>,

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use karpenter_exoscale::exoscale;
+use karpenter_exoscale::providers::template::parse_kubernetes_version;
 use karpenter_exoscale::sim::kubelet::{
     self as kubelet_sim, Follower, InstanceShape, KubeletBehaviour, KubeletSimError,
 };
@@ -24,12 +25,6 @@ pub struct Sandbox {
     pub controller: tokio::process::Child,
     kubelets: JoinHandle<Vec<KubeletSimError>>,
     pods: JoinHandle<()>,
-}
-
-/// `v1.35.4+k3s1` → `1.35.4`: the SKS template version for the control plane's.
-pub fn template_version(git_version: &str) -> String {
-    let bare = git_version.trim_start_matches('v');
-    bare.split(['+', '-']).next().unwrap_or(bare).to_string()
 }
 
 impl Sandbox {
@@ -59,7 +54,9 @@ impl Sandbox {
             .map_err(|e| format!("reading the apiserver version: {e}"))?;
 
         let sim = ExoscaleSim::start_with(SimConfig {
-            kubernetes_version: template_version(&version.git_version),
+            // The SKS template version the controller resolves for this control plane.
+            kubernetes_version: parse_kubernetes_version(&version.git_version)
+                .map_err(|e| e.to_string())?,
             ..SimConfig::default()
         })
         .await
