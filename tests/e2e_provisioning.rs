@@ -840,7 +840,8 @@ impl tower_service::Service<http::Request<kube::client::Body>> for HoldEventWrit
 }
 
 /// 1 000 pending pods: the round's NodeClaims are created while not one of its events has been
-/// written (event writes are held); once they go through, the pods' Nominated events appear.
+/// written (event writes are held); once they go through, the pods' Nominated events appear
+/// (as many as upstream's nomination budget lets through).
 #[tokio::test]
 async fn a_thousand_pending_pods_get_their_nodeclaims_before_any_event_is_written() {
     use futures::StreamExt;
@@ -936,7 +937,8 @@ async fn a_thousand_pending_pods_get_their_nodeclaims_before_any_event_is_writte
                             .is_some_and(|n| n.starts_with("Pod should schedule on: nodeclaim/"))
                 })
                 .count();
-            (nominated >= 100).then_some(())
+            // Nominations share upstream's budget (bursts of ten, then five per second).
+            (nominated >= 10).then_some(())
         }
     })
     .await;

@@ -276,13 +276,19 @@ pub const OBJECT_BURST: u32 = 25;
 /// One more event per object each this long once its burst is spent.
 pub const OBJECT_REFILL: Duration = Duration::from_secs(5 * 60);
 
-/// Identical events seen within [`DEDUPE_WINDOW`], and each object's event budget; pure, time
-/// passed in.
+/// `Nominated` events, one per pod a round places, share one budget across all pods as
+/// upstream's (5 per second, bursts of 10): a round of 1 000 pods writes about ten, not 1 000.
+pub const NOMINATION_RATE_PER_SECOND: f64 = 5.0;
+pub const NOMINATION_BURST: f64 = 10.0;
+
+/// Identical events seen within [`DEDUPE_WINDOW`], each object's event budget and the shared
+/// nomination budget; pure, time passed in.
 #[derive(Debug, Default)]
 struct RecentEvents {
     seen: HashMap<SeriesKey, std::time::Instant>,
     /// Per object: tokens left and when they were counted.
     budgets: HashMap<ObjectKey, (f64, std::time::Instant)>,
+    nominations: Option<(f64, std::time::Instant)>,
 }
 
 impl RecentEvents {
@@ -299,11 +305,27 @@ impl RecentEvents {
         {
             return false;
         }
+        if key.reason == "Nominated" && !self.take_nomination(now) {
+            // Like upstream, a nomination over the budget still counts as seen: the pod's
+            // next nomination within the window is not written either.
+            self.seen.insert(key, now);
+            return false;
+        }
         if !self.take_token(&key.object, now) {
             return false;
         }
         self.seen.insert(key, now);
         true
+    }
+
+    fn take_nomination(&mut self, now: std::time::Instant) -> bool {
+        let (tokens, since) = self.nominations.unwrap_or((NOMINATION_BURST, now));
+        let tokens = (tokens
+            + now.saturating_duration_since(since).as_secs_f64() * NOMINATION_RATE_PER_SECOND)
+            .min(NOMINATION_BURST);
+        let admitted = tokens >= 1.0;
+        self.nominations = Some((if admitted { tokens - 1.0 } else { tokens }, now));
+        admitted
     }
 
     fn take_token(&mut self, object: &ObjectKey, now: std::time::Instant) -> bool {
@@ -466,8 +488,9 @@ mod tests {
         for i in 0..1000 {
             // Ready at once although not one write has gone through.
             use futures::FutureExt;
-            // One event per pod, as provisioning publishes them.
-            let mut event = recorded("Nominated", &format!("pod {i}"));
+            // One event per pod, as provisioning publishes them (FailedScheduling: Nominated
+            // events share a budget of ten).
+            let mut event = recorded("FailedScheduling", &format!("pod {i}"));
             event.object.name = Some(format!("pod-{i}"));
             queued
                 .publish(event)
@@ -494,8 +517,9 @@ mod tests {
         let queued = QueuedEvents::spawn(inner.clone(), 5);
         for i in 0..20 {
             use futures::FutureExt;
-            // One event per pod, as provisioning publishes them.
-            let mut event = recorded("Nominated", &format!("pod {i}"));
+            // One event per pod, as provisioning publishes them (FailedScheduling: Nominated
+            // events share a budget of ten).
+            let mut event = recorded("FailedScheduling", &format!("pod {i}"));
             event.object.name = Some(format!("pod-{i}"));
             queued
                 .publish(event)
@@ -504,6 +528,31 @@ mod tests {
         }
         // 5 queued, and at most one taken by the publisher task: the rest dropped.
         assert!(queued.dropped() >= 14, "{}", queued.dropped());
+    }
+
+    #[test]
+    fn nominations_of_many_pods_share_upstreams_budget_of_ten_then_five_per_second() {
+        let mut recent = RecentEvents::default();
+        let start = std::time::Instant::now();
+        let nominate = |recent: &mut RecentEvents, pod: usize, at| {
+            let mut e = recorded("Nominated", "Pod should schedule on: nodeclaim/a");
+            e.object.name = Some(format!("pod-{pod}"));
+            recent.admit(SeriesKey::of(&e, &e.message), at)
+        };
+        let first: usize = (0..1000)
+            .filter(|&pod| nominate(&mut recent, pod, start))
+            .count();
+        assert_eq!(first, 10, "a round of 1 000 nominations writes the burst");
+        // One second later, five more pods; pods already nominated stay deduped.
+        let later = start + Duration::from_secs(1);
+        assert!(!nominate(&mut recent, 0, later));
+        let second: usize = (1000..1100)
+            .filter(|&pod| nominate(&mut recent, pod, later))
+            .count();
+        assert_eq!(second, 5);
+        // Other reasons are not held by the nomination budget.
+        let other = recorded("FailedScheduling", "no instance type fits");
+        assert!(recent.admit(SeriesKey::of(&other, &other.message), later));
     }
 
     #[test]
