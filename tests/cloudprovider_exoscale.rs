@@ -789,6 +789,64 @@ async fn delete_finds_an_instance_whose_provider_id_was_never_recorded() {
 
 // ---- idempotency ----
 
+fn operations(sim: &ExoscaleSim, from: usize) -> Vec<String> {
+    sim.calls()[from..]
+        .iter()
+        .map(|c| c.operation.clone())
+        .collect()
+}
+
+/// The first launch of a NodeClaim this process created is create + get; anything else (a
+/// retry, a NodeClaim another process made, one without a UID) looks for an earlier attempt's
+/// instance first.
+#[tokio::test]
+async fn a_nodeclaim_created_here_launches_in_two_calls_and_anything_else_looks_first() {
+    let w = world().await;
+    let mut fresh = claim("fresh", &["standard.medium"]);
+    fresh.metadata.uid = Some("uid-fresh".into());
+    w.provider.nodeclaim_created("uid-fresh");
+    let before = w.sim.calls().len();
+    w.provider.create(&fresh).await.unwrap();
+    assert_eq!(
+        operations(&w.sim, before),
+        ["create-instance", "get-instance"]
+    );
+
+    let mut other = claim("made-elsewhere", &["standard.medium"]);
+    other.metadata.uid = Some("uid-elsewhere".into());
+    let before = w.sim.calls().len();
+    w.provider.create(&other).await.unwrap();
+    assert_eq!(
+        operations(&w.sim, before),
+        ["list-instances", "create-instance", "get-instance"]
+    );
+
+    // A second attempt of the fresh NodeClaim (its status write failed, say) adopts.
+    let before = w.sim.calls().len();
+    let again = w.provider.create(&fresh).await.unwrap();
+    assert_eq!(operations(&w.sim, before)[0], "list-instances");
+    assert_eq!(w.sim.call_count("create-instance"), 2);
+    assert_eq!(w.sim.instances().len(), 2);
+    assert!(provider_id(&again).ends_with(&w.sim.instances()[0].instance.id));
+}
+
+/// Fault: the first launch's create answer is lost. The skipped lookup cannot duplicate: the
+/// outcome-unknown create is looked up and its instance adopted, and the retry looks again.
+#[tokio::test]
+async fn a_first_launch_whose_answer_is_lost_adopts_instead_of_duplicating() {
+    let w = world().await;
+    w.sim
+        .inject(Fault::on("create-instance", FaultAction::LoseResponse));
+    let mut fresh = claim("fresh-lost", &["standard.medium"]);
+    fresh.metadata.uid = Some("uid-fresh-lost".into());
+    w.provider.nodeclaim_created("uid-fresh-lost");
+    let nc = w.provider.create(&fresh).await.unwrap();
+    let again = w.provider.create(&fresh).await.unwrap();
+    assert_eq!(provider_id(&again), provider_id(&nc));
+    assert_eq!(w.sim.instances().len(), 1);
+    assert_eq!(w.sim.call_count("create-instance"), 1);
+}
+
 #[tokio::test]
 async fn a_lost_create_response_adopts_the_instance_instead_of_duplicating_it() {
     let w = world().await;

@@ -80,6 +80,9 @@ impl CloudProvider for Metered {
     fn nodeclasses_synced(&self) -> bool {
         self.inner.nodeclasses_synced()
     }
+    fn nodeclaim_created(&self, uid: &str) {
+        self.inner.nodeclaim_created(uid)
+    }
     fn serves(&self, reference: &NodeClassReference) -> bool {
         self.inner.serves(reference)
     }

@@ -6,6 +6,7 @@ pub mod error;
 pub mod exoscale;
 #[cfg(test)]
 pub mod fake;
+pub mod first_launch;
 pub mod metered;
 pub mod overlay;
 
@@ -133,6 +134,11 @@ pub trait CloudProvider: Send + Sync {
     fn nodeclasses_synced(&self) -> bool {
         true
     }
+
+    /// The provisioner of this process has just created the NodeClaim with this UID: its first
+    /// [`CloudProvider::create`] cannot follow an earlier attempt, so the provider may skip
+    /// looking for that attempt's instance (see [`first_launch`]).
+    fn nodeclaim_created(&self, _uid: &str) {}
 
     /// Whether this provider serves `reference`'s kind (a NodeClaim of another kind is left
     /// to the provider that does).

@@ -206,6 +206,9 @@ impl CloudProvider for WithOverlays {
     fn nodeclasses_synced(&self) -> bool {
         self.inner.nodeclasses_synced()
     }
+    fn nodeclaim_created(&self, uid: &str) {
+        self.inner.nodeclaim_created(uid)
+    }
     fn ownership(&self, instance: &NodeClaim) -> Ownership {
         self.inner.ownership(instance)
     }

@@ -282,6 +282,9 @@ async fn create(pool: &Arc<NodePool>, count: usize, ctx: &Context) -> Result<Act
     for _ in 0..count {
         let object = nodeclaim_to_create(ctx.cloud.as_ref(), pool.clone(), &claim);
         let made = api.create(&params, &object).await?;
+        if let Some(uid) = made.metadata.uid.as_deref() {
+            ctx.cloud.nodeclaim_created(uid);
+        }
         ctx.metrics
             .nodeclaims_created
             .get_or_create(&labels([

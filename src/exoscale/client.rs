@@ -566,14 +566,39 @@ impl Client {
                 "the create request does not carry the identifying labels/name".into(),
             ));
         }
+        if let Some(existing) = self.find_instance(identity).await? {
+            return Ok(CreatedInstance {
+                instance_id: existing.id,
+                operation: None,
+                adopted: true,
+            });
+        }
+        self.create_instance_known_new(req, identity).await
+    }
+
+    /// [`Client::create_instance_once`] for a caller that knows no instance matching
+    /// `identity` exists (it just looked, or it made the object the instance is for and never
+    /// launched it): no lookup before the create, only after an outcome-unknown failure.
+    pub async fn create_instance_known_new(
+        &self,
+        req: &CreateInstanceRequest,
+        identity: &InstanceFilter,
+    ) -> Result<CreatedInstance, Error> {
+        if identity.is_empty() {
+            return Err(Error::InvalidRequest(
+                "an idempotent create needs identifying labels or a name".into(),
+            ));
+        }
+        if !identity.matches(&preview(req)) {
+            return Err(Error::InvalidRequest(
+                "the create request does not carry the identifying labels/name".into(),
+            ));
+        }
         let adopted = |instance: Instance| CreatedInstance {
             instance_id: instance.id,
             operation: None,
             adopted: true,
         };
-        if let Some(existing) = self.find_instance(identity).await? {
-            return Ok(adopted(existing));
-        }
         match self.create_instance(req).await {
             Ok(op) => {
                 let Some(id) = op.reference_id().map(str::to_string) else {

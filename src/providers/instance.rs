@@ -315,9 +315,12 @@ impl InstanceProvider {
             .await
     }
 
-    /// Creates the instance (or adopts the one an earlier attempt created), then attaches the
-    /// private networks it lacks. Returns once the instance ID exists; only when private
-    /// networks are wanted does it wait for the create operation (they need a created VM).
+    /// Creates the instance, then attaches the private networks it lacks. The caller has made
+    /// sure no instance of the NodeClaim exists ([`Self::find_for_nodeclaim`], or it created the
+    /// NodeClaim and never launched it): no lookup comes first, only after a create whose
+    /// outcome is unknown (then the instance that create made is adopted). Returns once the
+    /// instance ID exists; only when private networks are wanted does it wait for the create
+    /// operation (they need a created VM).
     pub async fn launch(&self, spec: &LaunchSpec) -> Result<Launched, LaunchError> {
         let mut req =
             CreateInstanceRequest::new(&spec.instance_type_id, &spec.template_id, spec.disk_size);
@@ -331,7 +334,7 @@ impl InstanceProvider {
         let identity = self.identity.nodeclaim_filter(&spec.nodeclaim);
         let created = self
             .client
-            .create_instance_once(&req, &identity)
+            .create_instance_known_new(&req, &identity)
             .await
             .map_err(classify_create)?;
         if !spec.private_networks.is_empty()

@@ -349,6 +349,9 @@ impl Provisioner {
             {
                 Ok(made) => {
                     created += 1;
+                    if let Some(uid) = made.metadata.uid.as_deref() {
+                        self.ctx.cloud.nodeclaim_created(uid);
+                    }
                     let name = made.name_any();
                     self.ctx
                         .metrics

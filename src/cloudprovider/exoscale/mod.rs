@@ -50,6 +50,7 @@ use crate::scheduling::InstanceType;
 
 use super::NodeClassState;
 use super::error::reasons;
+use super::first_launch::FirstLaunches;
 use super::{
     CloudProvider, CloudProviderError, DriftReason, NodeClassKind, RepairPolicy, Result,
     cheapest_offering, default_repair_policies, requests_of, requirements_from_api,
@@ -66,6 +67,8 @@ pub struct ExoscaleCloudProvider {
     resolver: Arc<NodeClassResolver>,
     /// Token Secrets this process issued per NodeClaim and not yet recorded on it or deleted.
     issued: std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>,
+    /// NodeClaims the provisioner of this process created: their first launch needs no lookup.
+    first_launches: FirstLaunches,
 }
 
 /// Everything [`ExoscaleCloudProvider::new`] needs besides the settings.
@@ -111,6 +114,7 @@ impl ExoscaleCloudProvider {
             nodeclasses: deps.nodeclasses,
             bootstrap: deps.bootstrap,
             issued: Default::default(),
+            first_launches: FirstLaunches::default(),
         }
     }
 
@@ -224,14 +228,18 @@ impl ExoscaleCloudProvider {
             .cloned();
         let status = nodeclass.status.clone().unwrap_or_default();
 
-        // Adopt an instance an earlier attempt created (its answer lost or our process died).
-        let existing = self
-            .instances
-            .find_for_nodeclaim(&name)
-            .await
-            .map_err(|e| {
-                CloudProviderError::create(reasons::INSTANCE_CREATION_FAILED, e.to_string())
-            })?;
+        // Adopt an instance an earlier attempt created (its answer lost or our process died),
+        // unless this process created the NodeClaim and this is its first attempt.
+        let existing = if self.first_launches.take(claim.metadata.uid.as_deref()) {
+            None
+        } else {
+            self.instances
+                .find_for_nodeclaim(&name)
+                .await
+                .map_err(|e| {
+                    CloudProviderError::create(reasons::INSTANCE_CREATION_FAILED, e.to_string())
+                })?
+        };
         if let Some(found) = existing {
             let found = self
                 .instances
@@ -655,6 +663,10 @@ impl CloudProvider for ExoscaleCloudProvider {
 
     fn nodeclasses_synced(&self) -> bool {
         self.nodeclasses.synced()
+    }
+
+    fn nodeclaim_created(&self, uid: &str) {
+        self.first_launches.created(uid);
     }
 
     fn nodeclass(&self, reference: &NodeClassReference) -> Option<NodeClassState> {

@@ -240,6 +240,9 @@ impl Executor {
             let made = api.create(&params, &object).await.map_err(|e| {
                 format!("creating a NodeClaim for NodePool {}: {e}", claim.node_pool)
             })?;
+            if let Some(uid) = made.metadata.uid.as_deref() {
+                self.ctx.cloud.nodeclaim_created(uid);
+            }
             let name = made.name_any();
             self.ctx
                 .metrics
