@@ -863,6 +863,7 @@ async fn dropping_a_control_plane_kills_its_processes_and_removes_its_directory(
         scheduler: true,
         controllers: Some(vec!["garbage-collector-controller".into()]),
         crd_dir: None,
+        audit_log: None,
     };
     let plane = support::control_plane::ControlPlane::start(&bin_dir, &options)
         .await

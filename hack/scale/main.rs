@@ -1,26 +1,41 @@
-//! `hack/scale.sh`: the sandbox (`tests/support/sandbox.rs`: real control plane with
-//! kube-controller-manager and kube-scheduler at 200 requests/s, the simulated cloud, simulated
-//! kubelets that run pods, the real release binary) driven through named scenarios, printing
-//! one Markdown row per scenario. A benchmark, not a test: figures depend on the machine.
+//! `hack/scale.sh`: one controller on a real control plane (kube-controller-manager and
+//! kube-scheduler at 200 requests/s, kube-apiserver writing an audit log) driven through named
+//! scenarios, printing Markdown rows. A benchmark, not a test: figures depend on the machine.
 //!
-//!   scale <binary> pods:1000            1 000 pods of 250m/256Mi
-//!   scale <binary> anti:300             300 pods with required hostname anti-affinity
-//!   scale <binary> scaledown:1000:100   1 000 pods, then scaled to 100 (consolidation)
+//!   scale ours <binary> <scenario>      the sandbox (`tests/support/sandbox.rs`): the simulated
+//!                                       cloud, simulated kubelets that run pods, our binary
+//!   scale upstream <dir> <scenario>     upstream Karpenter's KWOK provider and kwok, from
+//!                                       `hack/upstream-kwok.sh`, given our instance types
+//!
+//! Scenarios:
+//!   pods:1000            1 000 pods of 250m/256Mi
+//!   anti:500             500 pods with required hostname anti-affinity (one node each)
+//!   scaledown:1000:100   1 000 pods, then scaled to 100 (consolidation)
+//!   dense:1000:100       1 000 standard.medium nodes × 10 pods, then 10 % of the pods
 
 #[allow(unused_imports)]
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
-use std::path::Path;
+mod audit;
+mod upstream;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use audit::Requests;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use karpenter_exoscale::apis::NodeClaim;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use serde_json::json;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
 
-const LIMIT: Duration = Duration::from_secs(1800);
+const LIMIT: Duration = Duration::from_secs(2400);
+const ZONE: &str = "ch-gva-2";
+/// The instance type of the dense scenario and how many of its pods fill one.
+const DENSE_TYPE: &str = "standard.medium";
+const DENSE_PODS_PER_NODE: i128 = 10;
 
 struct Process(u32);
 
@@ -56,51 +71,131 @@ impl Process {
     }
 }
 
-async fn nodepool(client: &kube::Client) {
-    let class: karpenter_exoscale::apis::ExoscaleNodeClass = serde_json::from_value(json!({
-        "apiVersion": "karpenter.exoscale.com/v1", "kind": "ExoscaleNodeClass",
-        "metadata": {"name": "scale"},
-        "spec": {"imageTemplateSelector": {}, "diskSize": 50,
-            "securityGroupSelectorTerms": [{"name": "sks-nodes"}]}
-    }))
-    .unwrap();
-    Api::all(client.clone())
-        .create(&PostParams::default(), &class)
-        .await
-        .expect("NodeClass");
-    let pool: karpenter_exoscale::apis::NodePool = serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "scale"},
-        "spec": {"template": {"spec": {
-            "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": "scale"},
-            "requirements": [{"key": "karpenter.exoscale.com/instance-family", "operator": "In",
-                "values": ["standard", "cpu", "memory"]}]}},
-            "disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "30s"},
-            "limits": {"cpu": "100000"}}
-    }))
-    .unwrap();
-    Api::all(client.clone())
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("NodePool");
+/// The controller under test and what runs around it.
+enum Rig {
+    Ours(Box<support::sandbox::Sandbox>),
+    Upstream(Box<upstream::Upstream>),
 }
 
-async fn deployment(client: &kube::Client, replicas: i32, anti: bool) {
-    let mut spec = json!({"containers": [{"name": "c", "image": "registry.example.com/app:1",
-        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}}}]});
-    if anti {
-        spec["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": {"app": "scale"}}, "topologyKey": "kubernetes.io/hostname"}]}});
+impl Rig {
+    fn client(&self) -> kube::Client {
+        match self {
+            Rig::Ours(s) => s.client.clone(),
+            Rig::Upstream(u) => u.client.clone(),
+        }
     }
+
+    fn process(&self) -> Process {
+        Process(match self {
+            Rig::Ours(s) => s.controller.id().expect("controller pid"),
+            Rig::Upstream(u) => u.controller.id().expect("controller pid"),
+        })
+    }
+
+    fn metrics_url(&self) -> &str {
+        match self {
+            Rig::Ours(s) => &s.metrics_url,
+            Rig::Upstream(u) => &u.metrics_url,
+        }
+    }
+
+    /// The controller's User-Agent prefix in the audit log.
+    fn agent(&self) -> &'static str {
+        match self {
+            Rig::Ours(_) => "karpenter-exoscale/",
+            Rig::Upstream(_) => "karpenter/",
+        }
+    }
+
+    /// Calls to the (simulated) Exoscale API, and instance deletions; upstream's KWOK provider
+    /// has no cloud API: it writes Node objects.
+    fn cloud_calls(&self) -> Option<Vec<String>> {
+        match self {
+            Rig::Ours(s) => Some(s.sim.calls().into_iter().map(|c| c.operation).collect()),
+            Rig::Upstream(_) => None,
+        }
+    }
+
+    async fn nodepool(&self, dense: bool) {
+        let disruption =
+            json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "30s"});
+        let (family_key, ours) = match self {
+            Rig::Ours(_) => ("karpenter.exoscale.com/instance-family", true),
+            Rig::Upstream(_) => ("karpenter.kwok.sh/instance-family", false),
+        };
+        let requirements = if dense {
+            json!([{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [DENSE_TYPE]}])
+        } else {
+            json!([{"key": family_key, "operator": "In", "values": upstream::FAMILIES}])
+        };
+        match self {
+            Rig::Upstream(u) => u
+                .nodepool(requirements, disruption)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            Rig::Ours(_) => {
+                assert!(ours);
+                let client = self.client();
+                let class: karpenter_exoscale::apis::ExoscaleNodeClass =
+                    serde_json::from_value(json!({
+                        "apiVersion": "karpenter.exoscale.com/v1", "kind": "ExoscaleNodeClass",
+                        "metadata": {"name": "scale"},
+                        "spec": {"imageTemplateSelector": {}, "diskSize": 50,
+                            "securityGroupSelectorTerms": [{"name": "sks-nodes"}]}
+                    }))
+                    .unwrap();
+                Api::all(client.clone())
+                    .create(&PostParams::default(), &class)
+                    .await
+                    .expect("NodeClass");
+                let pool: karpenter_exoscale::apis::NodePool = serde_json::from_value(json!({
+                    "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "scale"},
+                    "spec": {"template": {"spec": {
+                        "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": "scale"},
+                        "requirements": requirements}},
+                        "disruption": disruption,
+                        "limits": {"cpu": "100000"}}
+                }))
+                .unwrap();
+                Api::all(client)
+                    .create(&PostParams::default(), &pool)
+                    .await
+                    .expect("NodePool");
+            }
+        }
+    }
+}
+
+async fn deployment(client: &kube::Client, replicas: i32, pod: &Value) {
     let d: Deployment = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "scale"},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "scale"}},
-            "template": {"metadata": {"labels": {"app": "scale"}}, "spec": spec}}
+            "template": {"metadata": {"labels": {"app": "scale"}}, "spec": pod}}
     }))
     .unwrap();
     Api::namespaced(client.clone(), "default")
         .create(&PostParams::default(), &d)
         .await
         .expect("Deployment");
+}
+
+fn pod_spec(kind: &str) -> Value {
+    let (cpu, memory) = if kind == "dense" {
+        let (cpu, _) = upstream::allocatable(ZONE, DENSE_TYPE);
+        (
+            format!("{}m", cpu / DENSE_PODS_PER_NODE),
+            "64Mi".to_string(),
+        )
+    } else {
+        ("250m".to_string(), "256Mi".to_string())
+    };
+    let mut spec = json!({"containers": [{"name": "c", "image": "registry.example.com/app:1",
+        "resources": {"requests": {"cpu": cpu, "memory": memory}}}]});
+    if kind == "anti" {
+        spec["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "scale"}}, "topologyKey": "kubernetes.io/hostname"}]}});
+    }
+    spec
 }
 
 struct Sample {
@@ -114,11 +209,15 @@ struct Sample {
 }
 
 async fn sample(client: &kube::Client) -> Option<Sample> {
-    let claims = Api::<NodeClaim>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .ok()?
-        .items;
+    let gvk = GroupVersionKind::gvk("karpenter.sh", "v1", "NodeClaim");
+    let claims = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, "nodeclaims"),
+    )
+    .list_metadata(&ListParams::default())
+    .await
+    .ok()?
+    .items;
     let pods = Api::<Pod>::namespaced(client.clone(), "default")
         .list(&ListParams::default().labels("app=scale"))
         .await
@@ -154,15 +253,33 @@ async fn sample(client: &kube::Client) -> Option<Sample> {
     })
 }
 
+fn by_operation(calls: &[String]) -> String {
+    let mut counts = std::collections::BTreeMap::new();
+    for c in calls {
+        *counts.entry(c.as_str()).or_insert(0) += 1;
+    }
+    counts
+        .iter()
+        .map(|(op, n)| format!("{op} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn secs(d: Option<Duration>) -> String {
     d.map_or("–".into(), |d| format!("{:.1} s", d.as_secs_f64()))
+}
+
+fn per_node(n: usize, nodes: usize) -> String {
+    format!("{:.1}", n as f64 / nodes.max(1) as f64)
 }
 
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut args = std::env::args().skip(1);
-    let binary = args.next().expect("usage: scale <binary> <scenario>");
+    let usage = "usage: scale ours <binary> <scenario> | scale upstream <dir> <scenario>";
+    let which = args.next().expect(usage);
+    let path = PathBuf::from(args.next().expect(usage));
     let scenario = args.next().unwrap_or_else(|| "pods:1000".into());
     let parts: Vec<&str> = scenario.split(':').collect();
     let (kind, count, down) = (
@@ -173,20 +290,56 @@ async fn main() {
             .unwrap_or(1000),
         parts.get(2).and_then(|v| v.parse::<i32>().ok()),
     );
+    // dense:N is N nodes of DENSE_PODS_PER_NODE pods each.
+    let pods = if kind == "dense" {
+        count * DENSE_PODS_PER_NODE as i32
+    } else {
+        count
+    };
+    let down = down.map(|d| {
+        if kind == "dense" {
+            d * DENSE_PODS_PER_NODE as i32
+        } else {
+            d
+        }
+    });
     let bin_dir = support::control_plane::find_bin_dir().unwrap_or_else(|e| panic!("{e}"));
-    let log = std::env::temp_dir().join(format!("scale-{}.log", scenario.replace(':', "-")));
-    let sandbox = support::sandbox::Sandbox::start(&bin_dir, Path::new(&binary), Some(&log))
-        .await
-        .unwrap_or_else(|e| panic!("sandbox: {e}"));
-    let process = Process(sandbox.controller.id().expect("controller pid"));
-    let client = sandbox.client.clone();
-    nodepool(&client).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stem = format!("scale-{which}-{}", scenario.replace(':', "-"));
+    let log = std::env::temp_dir().join(format!("{stem}.log"));
+    let audit_log = std::env::temp_dir().join(format!("{stem}.audit.jsonl"));
+    let _ = std::fs::remove_file(&audit_log);
+    let rig = match which.as_str() {
+        "ours" => Rig::Ours(Box::new(
+            support::sandbox::Sandbox::start_audited(&bin_dir, &path, Some(&log), Some(&audit_log))
+                .await
+                .unwrap_or_else(|e| panic!("sandbox: {e}")),
+        )),
+        "upstream" => Rig::Upstream(Box::new(
+            upstream::Upstream::start(&bin_dir, &path, ZONE, &log, &audit_log)
+                .await
+                .unwrap_or_else(|e| panic!("upstream: {e}")),
+        )),
+        _ => panic!("{usage}"),
+    };
+    run(&rig, &scenario, kind, pods, down, &audit_log).await;
+    eprintln!(
+        "controller log: {}, audit log: {}",
+        log.display(),
+        audit_log.display()
+    );
+}
+
+async fn run(rig: &Rig, scenario: &str, kind: &str, count: i32, down: Option<i32>, audit: &Path) {
+    let process = rig.process();
+    let client = rig.client();
+    rig.nodepool(kind == "dense").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let (idle_rss, _) = process.rss_mb();
-    let calls_before = sandbox.sim.calls().len();
+    let calls_before = rig.cloud_calls();
+    let requests_before = Requests::read(audit, rig.agent());
 
     let started = Instant::now();
-    deployment(&client, count, kind == "anti").await;
+    deployment(&client, count, &pod_spec(kind)).await;
     let (mut first_claim, mut all_claims, mut all_bound, mut all_running) =
         (None, None, None, None);
     let mut last_claims = 0;
@@ -215,91 +368,120 @@ async fn main() {
         }
     }
     let nodes = sample(&client).await.map_or(0, |s| s.live_claims);
-    let launch_calls = sandbox.sim.calls().len() - calls_before;
     let (rss, peak) = process.rss_mb();
-    let metrics = reqwest::get(&sandbox.metrics_url)
+    let metrics = reqwest::get(rig.metrics_url())
         .await
         .expect("metrics")
         .text()
         .await
         .unwrap_or_default();
+    let requests = Requests::read(audit, rig.agent()).since(&requests_before);
+    let cloud = match (&calls_before, rig.cloud_calls()) {
+        (Some(before), Some(after)) => {
+            eprintln!(
+                "{scenario} launch: Exoscale calls by operation: {}",
+                by_operation(&after[before.len()..])
+            );
+            per_node(after.len() - before.len(), nodes)
+        }
+        _ => "–".into(),
+    };
     println!(
-        "| {scenario} | {} | {} | {} | {} | {nodes} | {:.1} | {idle_rss:.0} / {rss:.0} / {peak:.0} MB | {:.1} s | {} KB |",
+        "| {scenario} | {} | {} | {} | {} | {nodes} | {cloud} | {} ({}/node) | {idle_rss:.0} / {rss:.0} / {peak:.0} MB | {:.1} s | {} KB |",
         secs(first_claim),
         secs(all_claims),
         secs(all_bound),
         secs(all_running),
-        launch_calls as f64 / nodes.max(1) as f64,
+        requests.total(),
+        per_node(requests.total() as usize, nodes),
         process.cpu_seconds(),
         metrics.len() / 1024,
     );
+    eprintln!(
+        "{scenario} launch: apiserver requests by verb and resource: {}",
+        requests.top(12)
+    );
 
-    if let Some(down) = down {
-        let calls_before = sandbox.sim.calls().len();
-        let cpu_before = process.cpu_seconds();
-        let (before, claims_before): (
-            std::collections::HashSet<String>,
-            std::collections::HashSet<String>,
-        ) = sample(&client)
-            .await
-            .map(|s| {
-                (
-                    s.names.into_iter().collect(),
-                    s.claim_names.into_iter().collect(),
-                )
-            })
-            .unwrap_or_default();
-        let mut new_claims = std::collections::HashSet::new();
-        let mut moved = std::collections::HashSet::new();
-        let scaled = Instant::now();
-        Api::<Deployment>::namespaced(client.clone(), "default")
-            .patch(
-                "scale",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": down}})),
+    let Some(down) = down else { return };
+    let calls_before = rig.cloud_calls();
+    let requests_before = Requests::read(audit, rig.agent());
+    let cpu_before = process.cpu_seconds();
+    let (before, claims_before): (HashSet<String>, HashSet<String>) = sample(&client)
+        .await
+        .map(|s| {
+            (
+                s.names.into_iter().collect(),
+                s.claim_names.into_iter().collect(),
             )
-            .await
-            .expect("scale down");
-        // Done when the NodeClaim count has not changed for 3 minutes with every pod running.
-        let mut last_change = Instant::now();
-        let mut last = (nodes, nodes);
-        loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let Some(s) = sample(&client).await else {
-                continue;
-            };
-            // A pod the ReplicaSet created after the scale-down replaces an evicted one.
-            moved.extend(s.names.iter().filter(|n| !before.contains(*n)).cloned());
-            // A NodeClaim created after the scale-down is a replacement.
-            new_claims.extend(
-                s.claim_names
-                    .iter()
-                    .filter(|n| !claims_before.contains(*n))
-                    .cloned(),
-            );
-            if (s.live_claims, s.claims) != last {
-                last = (s.live_claims, s.claims);
-                last_change = Instant::now();
-            }
-            let settled = s.claims == s.live_claims && s.running == down as usize;
-            if settled && last_change.elapsed() > Duration::from_secs(180) {
-                break;
-            }
-            assert!(scaled.elapsed() < LIMIT, "scale-down did not settle");
-        }
-        let took = last_change.duration_since(scaled);
-        let deletes = sandbox.sim.call_count("delete-instance");
-        let (rss, peak) = process.rss_mb();
-        println!(
-            "| {scenario} scale-down to {down} | {nodes} → {} nodes in {:.0} s | {} replacement(s), {} pods evicted | {deletes} deletes | {} calls | {rss:.0} / {peak:.0} MB | {:.1} s CPU |",
-            last.0,
-            took.as_secs_f64(),
-            new_claims.len(),
-            moved.len(),
-            sandbox.sim.calls().len() - calls_before,
-            process.cpu_seconds() - cpu_before,
+        })
+        .unwrap_or_default();
+    let mut new_claims = HashSet::new();
+    let mut moved = HashSet::new();
+    let scaled = Instant::now();
+    Api::<Deployment>::namespaced(client.clone(), "default")
+        .patch(
+            "scale",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": down}})),
+        )
+        .await
+        .expect("scale down");
+    // Done when the NodeClaim count has not changed for 3 minutes with every pod running.
+    let mut last_change = Instant::now();
+    let mut last = (nodes, nodes);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Some(s) = sample(&client).await else {
+            continue;
+        };
+        // A pod the ReplicaSet created after the scale-down replaces an evicted one.
+        moved.extend(s.names.iter().filter(|n| !before.contains(*n)).cloned());
+        // A NodeClaim created after the scale-down is a replacement.
+        new_claims.extend(
+            s.claim_names
+                .iter()
+                .filter(|n| !claims_before.contains(*n))
+                .cloned(),
         );
+        if (s.live_claims, s.claims) != last {
+            last = (s.live_claims, s.claims);
+            last_change = Instant::now();
+        }
+        let settled = s.claims == s.live_claims && s.running == down as usize;
+        if settled && last_change.elapsed() > Duration::from_secs(180) {
+            break;
+        }
+        assert!(scaled.elapsed() < LIMIT, "scale-down did not settle");
     }
-    eprintln!("controller log: {}", log.display());
-    drop(sandbox);
+    let took = last_change.duration_since(scaled);
+    let (rss, peak) = process.rss_mb();
+    let requests = Requests::read(audit, rig.agent()).since(&requests_before);
+    let cloud = match (&calls_before, rig.cloud_calls()) {
+        (Some(before), Some(after)) => {
+            let calls = &after[before.len()..];
+            eprintln!(
+                "{scenario} scale-down: Exoscale calls by operation: {}",
+                by_operation(calls)
+            );
+            format!(
+                "{} deletes, {} calls",
+                calls.iter().filter(|c| *c == "delete-instance").count(),
+                calls.len()
+            )
+        }
+        _ => "–".into(),
+    };
+    println!(
+        "| {scenario} scale-down to {down} pods | {nodes} → {} nodes in {:.0} s | {} replacement(s), {} pods evicted | {cloud} | {} apiserver requests | {rss:.0} / {peak:.0} MB | {:.1} s CPU |",
+        last.0,
+        took.as_secs_f64(),
+        new_claims.len(),
+        moved.len(),
+        requests.total(),
+        process.cpu_seconds() - cpu_before,
+    );
+    eprintln!(
+        "{scenario} scale-down: apiserver requests by verb and resource: {}",
+        requests.top(12)
+    );
 }

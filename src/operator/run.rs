@@ -35,6 +35,9 @@ use super::metrics::{Metrics, labels};
 use super::rate_limited_client::rate_limited;
 use crate::fence::Fence;
 
+/// The User-Agent of every request to the Kubernetes API.
+pub const KUBE_USER_AGENT: &str = concat!("karpenter-exoscale/", env!("CARGO_PKG_VERSION"));
+
 #[derive(Debug, Error)]
 pub enum RunError {
     #[error("cannot build a Kubernetes client: {0}")]
@@ -94,6 +97,11 @@ pub async fn run(
     // Reconcilers requeue on their own; client-side retries of 429 would hide a PDB refusing
     // an eviction for minutes.
     kube_config.default_retry = false;
+    // Names us in the apiserver's audit log and request metrics (kube-client sends none).
+    kube_config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(KUBE_USER_AGENT),
+    ));
     let cluster_url = kube_config.cluster_url.to_string();
     let client = kube::Client::try_from(kube_config).map_err(|e| RunError::Kube(e.to_string()))?;
     // Every request, reads and writes alike, shares the KUBE_CLIENT_QPS/BURST budget.

@@ -497,7 +497,6 @@ impl ExoscaleSim {
         self.shared.calls.lock().expect("lock").clone()
     }
 
-    /// How many calls of `operation` the sim received.
     /// Starts keeping every request and answer, bodies included, until [`Self::exchanges`] takes them.
     pub fn record_exchanges(&self) {
         self.shared
@@ -518,6 +517,7 @@ impl ExoscaleSim {
             .unwrap_or_default()
     }
 
+    /// How many calls of `operation` the sim received.
     pub fn call_count(&self, operation: &str) -> usize {
         self.shared
             .calls

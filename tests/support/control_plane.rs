@@ -50,6 +50,9 @@ pub struct Options {
     pub controllers: Option<Vec<String>>,
     /// Directory of CRD manifests to install (every `*.yaml`), or none.
     pub crd_dir: Option<PathBuf>,
+    /// Where kube-apiserver writes its audit log (every request at `Metadata` level, one JSON
+    /// line each), or none. The scale harness counts requests by user agent, verb and resource.
+    pub audit_log: Option<PathBuf>,
 }
 
 impl Options {
@@ -59,6 +62,7 @@ impl Options {
             scheduler: true,
             controllers: Some(DEFAULT_CONTROLLERS.iter().map(|c| c.to_string()).collect()),
             crd_dir: Some(crds::project_crd_dir()),
+            audit_log: None,
         }
     }
 
@@ -69,6 +73,7 @@ impl Options {
             scheduler: true,
             controllers: Some(vec!["*".to_string()]),
             crd_dir: Some(crds::project_crd_dir()),
+            audit_log: None,
         }
     }
 
@@ -78,6 +83,7 @@ impl Options {
             scheduler: false,
             controllers: None,
             crd_dir: Some(crds::project_crd_dir()),
+            audit_log: None,
         }
     }
 }
@@ -148,6 +154,25 @@ fn random_hex(bytes: usize) -> String {
     (0..bytes)
         .map(|_| format!("{:02x}", rand::random::<u8>()))
         .collect()
+}
+
+/// kube-apiserver flags for an audit log of every request's metadata at `log`.
+fn audit_args(dir: &Path, log: Option<&Path>) -> Result<Vec<String>, String> {
+    let Some(log) = log else {
+        return Ok(Vec::new());
+    };
+    let policy = dir.join("audit-policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+    )
+    .map_err(|e| format!("writing the audit policy: {e}"))?;
+    Ok(vec![
+        path_arg("audit-policy-file", &policy),
+        path_arg("audit-log-path", log),
+        "--audit-log-format=json".into(),
+        "--audit-log-maxsize=0".into(),
+    ])
 }
 
 fn path_arg(flag: &str, path: &Path) -> String {
@@ -319,7 +344,10 @@ impl ControlPlane {
                 "--max-requests-inflight=0".into(),
                 "--max-mutating-requests-inflight=0".into(),
                 "--profiling=false".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(audit_args(&dir, options.audit_log.as_deref())?)
+            .collect(),
         )?;
 
         self.apiserver_url = format!("https://127.0.0.1:{apiserver_port}");

@@ -35,6 +35,16 @@ impl Sandbox {
         binary: &Path,
         controller_log: Option<&Path>,
     ) -> Result<Sandbox, String> {
+        Self::start_audited(bin_dir, binary, controller_log, None).await
+    }
+
+    /// [`Sandbox::start`], with kube-apiserver writing an audit log to `audit_log`.
+    pub async fn start_audited(
+        bin_dir: &Path,
+        binary: &Path,
+        controller_log: Option<&Path>,
+        audit_log: Option<&Path>,
+    ) -> Result<Sandbox, String> {
         let (stdout, stderr) = match controller_log {
             None => (Stdio::inherit(), Stdio::inherit()),
             Some(path) => {
@@ -44,7 +54,11 @@ impl Sandbox {
                 (Stdio::from(file), Stdio::from(copy))
             }
         };
-        let plane = ControlPlane::start(bin_dir, &Options::sandbox()).await?;
+        let options = Options {
+            audit_log: audit_log.map(Path::to_path_buf),
+            ..Options::sandbox()
+        };
+        let plane = ControlPlane::start(bin_dir, &options).await?;
         let config = plane.config().await;
         let client = kube::Client::try_from(config.clone()).map_err(|e| format!("client: {e}"))?;
         publish_cluster_ca(&client, &config).await;
