@@ -830,6 +830,22 @@ async fn a_nodeclaim_created_here_launches_in_two_calls_and_anything_else_looks_
     assert!(provider_id(&again).ends_with(&w.sim.instances()[0].instance.id));
 }
 
+/// Race seen at 5 000 pods: the watch delivered the NodeClaim and its launch ran before the
+/// provisioner's create returned and reported it. A second launch (its status not yet in the
+/// store) must adopt the first one's VM, not skip the lookup and make another.
+#[tokio::test]
+async fn a_creation_reported_after_the_launch_began_never_duplicates_the_vm() {
+    let w = world().await;
+    let mut claim = claim("early-launch", &["standard.medium"]);
+    claim.metadata.uid = Some("uid-early".into());
+    let first = w.provider.create(&claim).await.unwrap();
+    w.provider.nodeclaim_created("uid-early");
+    let second = w.provider.create(&claim).await.unwrap();
+    assert_eq!(provider_id(&second), provider_id(&first));
+    assert_eq!(w.sim.call_count("create-instance"), 1);
+    assert_eq!(w.sim.instances().len(), 1);
+}
+
 /// Fault: the first launch's create answer is lost. The skipped lookup cannot duplicate: the
 /// outcome-unknown create is looked up and its instance adopted, and the retry looks again.
 #[tokio::test]
