@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# Cluster-scale scenarios in the sandbox (hack/scale/main.rs), one Markdown row each:
-#   bash hack/scale.sh                          # pods:1000 anti:300 scaledown:1000:100
-#   bash hack/scale.sh pods:5000
+# Cluster-scale scenarios (hack/scale/main.rs) for our controller and, beside it, upstream
+# Karpenter with its KWOK provider (hack/upstream-kwok.sh), one after the other on the same
+# machine, one Markdown row each:
+#   bash hack/scale.sh                          # pods:1000 pods:5000 anti:500 scaledown:1000:100
+#   RIGS=ours bash hack/scale.sh dense:1000:100
 # Columns: time to the first NodeClaim, to the last NodeClaim, to all pods bound, to all
-# Running; NodeClaims; Exoscale calls per launched node; controller RSS idle / after / peak;
-# controller CPU seconds; /metrics size.
+# Running; NodeClaims; Exoscale calls per launched node; apiserver requests the controller
+# made (audit log); controller RSS idle / after / peak; controller CPU seconds; /metrics size.
+# The requests by verb and resource, and Exoscale calls by operation, go to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/karpenter-exoscale/target}"
 KARPENTER_TEST_BIN_DIR="$(bash hack/control-plane.sh)"
 export KARPENTER_TEST_BIN_DIR
 cargo build --release --bin karpenter-exoscale --example scale >&2
+rigs=(${RIGS:-ours upstream})
+upstream=""
+[[ " ${rigs[*]} " == *" upstream "* ]] && upstream="$(bash hack/upstream-kwok.sh)"
 scenarios=("$@")
-[[ ${#scenarios[@]} -gt 0 ]] || scenarios=(pods:1000 anti:300 scaledown:1000:100)
-echo "| scenario | first NodeClaim | last NodeClaim | all bound | all Running | NodeClaims | Exoscale calls / node | RSS idle / after / peak | CPU | /metrics |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+[[ ${#scenarios[@]} -gt 0 ]] || scenarios=(pods:1000 pods:5000 anti:500 scaledown:1000:100)
+echo "| controller | scenario | first NodeClaim | last NodeClaim | all bound | all Running | NodeClaims | Exoscale calls / node | apiserver requests | RSS idle / after / peak | CPU | /metrics |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for s in "${scenarios[@]}"; do
-  "$CARGO_TARGET_DIR/release/examples/scale" "$CARGO_TARGET_DIR/release/karpenter-exoscale" "$s"
+  for rig in "${rigs[@]}"; do
+    case "$rig" in
+      ours) target="$CARGO_TARGET_DIR/release/karpenter-exoscale" ;;
+      upstream) target="$upstream" ;;
+      *) echo "unknown rig $rig (ours, upstream)" >&2; exit 2 ;;
+    esac
+    "$CARGO_TARGET_DIR/release/examples/scale" "$rig" "$target" "$s" | sed "s/^| /| $rig | /"
+  done
 done

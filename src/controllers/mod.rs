@@ -94,6 +94,10 @@ pub struct Context {
     /// Reconciles each Controller runs at once (`CPU_REQUESTS`, see
     /// `operator::config::reconcile_concurrency`).
     pub reconcile_concurrency: u16,
+    /// Launch results of the last minute, for passes over a NodeClaim copy older than them.
+    pub recent_launches: nodeclaim::launch::RecentLaunches,
+    /// Paces NodePool status writes that only change counts.
+    pub nodepool_status_writes: nodepool::reconcile::StatusWrites,
 }
 
 impl Context {

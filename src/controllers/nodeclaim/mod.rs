@@ -6,7 +6,7 @@ mod consistency;
 pub mod expiration;
 mod finalize;
 mod initialization;
-mod launch;
+pub mod launch;
 pub mod lifecycle;
 mod liveness;
 mod pass;
