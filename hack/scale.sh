@@ -6,7 +6,8 @@
 #   RIGS=ours bash hack/scale.sh dense:1000:100
 # Columns: time to the first NodeClaim, to the last NodeClaim, to all pods bound, to all
 # Running; NodeClaims; Exoscale calls per launched node; apiserver requests the controller
-# made (audit log); controller RSS idle / after / peak; controller CPU seconds; /metrics size.
+# made (audit log); controller RSS idle / after / peak; controller CPU seconds; /metrics size
+# as text / gzipped (what a Prometheus scrape transfers).
 # The requests by verb and resource, and Exoscale calls by operation, go to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ upstream=""
 [[ " ${rigs[*]} " == *" upstream "* ]] && upstream="$(bash hack/upstream-kwok.sh)"
 scenarios=("$@")
 [[ ${#scenarios[@]} -gt 0 ]] || scenarios=(pods:1000 pods:5000 anti:500 scaledown:1000:100)
-echo "| controller | scenario | first NodeClaim | last NodeClaim | all bound | all Running | NodeClaims | Exoscale calls / node | apiserver requests | RSS idle / after / peak | CPU | /metrics |"
+echo "| controller | scenario | first NodeClaim | last NodeClaim | all bound | all Running | NodeClaims | Exoscale calls / node | apiserver requests | RSS idle / after / peak | CPU | /metrics text / gzip |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for s in "${scenarios[@]}"; do
   for rig in "${rigs[@]}"; do

@@ -375,6 +375,16 @@ async fn run(rig: &Rig, scenario: &str, kind: &str, count: i32, down: Option<i32
         .text()
         .await
         .unwrap_or_default();
+    // What a Prometheus scrape (Accept-Encoding: gzip) transfers.
+    let gzipped = reqwest::Client::new()
+        .get(rig.metrics_url())
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .expect("metrics")
+        .bytes()
+        .await
+        .map_or(0, |b| b.len());
     let requests = Requests::read(audit, rig.agent()).since(&requests_before);
     let cloud = match (&calls_before, rig.cloud_calls()) {
         (Some(before), Some(after)) => {
@@ -387,7 +397,7 @@ async fn run(rig: &Rig, scenario: &str, kind: &str, count: i32, down: Option<i32
         _ => "–".into(),
     };
     println!(
-        "| {scenario} | {} | {} | {} | {} | {nodes} | {cloud} | {} ({}/node) | {idle_rss:.0} / {rss:.0} / {peak:.0} MB | {:.1} s | {} KB |",
+        "| {scenario} | {} | {} | {} | {} | {nodes} | {cloud} | {} ({}/node) | {idle_rss:.0} / {rss:.0} / {peak:.0} MB | {:.1} s | {} / {} KB |",
         secs(first_claim),
         secs(all_claims),
         secs(all_bound),
@@ -396,6 +406,7 @@ async fn run(rig: &Rig, scenario: &str, kind: &str, count: i32, down: Option<i32
         per_node(requests.total() as usize, nodes),
         process.cpu_seconds(),
         metrics.len() / 1024,
+        gzipped / 1024,
     );
     eprintln!(
         "{scenario} launch: apiserver requests by verb and resource: {}",

@@ -204,13 +204,12 @@ async fn feed_kind<K: Indexed>(
 const CHANGES_CAPACITY: usize = 4096;
 
 /// One announced change. The ring keeps its last [`CHANGES_CAPACITY`] entries whether or not
-/// anyone reads them, so an applied object is announced by a weak pointer to the store's copy,
-/// not a copy of its own: at 1 000 Nodes, 4 096 full copies were tens of megabytes. A pointer
-/// that no longer resolves was replaced (its successor is announced later in the ring) or
-/// deleted (announced with the object, which the store no longer has).
+/// anyone reads them, so an applied object is announced by its name, read from the store when
+/// received (a copy per entry was tens of megabytes at 1 000 Nodes). A name the store no longer
+/// has was deleted since, and that deletion is announced later with the object.
 #[derive(Clone)]
-enum Change<K> {
-    Applied(std::sync::Weak<K>),
+enum Change<K: Watched> {
+    Applied(reflector::ObjectRef<K>),
     Deleted(Arc<K>),
 }
 
@@ -228,13 +227,9 @@ impl<K: Watched> SharedFeed<K> {
         // No receiver is not an error: Controllers only run on the leader.
         match event {
             Event::Apply(obj) => {
-                let stored = self
-                    .writer
-                    .as_reader()
-                    .get(&reflector::ObjectRef::from_obj(obj));
-                if let Some(stored) = stored {
-                    let _ = self.changes.send(Change::Applied(Arc::downgrade(&stored)));
-                }
+                let _ = self
+                    .changes
+                    .send(Change::Applied(reflector::ObjectRef::from_obj(obj)));
             }
             Event::Delete(obj) => {
                 let _ = self.changes.send(Change::Deleted(Arc::new(obj.clone())));
@@ -242,7 +237,9 @@ impl<K: Watched> SharedFeed<K> {
             // Listed objects reach the store only when the list completes: announce them then.
             Event::InitDone => {
                 for obj in self.writer.as_reader().state() {
-                    let _ = self.changes.send(Change::Applied(Arc::downgrade(&obj)));
+                    let _ = self
+                        .changes
+                        .send(Change::Applied(reflector::ObjectRef::from_obj(&*obj)));
                 }
             }
             Event::Init | Event::InitApply(_) => {}
@@ -297,15 +294,16 @@ impl<K: Watched> Shared<K> {
             .iter()
             .map(|o| Ok((**o).clone()))
             .collect();
-        let live = futures::stream::unfold(live, |mut rx| async move {
+        let store = self.store.clone();
+        let live = futures::stream::unfold((live, store), |(mut rx, store)| async move {
             loop {
                 match rx.recv().await {
-                    Ok(Change::Applied(weak)) => {
-                        if let Some(obj) = weak.upgrade() {
-                            return Some((Ok((*obj).clone()), rx));
+                    Ok(Change::Applied(name)) => {
+                        if let Some(obj) = store.get(&name) {
+                            return Some((Ok((*obj).clone()), (rx, store)));
                         }
                     }
-                    Ok(Change::Deleted(obj)) => return Some((Ok((*obj).clone()), rx)),
+                    Ok(Change::Deleted(obj)) => return Some((Ok((*obj).clone()), (rx, store))),
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::warn!(kind = %K::kind(&()), missed, "a controller fell behind the cluster watch; its resync catches up");
                     }
@@ -407,7 +405,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_change_stream_carries_the_stores_objects_and_deletions_without_copies() {
+    async fn the_change_stream_reads_the_store_and_carries_deletions_without_copies() {
         let (shared, mut feed) = Shared::<Node>::new();
         feed.publish(&Event::Init);
         feed.publish(&Event::InitApply(labelled("a", "1")));
@@ -422,14 +420,16 @@ mod tests {
         // v2 is read while the store holds it.
         feed.publish(&Event::Apply(labelled("a", "2")));
         assert_eq!(version(&changes.next().await.unwrap().unwrap()), "2");
-        // v3 is replaced by v4 before anyone reads: its announcement resolves no more and is
-        // skipped; v4 is delivered once.
+        // v3 is replaced by v4 before anyone reads: both announcements read the store's v4.
         feed.publish(&Event::Apply(labelled("a", "3")));
         feed.publish(&Event::Apply(labelled("a", "4")));
         assert_eq!(version(&changes.next().await.unwrap().unwrap()), "4");
-        // A deletion is delivered with the object, which the store no longer has.
-        feed.publish(&Event::Delete(labelled("a", "4")));
         assert_eq!(version(&changes.next().await.unwrap().unwrap()), "4");
+        // An announcement read after the deletion finds nothing and is skipped; the deletion
+        // is delivered with the object, which the store no longer has.
+        feed.publish(&Event::Apply(labelled("a", "5")));
+        feed.publish(&Event::Delete(labelled("a", "5")));
+        assert_eq!(version(&changes.next().await.unwrap().unwrap()), "5");
         assert!(shared.store().state().is_empty());
         use futures::FutureExt;
         assert!(
