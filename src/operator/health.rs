@@ -162,7 +162,8 @@ mod tests {
             .get_or_create(&super::super::metrics::labels([
                 ("nodepool", "default"),
                 ("resource_type", "cpu"),
-            ]));
+            ]))
+            .set(2.0);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         drop(listener);

@@ -16,7 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use self::state::{PodTransitions, Sample, StateInput, StateSnapshot, snapshot};
 use crate::clock::Clock;
 use crate::operator::leader::Leadership;
-use crate::operator::metrics::{Labels, Metrics, NodeGauge};
+use crate::operator::metrics::{Labels, Metrics, NodeGauge, NodeSeries};
 use crate::state::Cluster;
 
 /// Changes are coalesced: at most one refresh per interval (a busy cluster changes constantly).
@@ -26,18 +26,23 @@ const MAX_REFRESH: Duration = Duration::from_secs(30);
 /// Unsynced this long is worth an error log (upstream: 30 s, then every 10 s).
 const UNSYNCED_ERROR_AFTER: Duration = Duration::from_secs(30);
 
-type GaugeFamily = prometheus_client::metrics::family::Family<
-    Labels,
+type GaugeFamily<S = Labels> = prometheus_client::metrics::family::Family<
+    S,
     prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
 >;
 
 /// The label sets last written to one family, so vanished series can be removed.
-#[derive(Default)]
-struct Published(BTreeSet<Labels>);
+struct Published<S = Labels>(BTreeSet<S>);
 
-impl Published {
-    fn replace(&mut self, family: &GaugeFamily, samples: &[Sample]) {
-        let current: BTreeSet<Labels> = samples.iter().map(|(l, _)| l.clone()).collect();
+impl<S> Default for Published<S> {
+    fn default() -> Self {
+        Published(BTreeSet::new())
+    }
+}
+
+impl<S: Clone + Ord + std::hash::Hash + Eq> Published<S> {
+    fn replace(&mut self, family: &GaugeFamily<S>, samples: &[(S, f64)]) {
+        let current: BTreeSet<S> = samples.iter().map(|(l, _)| l.clone()).collect();
         for (labels, value) in samples {
             family.get_or_create(labels).set(*value);
         }
@@ -81,7 +86,7 @@ struct Publisher {
     condition_gauges: [[Published; 3]; 3],
     conditions: conditions::ConditionTracker,
     waiting: [Published; WAITING_GAUGES.len()],
-    nodes: [Published; NodeGauge::ALL.len()],
+    nodes: [Published<NodeSeries>; NodeGauge::ALL.len()],
     utilization: Published,
     pods: Published,
     transitions: PodTransitions,

@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::apis::labels::{NODEPOOL_LABEL, WELL_KNOWN_LABELS};
-use crate::operator::metrics::{Labels, NodeGauge};
+use crate::operator::metrics::{Labels, NodeGauge, NodeSeries};
 use crate::scheduling::Resources;
 use crate::scheduling::convert::{pod_limits, pod_requests};
 use crate::state::pods::{is_daemonset_pod, is_terminal};
@@ -18,12 +18,14 @@ use crate::state::{ClusterIndex, nodeclaim_provider_id};
 
 /// One gauge value.
 pub type Sample = (Labels, f64);
+/// One value of a per-node gauge.
+pub type NodeSample = (NodeSeries, f64);
 
 /// Everything the state gauges should show at one instant.
 #[derive(Debug, Default, PartialEq)]
 pub struct StateSnapshot {
     /// Samples per [`NodeGauge`], indexed by [`NodeGauge::index`].
-    pub nodes: [Vec<Sample>; NodeGauge::ALL.len()],
+    pub nodes: [Vec<NodeSample>; NodeGauge::ALL.len()],
     pub utilization: Vec<Sample>,
     /// Label sets of `karpenter_pods_state` (each with value 1).
     pub pods: Vec<Labels>,
@@ -75,10 +77,11 @@ fn node_labels(node: &Node, well_known: &[(&'static str, String)]) -> Labels {
     labels
 }
 
-fn with_resource(labels: &Labels, resource: &str) -> Labels {
-    let mut out = labels.clone();
-    out.push(("resource_type".to_string(), resource.to_string()));
-    out
+fn with_resource(labels: &Arc<Labels>, resource: &str) -> NodeSeries {
+    NodeSeries {
+        node: labels.clone(),
+        resource: Some(("resource_type".to_string(), resource.to_string())),
+    }
 }
 
 fn to_f64(q: crate::scheduling::Quantity) -> f64 {
@@ -143,7 +146,7 @@ fn pod_totals(pods: &[Arc<Pod>]) -> PodTotals {
     totals
 }
 
-fn samples(labels: &Labels, resources: &Resources) -> Vec<Sample> {
+fn samples(labels: &Arc<Labels>, resources: &Resources) -> Vec<NodeSample> {
     resources
         .iter()
         .map(|(name, q)| (with_resource(labels, name), to_f64(q)))
@@ -238,7 +241,7 @@ pub fn snapshot(input: &StateInput, now: Timestamp) -> StateSnapshot {
     let mut cluster_allocatable = Resources::new();
     let nodes = &input.nodes;
     for node in nodes {
-        let labels = node_labels(node, &well_known);
+        let labels = Arc::new(node_labels(node, &well_known));
         let status = node.status.as_ref();
         let allocatable = parse_list(status.and_then(|s| s.allocatable.as_ref()));
         let capacity = parse_list(status.and_then(|s| s.capacity.as_ref()));
@@ -257,7 +260,13 @@ pub fn snapshot(input: &StateInput, now: Timestamp) -> StateSnapshot {
         }
         if let Some(created) = node.metadata.creation_timestamp.as_ref() {
             let age = now.duration_since(created.0).as_secs_f64().max(0.0);
-            out.nodes[NodeGauge::CurrentLifetime.index()].push((labels.clone(), age));
+            out.nodes[NodeGauge::CurrentLifetime.index()].push((
+                NodeSeries {
+                    node: labels.clone(),
+                    resource: None,
+                },
+                age,
+            ));
         }
         cluster_requests += &totals.requests;
         cluster_allocatable += &allocatable;
@@ -474,7 +483,7 @@ mod tests {
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-    fn value(samples: &[Sample], node: &str, resource: &str) -> Option<f64> {
+    fn value(samples: &[NodeSample], node: &str, resource: &str) -> Option<f64> {
         samples
             .iter()
             .find(|(labels, _)| {
