@@ -11,7 +11,8 @@
 //!   pods:1000            1 000 pods of 250m/256Mi
 //!   anti:500             500 pods with required hostname anti-affinity (one node each)
 //!   scaledown:1000:100   1 000 pods, then scaled to 100 (consolidation)
-//!   dense:1000:100       1 000 standard.medium nodes × 10 pods, then 10 % of the pods
+//!   dense:1000:100       1 000 standard.medium nodes × 10 pods, then only the pods of 100
+//!                        nodes are kept (pod-deletion-cost): 900 empty nodes to remove
 
 #[allow(unused_imports)]
 #[path = "../../tests/support/mod.rs"]
@@ -198,6 +199,44 @@ fn pod_spec(kind: &str) -> Value {
     spec
 }
 
+/// Marks the pods of the first `nodes` nodes (by name) as costly to delete, so that the
+/// ReplicaSet's scale-down removes every pod of the other nodes and leaves them empty, as a
+/// batch job finishing on most of a pool would.
+async fn keep_pods_of_nodes(client: &kube::Client, nodes: i32) {
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    let all = pods
+        .list(&ListParams::default().labels("app=scale"))
+        .await
+        .expect("pods")
+        .items;
+    let mut node_names: Vec<&str> = all
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.as_deref())
+        .collect();
+    node_names.sort_unstable();
+    node_names.dedup();
+    let kept: HashSet<&str> = node_names.into_iter().take(nodes.max(0) as usize).collect();
+    for pod in &all {
+        let on_kept = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .is_some_and(|n| kept.contains(n));
+        if !on_kept {
+            continue;
+        }
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        pods.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "controller.kubernetes.io/pod-deletion-cost": "1000"}}})),
+        )
+        .await
+        .expect("pod-deletion-cost");
+    }
+}
+
 struct Sample {
     names: Vec<String>,
     claim_names: Vec<String>,
@@ -343,12 +382,14 @@ async fn run(rig: &Rig, scenario: &str, kind: &str, count: i32, down: Option<i32
     let (mut first_claim, mut all_claims, mut all_bound, mut all_running) =
         (None, None, None, None);
     let mut last_claims = 0;
+    // Listing 10 000 pods four times a second would load the apiserver both rigs share.
+    let sample_period = Duration::from_millis(if count > 2000 { 1000 } else { 250 });
     while all_running.is_none() {
         assert!(
             started.elapsed() < LIMIT,
             "{scenario}: not all pods Running after {LIMIT:?}"
         );
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(sample_period).await;
         let Some(s) = sample(&client).await else {
             continue;
         };
@@ -426,6 +467,9 @@ async fn run(rig: &Rig, scenario: &str, kind: &str, count: i32, down: Option<i32
             )
         })
         .unwrap_or_default();
+    if kind == "dense" {
+        keep_pods_of_nodes(&client, down / DENSE_PODS_PER_NODE as i32).await;
+    }
     let mut new_claims = HashSet::new();
     let mut moved = HashSet::new();
     let scaled = Instant::now();
