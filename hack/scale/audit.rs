@@ -40,9 +40,10 @@ impl Requests {
         let Ok(file) = std::fs::File::open(log) else {
             return Requests(counts);
         };
-        for line in std::io::BufReader::new(file).lines() {
+        // By bytes: one line that is not UTF-8 (a request body's escape) must not end the count.
+        for line in std::io::BufReader::new(file).split(b'\n') {
             let Ok(line) = line else { break };
-            let Ok(event) = serde_json::from_str::<Event>(&line) else {
+            let Ok(event) = serde_json::from_slice::<Event>(&line) else {
                 continue;
             };
             if !event.user_agent.starts_with(agent) {
@@ -82,7 +83,12 @@ impl Requests {
         Requests(
             self.0
                 .iter()
-                .map(|(k, v)| (k.clone(), v - before.0.get(k).copied().unwrap_or(0)))
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.saturating_sub(before.0.get(k).copied().unwrap_or(0)),
+                    )
+                })
                 .filter(|(_, v)| *v > 0)
                 .collect(),
         )

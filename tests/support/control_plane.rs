@@ -171,7 +171,9 @@ fn audit_args(dir: &Path, log: Option<&Path>) -> Result<Vec<String>, String> {
         path_arg("audit-policy-file", &policy),
         path_arg("audit-log-path", log),
         "--audit-log-format=json".into(),
-        "--audit-log-maxsize=0".into(),
+        // In MB; 0 is not "unlimited" but lumberjack's default of 100 MB, which rotated the log
+        // mid-scenario at 1 000 nodes.
+        "--audit-log-maxsize=100000".into(),
     ])
 }
 
