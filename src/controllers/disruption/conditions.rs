@@ -20,7 +20,7 @@ use crate::disruption::conditions::{
 use crate::operator::events::Severity;
 use crate::scheduling::InstanceType;
 
-use super::decisions::{PodEvents, apply_decision, timestamp};
+use super::decisions::{PodEvents, apply_decision, pod_event_keys, timestamp};
 use super::view::node_pod;
 
 /// Instance types for instance-type drift are fetched at most this often per NodePool.
@@ -189,8 +189,7 @@ impl ConditionsController {
         let (empty, pod_event) = match node_name {
             Some(node) if self.ctx.cluster.read().node(&node).is_some() => {
                 let pods = self.ctx.cluster.read().pods_on_node(&node);
-                let uids: BTreeSet<String> =
-                    pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+                let uids = pod_event_keys(pods.iter().map(|p| p.as_ref()));
                 let reschedulable = pods
                     .iter()
                     .filter_map(|p| node_pod(p))

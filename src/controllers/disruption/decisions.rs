@@ -144,6 +144,22 @@ pub struct PodEvents {
     seen: std::collections::HashMap<String, BTreeSet<String>>,
 }
 
+/// The pods on a node whose arrival or departure is a pod event, as upstream's podevents
+/// controller sees them: a pod counts while it is bound, not terminating and not finished, so
+/// its start of termination (or its end) is the event, not its final removal seconds later,
+/// which restarted `consolidateAfter` on nodes emptiness had already chosen. DaemonSet pods
+/// never count.
+pub fn pod_event_keys<'a>(
+    pods: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Pod>,
+) -> BTreeSet<String> {
+    use crate::state::pods::{is_daemonset_pod, is_terminal};
+    pods.into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| !is_terminal(p) && !is_daemonset_pod(p))
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect()
+}
+
 impl PodEvents {
     /// Records the pods on `node`; true when they changed since the last observation (the
     /// first observation is not an event: the status already holds what happened before).
@@ -189,6 +205,43 @@ mod tests {
 
     fn at(s: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_700_000_000 + s, 0).unwrap()
+    }
+
+    #[test]
+    fn a_pod_event_is_the_start_of_termination_not_the_removal() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+        let pod = |name: &str| {
+            let mut p = testing::pod("default", name, Some("n1"));
+            p.metadata.uid = Some(format!("uid-{name}"));
+            p
+        };
+        let (a, b) = (pod("a"), pod("b"));
+        let mut events = PodEvents::default();
+        assert!(
+            !events.observe("n1", pod_event_keys([&a, &b])),
+            "first look"
+        );
+        // b starts terminating: the event.
+        let mut terminating = b.clone();
+        terminating.metadata.deletion_timestamp = Some(Time(timestamp(at(0))));
+        assert!(events.observe("n1", pod_event_keys([&a, &terminating])));
+        // b is gone from the API later: nothing new happened on the node.
+        assert!(!events.observe("n1", pod_event_keys([&a])));
+        // a finishes: an event; a DaemonSet pod arriving is none.
+        let mut done = a.clone();
+        done.status.get_or_insert_with(Default::default).phase = Some("Succeeded".into());
+        assert!(events.observe("n1", pod_event_keys([&done])));
+        let mut daemon = pod("d");
+        daemon.metadata.owner_references = Some(vec![OwnerReference {
+            kind: "DaemonSet".into(),
+            name: "agent".into(),
+            api_version: "apps/v1".into(),
+            uid: "ds".into(),
+            ..Default::default()
+        }]);
+        assert!(!events.observe("n1", pod_event_keys([&done, &daemon])));
+        // A new pod bound to the node is an event.
+        assert!(events.observe("n1", pod_event_keys([&done, &daemon, &pod("c")])));
     }
 
     #[test]
