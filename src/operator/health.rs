@@ -131,18 +131,8 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    async fn get_status(addr: SocketAddr, path: &str) -> (u16, String) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        let code = response[9..12].parse().unwrap();
-        (code, response)
-    }
-
-    async fn get_bytes(addr: SocketAddr, path: &str, extra: &str) -> (String, Vec<u8>) {
+    /// One GET on a fresh connection: the lowercased head and the raw body.
+    async fn get(addr: SocketAddr, path: &str, extra: &str) -> (String, Vec<u8>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n");
@@ -152,6 +142,32 @@ mod tests {
         let end = response.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
         let head = String::from_utf8_lossy(&response[..end]).to_lowercase();
         (head, response[end + 4..].to_vec())
+    }
+
+    async fn get_status(addr: SocketAddr, path: &str) -> (u16, String) {
+        let (head, body) = get(addr, path, "").await;
+        let code = head[9..12].parse().unwrap();
+        (code, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Serves `router` on a free local port until the returned sender is used.
+    async fn serve(
+        router: Router,
+    ) -> (
+        SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = bind_and_serve(addr, router, async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+        (addr, tx, server)
     }
 
     #[tokio::test]
@@ -164,27 +180,18 @@ mod tests {
                 ("resource_type", "cpu"),
             ]))
             .set(2.0);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        drop(listener);
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = bind_and_serve(addr, metrics_router(metrics), async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
-        let (head, plain) = get_bytes(addr, "/metrics", "").await;
+        let (addr, tx, server) = serve(metrics_router(metrics)).await;
+        let (head, plain) = get(addr, "/metrics", "").await;
         assert!(!head.contains("content-encoding"), "{head}");
         let text = String::from_utf8(plain).unwrap();
         assert!(text.contains("karpenter_nodepools_usage"), "{text}");
-        let (head, body) =
-            get_bytes(addr, "/metrics", "Accept-Encoding: deflate, gzip;q=0.8\r\n").await;
+        let (head, body) = get(addr, "/metrics", "Accept-Encoding: deflate, gzip;q=0.8\r\n").await;
         assert!(head.contains("content-encoding: gzip"), "{head}");
         let mut unzipped = String::new();
         std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&body[..]), &mut unzipped)
             .unwrap();
         assert_eq!(unzipped, text);
-        let (head, _) = get_bytes(addr, "/metrics", "Accept-Encoding: gzip;q=0\r\n").await;
+        let (head, _) = get(addr, "/metrics", "Accept-Encoding: gzip;q=0\r\n").await;
         assert!(
             !head.contains("content-encoding"),
             "gzip;q=0 refuses: {head}"
@@ -204,15 +211,7 @@ mod tests {
                 Err("not synced".into())
             }
         });
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        drop(listener);
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = bind_and_serve(addr, health_router(readiness), async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
+        let (addr, tx, server) = serve(health_router(readiness)).await;
         assert_eq!(get_status(addr, "/healthz").await.0, 200);
         let (code, body) = get_status(addr, "/readyz").await;
         assert_eq!(code, 503);

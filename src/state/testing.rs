@@ -35,6 +35,21 @@ pub fn pod(namespace: &str, name: &str, node: Option<&str>) -> Pod {
     }
 }
 
+/// `pod`, owned (as its controller) by the DaemonSet `ds`.
+pub fn owned_by_daemonset(mut pod: Pod) -> Pod {
+    pod.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "DaemonSet".into(),
+            name: "ds".into(),
+            uid: "ds".into(),
+            controller: Some(true),
+            ..Default::default()
+        },
+    ]);
+    pod
+}
+
 pub fn node(name: &str, provider_id: Option<&str>, taints: &[(&str, &str)]) -> Node {
     Node {
         metadata: ObjectMeta {

@@ -209,7 +209,7 @@ mod tests {
 
     #[test]
     fn a_pod_event_is_the_start_of_termination_not_the_removal() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
         let pod = |name: &str| {
             let mut p = testing::pod("default", name, Some("n1"));
             p.metadata.uid = Some(format!("uid-{name}"));
@@ -231,14 +231,7 @@ mod tests {
         let mut done = a.clone();
         done.status.get_or_insert_with(Default::default).phase = Some("Succeeded".into());
         assert!(events.observe("n1", pod_event_keys([&done])));
-        let mut daemon = pod("d");
-        daemon.metadata.owner_references = Some(vec![OwnerReference {
-            kind: "DaemonSet".into(),
-            name: "agent".into(),
-            api_version: "apps/v1".into(),
-            uid: "ds".into(),
-            ..Default::default()
-        }]);
+        let daemon = testing::owned_by_daemonset(pod("d"));
         assert!(!events.observe("n1", pod_event_keys([&done, &daemon])));
         // A new pod bound to the node is an event.
         assert!(events.observe("n1", pod_event_keys([&done, &daemon, &pod("c")])));

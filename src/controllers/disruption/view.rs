@@ -296,7 +296,6 @@ mod tests {
     use crate::disruption::fixtures;
     use crate::state::testing;
     use k8s_openapi::api::core::v1::{Node, NodeCondition};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     fn at(s: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_700_000_000 + s, 0).unwrap()
@@ -344,14 +343,7 @@ mod tests {
             "true".to_string(),
         )]));
         index.apply_pod(web);
-        let mut agent = testing::pod("kube-system", "agent", Some("n1"));
-        agent.metadata.owner_references = Some(vec![OwnerReference {
-            api_version: "apps/v1".into(),
-            kind: "DaemonSet".into(),
-            name: "agent".into(),
-            uid: "ds".into(),
-            ..Default::default()
-        }]);
+        let agent = testing::owned_by_daemonset(testing::pod("kube-system", "agent", Some("n1")));
         index.apply_pod(agent);
         let pending: K8sPod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "waiting", "namespace": "apps", "uid": "waiting"},

@@ -481,7 +481,6 @@ mod tests {
     use k8s_openapi::api::core::v1::{
         Container, PodCondition, PodSpec, PodStatus, ResourceRequirements,
     };
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     fn value(samples: &[NodeSample], node: &str, resource: &str) -> Option<f64> {
         samples
@@ -506,14 +505,8 @@ mod tests {
         pod
     }
 
-    fn daemon(mut pod: Pod) -> Pod {
-        pod.metadata.owner_references = Some(vec![OwnerReference {
-            kind: "DaemonSet".into(),
-            name: "ds".into(),
-            controller: Some(true),
-            ..Default::default()
-        }]);
-        pod
+    fn daemon(pod: Pod) -> Pod {
+        crate::state::testing::owned_by_daemonset(pod)
     }
 
     fn managed_node(name: &str) -> Node {

@@ -248,17 +248,9 @@ mod tests {
     use super::*;
     use crate::state::testing::{pod, ts};
     use k8s_openapi::api::core::v1::{PodStatus, Toleration};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-    fn daemon(mut p: Pod) -> Pod {
-        p.metadata.owner_references = Some(vec![OwnerReference {
-            kind: "DaemonSet".into(),
-            name: "ds".into(),
-            api_version: "apps/v1".into(),
-            uid: "u".into(),
-            ..Default::default()
-        }]);
-        p
+    fn daemon(p: Pod) -> Pod {
+        crate::state::testing::owned_by_daemonset(p)
     }
 
     fn critical(mut p: Pod) -> Pod {
