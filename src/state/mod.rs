@@ -100,14 +100,18 @@ pub trait Indexed: Watched {
 }
 
 /// Drops what no decision reads before an object is kept (up to three times: index, store,
-/// change ring): managedFields (often half an object), and a Node's image list (up to 50
-/// entries a node). As upstream's cache strips managedFields.
+/// change ring): managedFields (often half an object), a Node's image list (up to 50
+/// entries a node), and most of a pod ([`pods::slim`]). As upstream's cache strips
+/// managedFields.
 fn trim<K: Watched>(object: &mut K) {
     object.meta_mut().managed_fields = None;
-    if let Some(node) = (object as &mut dyn std::any::Any).downcast_mut::<Node>()
+    let any = object as &mut dyn std::any::Any;
+    if let Some(node) = any.downcast_mut::<Node>()
         && let Some(status) = node.status.as_mut()
     {
         status.images = None;
+    } else if let Some(pod) = any.downcast_mut::<Pod>() {
+        pods::slim(pod);
     }
 }
 
