@@ -253,28 +253,36 @@ impl ExoscaleCloudProvider {
             CloudProviderError::create(reasons::INSTANCE_TYPE_SELECTION_FAILED, e.to_string())
         })?;
         let requests = requests_of(claim)?;
-        let types: Vec<Arc<InstanceType>> = self
-            .instance_types
-            .list(nodeclass)
-            .map_err(|e| {
-                CloudProviderError::create(reasons::INSTANCE_TYPE_SELECTION_FAILED, e.to_string())
-            })?
-            .into_iter()
-            .map(Arc::new)
-            .collect();
-        let (chosen, _) = cheapest_offering(&types, &reqs, &requests).ok_or_else(|| {
-            CloudProviderError::insufficient_capacity(format!(
-                "no available instance type in {zone} satisfies the NodeClaim's requirements ({reqs}) and requests"
-            ))
-        })?;
+        // In a block: the whole priced list (~17 KB) is not held across the awaits below, by
+        // every launch waiting on the API's rate limit at once.
+        let chosen = {
+            let types: Vec<Arc<InstanceType>> = self
+                .instance_types
+                .list(nodeclass)
+                .map_err(|e| {
+                    CloudProviderError::create(
+                        reasons::INSTANCE_TYPE_SELECTION_FAILED,
+                        e.to_string(),
+                    )
+                })?
+                .into_iter()
+                .map(Arc::new)
+                .collect();
+            let (chosen, _) = cheapest_offering(&types, &reqs, &requests).ok_or_else(|| {
+                CloudProviderError::insufficient_capacity(format!(
+                    "no available instance type in {zone} satisfies the NodeClaim's requirements ({reqs}) and requests"
+                ))
+            })?;
+            chosen.name.clone()
+        };
         let discovered = self
             .instance_types
             .catalog()
-            .by_name(&chosen.name)
+            .by_name(&chosen)
             .ok_or_else(|| {
                 CloudProviderError::create(
                     reasons::INSTANCE_TYPE_SELECTION_FAILED,
-                    format!("instance type {} disappeared from the catalog", chosen.name),
+                    format!("instance type {chosen} disappeared from the catalog"),
                 )
             })?;
         let template = self.templates.resolve(nodeclass).await.map_err(|e| {
