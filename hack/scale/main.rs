@@ -360,15 +360,25 @@ async fn main() {
         )),
         _ => panic!("{usage}"),
     };
-    run(&rig, &scenario, kind, pods, down, &audit_log).await;
+    let metrics_dump = std::env::temp_dir().join(format!("{stem}.metrics.txt"));
+    run(&rig, &scenario, kind, pods, down, &audit_log, &metrics_dump).await;
     eprintln!(
-        "controller log: {}, audit log: {}",
+        "controller log: {}, audit log: {}, /metrics after the launch: {}",
         log.display(),
-        audit_log.display()
+        audit_log.display(),
+        metrics_dump.display()
     );
 }
 
-async fn run(rig: &Rig, scenario: &str, kind: &str, count: i32, down: Option<i32>, audit: &Path) {
+async fn run(
+    rig: &Rig,
+    scenario: &str,
+    kind: &str,
+    count: i32,
+    down: Option<i32>,
+    audit: &Path,
+    metrics_dump: &Path,
+) {
     let process = rig.process();
     let client = rig.client();
     rig.nodepool(kind == "dense").await;
@@ -416,6 +426,8 @@ async fn run(rig: &Rig, scenario: &str, kind: &str, count: i32, down: Option<i32
         .text()
         .await
         .unwrap_or_default();
+    // Kept for reading which families weigh most.
+    let _ = std::fs::write(metrics_dump, &metrics);
     // What a Prometheus scrape (Accept-Encoding: gzip) transfers.
     let gzipped = reqwest::Client::new()
         .get(rig.metrics_url())

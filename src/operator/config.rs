@@ -227,6 +227,8 @@ pub struct Config {
     pub kube_client_burst: u32,
     pub disable_leader_election: bool,
     pub disable_cluster_state_observability: bool,
+    /// `POD_METRICS`: the pod gauges aggregated (default) or one series per pod, as upstream.
+    pub pod_metrics: crate::controllers::metrics::PodSeries,
     pub leader_election_name: String,
     /// Empty means the namespace of the kube client (in-cluster: the pod's namespace).
     pub leader_election_namespace: String,
@@ -284,6 +286,8 @@ pub struct RunArgs {
     pub disable_leader_election: Option<String>,
     #[arg(long)]
     pub disable_cluster_state_observability: Option<String>,
+    #[arg(long)]
+    pub pod_metrics: Option<String>,
     #[arg(long)]
     pub leader_election_name: Option<String>,
     #[arg(long)]
@@ -589,6 +593,16 @@ impl Config {
                 false,
                 parse_bool,
             ),
+            pod_metrics: r.parsed(
+                &args.pod_metrics,
+                "POD_METRICS",
+                crate::controllers::metrics::PodSeries::Aggregated,
+                |v| match v {
+                    "aggregated" => Ok(crate::controllers::metrics::PodSeries::Aggregated),
+                    "per-pod" => Ok(crate::controllers::metrics::PodSeries::PerPod),
+                    _ => Err("expected aggregated or per-pod".into()),
+                },
+            ),
             leader_election_name: r
                 .raw(&args.leader_election_name, "LEADER_ELECTION_NAME")
                 .unwrap_or_else(|| "karpenter-leader-election".into()),
@@ -754,6 +768,19 @@ mod tests {
         assert!(config.feature_gates.reserved_capacity);
         assert_eq!(config.timings.registration_ttl, Duration::from_secs(900));
         assert_eq!(config.log_level, LogLevel::Info);
+        assert!(!config.disable_cluster_state_observability);
+        // Not upstream's default: one series per pod is unbounded (see POD_METRICS).
+        assert_eq!(
+            config.pod_metrics,
+            crate::controllers::metrics::PodSeries::Aggregated
+        );
+        let mut e = minimal();
+        e.insert("POD_METRICS".into(), "per-pod".into());
+        let config = Config::resolve(&RunArgs::default(), &e).unwrap();
+        assert_eq!(
+            config.pod_metrics,
+            crate::controllers::metrics::PodSeries::PerPod
+        );
     }
 
     #[test]
@@ -789,6 +816,7 @@ mod tests {
             ("BATCH_MAX_DURATION", "10 seconds"),
             ("LISTEN_ADDRESS", "localhost"),
             ("EXOSCALE_API_QPS", "0"),
+            ("POD_METRICS", "all"),
         ]);
         let err = Config::resolve(&RunArgs::default(), &e).unwrap_err();
         let text = err.to_string();
@@ -803,10 +831,11 @@ mod tests {
             "BATCH_MAX_DURATION=\"10 seconds\"",
             "LISTEN_ADDRESS=\"localhost\"",
             "EXOSCALE_API_QPS=\"0\"",
+            "POD_METRICS=\"all\": expected aggregated or per-pod",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in {text}");
         }
-        assert_eq!(err.0.len(), 10);
+        assert_eq!(err.0.len(), 11);
     }
 
     #[test]

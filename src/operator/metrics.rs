@@ -351,7 +351,7 @@ impl Metrics {
             pods_state: gauge(
                 r,
                 "karpenter_pods_state",
-                "1 per pod, labelled with its node, NodePool, zone, phase and readiness.",
+                "Pods by node, NodePool, zone, phase and readiness (the count), or 1 per pod with its name, namespace and owner with POD_METRICS=per-pod.",
             ),
             pods_startup_duration: plain_histogram(
                 r,
@@ -377,27 +377,27 @@ impl Metrics {
                 gauge(
                     r,
                     "karpenter_pods_unbound_time_seconds",
-                    "Time since creation of a pod not yet bound, by name and namespace.",
+                    "Time since creation of a pod not yet bound: the oldest such pod's, or by name and namespace with POD_METRICS=per-pod.",
                 ),
                 gauge(
                     r,
                     "karpenter_pods_unstarted_time_seconds",
-                    "Time since creation of a pod not yet running, by name and namespace.",
+                    "Time since creation of a pod not yet running: the oldest such pod's, or by name and namespace with POD_METRICS=per-pod.",
                 ),
                 gauge(
                     r,
                     "karpenter_pods_provisioning_unbound_time_seconds",
-                    "Time since provisioning first placed a pod not yet bound, by name and namespace.",
+                    "Time since provisioning first placed a pod not yet bound: the oldest such pod's, or by name and namespace with POD_METRICS=per-pod.",
                 ),
                 gauge(
                     r,
                     "karpenter_pods_provisioning_unstarted_time_seconds",
-                    "Time since provisioning first placed a pod not yet running, by name and namespace.",
+                    "Time since provisioning first placed a pod not yet running: the oldest such pod's, or by name and namespace with POD_METRICS=per-pod.",
                 ),
                 gauge(
                     r,
                     "karpenter_pods_provisioning_scheduling_undecided_time_seconds",
-                    "Time since provisioning first saw a pod it has not decided about yet, by name and namespace.",
+                    "Time since provisioning first saw a pod it has not decided about yet: the oldest such pod's, or by name and namespace with POD_METRICS=per-pod.",
                 ),
             ],
             cloudprovider_duration: histogram(

@@ -418,6 +418,10 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
         metrics.clone(),
         clock.clone(),
         leadership.clone(),
+        controllers::metrics::Options {
+            pod_series: config.pod_metrics,
+            observability: !config.disable_cluster_state_observability,
+        },
     );
     let work = async {
         let mut waiting = leadership.clone();

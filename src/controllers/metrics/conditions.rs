@@ -69,6 +69,13 @@ fn label(k: &str, v: &str) -> (String, String) {
     (k.to_string(), v.to_string())
 }
 
+/// Leaves out empty values (a cluster-scoped object's `namespace`, a label the object does not
+/// have): Prometheus reads them as absent, and at 1 000 nodes they were ~10% of `/metrics`.
+fn compact(mut labels: Labels) -> Labels {
+    labels.retain(|(_, v)| !v.is_empty());
+    labels
+}
+
 /// operatorpkg's label name for an object label key.
 pub fn prometheus_label(key: &str) -> String {
     key.replace(['/', '.', '-'], "_")
@@ -89,7 +96,7 @@ impl ConditionTracker {
             let object_labels = || {
                 let mut l = vec![label("namespace", &o.namespace), label("name", &o.name)];
                 l.extend(o.extra.iter().cloned());
-                l
+                compact(l)
             };
             for c in &o.conditions {
                 let mut l = object_labels();
@@ -98,6 +105,7 @@ impl ConditionTracker {
                     label("status", &c.status),
                     label("reason", &c.reason),
                 ]);
+                let l = compact(l);
                 out.count[k].push((l.clone(), 1.0));
                 let since = c.last_transition.map_or(0.0, |t| seconds(t, now));
                 out.current_status_seconds[k].push((l, since));
@@ -116,6 +124,7 @@ impl ConditionTracker {
                     label("reason", &c.reason),
                 ];
                 l.extend(o.extra.iter().cloned());
+                let l = compact(l);
                 // The first look at an object is not a transition this process saw.
                 if previous.is_some() {
                     out.transitions[k].push(l);
@@ -125,7 +134,7 @@ impl ConditionTracker {
                 {
                     let mut l = vec![label("type", &b.type_), label("status", &b.status)];
                     l.extend(o.extra.iter().cloned());
-                    out.transition_seconds[k].push((l, seconds(from, to)));
+                    out.transition_seconds[k].push((compact(l), seconds(from, to)));
                 }
             }
             if let Some(since) = o.deleting_since {

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use self::state::{PodTransitions, Sample, StateInput, StateSnapshot, snapshot};
+pub use self::state::PodSeries;
+use self::state::{PodTransitions, StateInput, StateSnapshot, snapshot};
 use crate::clock::Clock;
 use crate::operator::leader::Leadership;
 use crate::operator::metrics::{Labels, Metrics, NodeGauge, NodeSeries};
@@ -80,8 +81,27 @@ pub const WAITING_GAUGES: [&str; 5] = [
     "provisioning_scheduling_undecided",
 ];
 
+/// What the publisher exports besides the cluster-state gauges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    pub pod_series: PodSeries,
+    /// `DISABLE_CLUSTER_STATE_OBSERVABILITY` off: the node, pod and status-condition series.
+    /// Off, as upstream, only `karpenter_cluster_state_*` is exported.
+    pub observability: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            pod_series: PodSeries::default(),
+            observability: true,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Publisher {
+    options: Options,
     /// Per kind: count, current status seconds, termination time.
     condition_gauges: [[Published; 3]; 3],
     conditions: conditions::ConditionTracker,
@@ -111,8 +131,7 @@ impl Publisher {
         }
         self.utilization
             .replace(&metrics.cluster_utilization_percent, &snapshot.utilization);
-        let pods: Vec<Sample> = snapshot.pods.iter().map(|l| (l.clone(), 1.0)).collect();
-        self.pods.replace(&metrics.pods_state, &pods);
+        self.pods.replace(&metrics.pods_state, &snapshot.pods);
     }
 
     fn publish_conditions(
@@ -150,7 +169,7 @@ impl Publisher {
         leading: bool,
     ) {
         let input = StateInput::from_index(&cluster.read());
-        let snapshot = snapshot(&input, now);
+        let snapshot = snapshot(&input, now, self.options.pod_series);
         let unsynced = self.unsynced.update(snapshot.synced, now);
         if unsynced >= UNSYNCED_ERROR_AFTER.as_secs_f64() {
             tracing::error!(
@@ -159,7 +178,7 @@ impl Publisher {
             );
         }
         self.publish_cluster_state(metrics, &snapshot, unsynced);
-        if !leading {
+        if !leading || !self.options.observability {
             return;
         }
         let times = &cluster.pod_times;
@@ -177,7 +196,12 @@ impl Publisher {
         for seconds in started {
             metrics.pods_provisioning_startup_duration.observe(seconds);
         }
-        let waiting = state::waiting_pods(&input.pods, &|key: &str| times.get(key), now);
+        let waiting = state::waiting_pods(
+            &input.pods,
+            &|key: &str| times.get(key),
+            now,
+            self.options.pod_series,
+        );
         let samples = [
             &waiting.unbound,
             &waiting.unstarted,
@@ -200,9 +224,13 @@ pub async fn run(
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
     leadership: Leadership,
+    options: Options,
 ) {
     let mut revisions = cluster.subscribe();
-    let mut publisher = Publisher::default();
+    let mut publisher = Publisher {
+        options,
+        ..Publisher::default()
+    };
     let conditions = conditions::StatusConditionMetrics::register(&metrics);
     loop {
         let now = Timestamp::from_second(clock.now_unix()).unwrap_or(Timestamp::UNIX_EPOCH);
@@ -306,14 +334,51 @@ mod tests {
             !text.contains("operator_node_status_condition_count{"),
             "{text}"
         );
-        let leader = Metrics::new();
-        let leader_conditions = conditions::StatusConditionMetrics::register(&leader);
-        Publisher::default().refresh(&cluster, &leader, &leader_conditions, now, true);
-        let text = leader.render();
-        assert!(text.contains("karpenter_pods_state{name=\"web\""), "{text}");
+        let publish = |options: Options| {
+            let leader = Metrics::new();
+            let leader_conditions = conditions::StatusConditionMetrics::register(&leader);
+            Publisher {
+                options,
+                ..Publisher::default()
+            }
+            .refresh(&cluster, &leader, &leader_conditions, now, true);
+            leader.render()
+        };
+        let text = publish(Options::default());
+        // Aggregated by default, and empty labels (namespace, absent node labels) left out.
         assert!(
-            text.contains("operator_node_status_condition_count{namespace=\"\",name=\"n1\",karpenter_exoscale_com_exoscalenodeclass=\"\",karpenter_sh_nodepool=\"\",karpenter_sh_initialized=\"\",type=\"Ready\",status=\"True\",reason=\"KubeletReady\"} 1"),
+            text.contains("karpenter_pods_state{scheduled=\"true\",node=\"n1\",ready=\"false\",managed=\"false\"} 1"),
             "{text}"
         );
+        assert!(
+            text.contains("operator_node_status_condition_count{name=\"n1\",type=\"Ready\",status=\"True\",reason=\"KubeletReady\"} 1"),
+            "{text}"
+        );
+        let text = publish(Options {
+            pod_series: PodSeries::PerPod,
+            observability: true,
+        });
+        assert!(
+            text.contains(
+                "karpenter_pods_state{name=\"web\",namespace=\"default\",scheduled=\"true\""
+            ),
+            "{text}"
+        );
+        // DISABLE_CLUSTER_STATE_OBSERVABILITY: the cluster-state gauges only.
+        let text = publish(Options {
+            observability: false,
+            ..Options::default()
+        });
+        assert!(
+            text.contains("karpenter_cluster_state_node_count 1.0"),
+            "{text}"
+        );
+        for family in [
+            "karpenter_pods_state{",
+            "karpenter_nodes_allocatable{",
+            "operator_node_status_condition_count{",
+        ] {
+            assert!(!text.contains(family), "{family} in {text}");
+        }
     }
 }

@@ -18,6 +18,26 @@ use crate::state::{ClusterIndex, nodeclaim_provider_id};
 
 /// One gauge value.
 pub type Sample = (Labels, f64);
+
+/// How the pod gauges are labelled (`POD_METRICS`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PodSeries {
+    /// Bounded by nodes, not pods: `karpenter_pods_state` counts the pods of each node, phase
+    /// and readiness; each `karpenter_pods_*_time_seconds` gauge is one series, the oldest
+    /// waiting pod's. Sums over upstream's series read the same.
+    #[default]
+    Aggregated,
+    /// As upstream: one series per pod, labelled with its name and namespace (and owner).
+    PerPod,
+}
+
+/// A label pair, left out when its value is empty: Prometheus reads an empty label as an
+/// absent one, and the per-node label sets carry many (a node without GPUs has four).
+fn push_label(labels: &mut Labels, name: &str, value: String) {
+    if !value.is_empty() {
+        labels.push((name.to_string(), value));
+    }
+}
 /// One value of a per-node gauge.
 pub type NodeSample = (NodeSeries, f64);
 
@@ -27,8 +47,8 @@ pub struct StateSnapshot {
     /// Samples per [`NodeGauge`], indexed by [`NodeGauge::index`].
     pub nodes: [Vec<NodeSample>; NodeGauge::ALL.len()],
     pub utilization: Vec<Sample>,
-    /// Label sets of `karpenter_pods_state` (each with value 1).
-    pub pods: Vec<Labels>,
+    /// `karpenter_pods_state`: per pod (value 1) or per distinct label set (value: the count).
+    pub pods: Vec<Sample>,
     /// Nodes and launched NodeClaims, merged by provider ID (upstream's state nodes).
     pub node_count: usize,
     pub synced: bool,
@@ -65,14 +85,13 @@ fn node_labels(node: &Node, well_known: &[(&'static str, String)]) -> Labels {
         .as_ref()
         .and_then(|s| s.phase.clone())
         .unwrap_or_default();
-    let mut labels = vec![
-        ("node_name".to_string(), node.name_any()),
-        ("phase".to_string(), phase),
-        ("managed".to_string(), is_managed(node).to_string()),
-    ];
+    let mut labels = Labels::new();
+    push_label(&mut labels, "node_name", node.name_any());
+    push_label(&mut labels, "phase", phase);
+    push_label(&mut labels, "managed", is_managed(node).to_string());
     for (key, name) in well_known {
         let value = node.labels().get(*key).cloned().unwrap_or_default();
-        labels.push((name.clone(), value));
+        push_label(&mut labels, name, value);
     }
     labels
 }
@@ -153,14 +172,24 @@ fn samples(labels: &Arc<Labels>, resources: &Resources) -> Vec<NodeSample> {
         .collect()
 }
 
-fn pod_state_labels(pod: &Pod, node: Option<&Node>) -> Labels {
-    let owner = pod
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true))
-        .or_else(|| pod.owner_references().first())
-        .map(|o| format!("{}/{}", o.kind, o.name))
-        .unwrap_or_default();
+fn pod_state_labels(pod: &Pod, node: Option<&Node>, series: PodSeries) -> Labels {
+    let mut labels = Labels::new();
+    if series == PodSeries::PerPod {
+        let owner = pod
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .or_else(|| pod.owner_references().first())
+            .map(|o| format!("{}/{}", o.kind, o.name))
+            .unwrap_or_default();
+        push_label(&mut labels, "name", pod.name_any());
+        push_label(
+            &mut labels,
+            "namespace",
+            pod.namespace().unwrap_or_default(),
+        );
+        push_label(&mut labels, "owner", owner);
+    }
     let node_name = pod
         .spec
         .as_ref()
@@ -176,10 +205,7 @@ fn pod_state_labels(pod: &Pod, node: Option<&Node>) -> Labels {
         .and_then(|s| s.phase.clone())
         .unwrap_or_default();
     use crate::apis::labels::{ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL};
-    [
-        ("name", pod.name_any()),
-        ("namespace", pod.namespace().unwrap_or_default()),
-        ("owner", owner),
+    for (name, value) in [
         ("scheduled", (!node_name.is_empty()).to_string()),
         ("node", node_name),
         ("nodepool", node_label(NODEPOOL_LABEL)),
@@ -190,10 +216,10 @@ fn pod_state_labels(pod: &Pod, node: Option<&Node>) -> Labels {
         ("phase", phase),
         ("ready", condition_true(pod, "Ready").to_string()),
         ("managed", node.is_some_and(is_managed).to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
+    ] {
+        push_label(&mut labels, name, value);
+    }
+    labels
 }
 
 /// What the snapshot reads from the cluster index.
@@ -225,7 +251,7 @@ impl StateInput {
 }
 
 /// The gauges' values for `input` at `now`.
-pub fn snapshot(input: &StateInput, now: Timestamp) -> StateSnapshot {
+pub fn snapshot(input: &StateInput, now: Timestamp, series: PodSeries) -> StateSnapshot {
     let well_known = well_known_metric_labels();
     let mut out = StateSnapshot {
         synced: input.synced,
@@ -282,14 +308,18 @@ pub fn snapshot(input: &StateInput, now: Timestamp) -> StateSnapshot {
         ));
     }
     let by_name: BTreeMap<String, &Node> = nodes.iter().map(|n| (n.name_any(), &**n)).collect();
+    // Counted per label set as they are built, so the aggregated form never holds a label
+    // set per pod.
+    let mut pods: BTreeMap<Labels, f64> = BTreeMap::new();
     for pod in &input.pods {
         let node = pod
             .spec
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
             .and_then(|n| by_name.get(n).copied());
-        out.pods.push(pod_state_labels(pod, node));
+        *pods.entry(pod_state_labels(pod, node, series)).or_default() += 1.0;
     }
+    out.pods = pods.into_iter().collect();
     let node_provider_ids: BTreeSet<&str> = nodes
         .iter()
         .filter_map(|n| crate::state::node_provider_id(n))
@@ -371,8 +401,9 @@ fn seconds_since(unix: i64, at: Timestamp) -> Option<f64> {
     Some(at.duration_since(from).as_secs_f64().max(0.0))
 }
 
-/// Per-pod gauges of pods still on their way (upstream's `karpenter_pods_*_time_seconds`),
-/// labelled `name`, `namespace`; a pod leaves a gauge once it is bound / running.
+/// Gauges of pods still on their way (upstream's `karpenter_pods_*_time_seconds`): per pod,
+/// labelled `name`, `namespace`, or aggregated, one unlabelled series (the oldest pod's); a
+/// pod leaves a gauge once it is bound / running.
 #[derive(Debug, Default, PartialEq)]
 pub struct WaitingPods {
     pub unbound: Vec<Sample>,
@@ -387,6 +418,7 @@ pub fn waiting_pods(
     pods: &[Arc<Pod>],
     times: &dyn Fn(&str) -> Option<crate::state::pod_times::PodTimes>,
     now: Timestamp,
+    series: PodSeries,
 ) -> WaitingPods {
     let mut out = WaitingPods::default();
     for pod in pods {
@@ -396,10 +428,13 @@ pub fn waiting_pods(
         let Some(created) = pod.metadata.creation_timestamp.as_ref().map(|t| t.0) else {
             continue;
         };
-        let labels: Labels = vec![
-            ("name".to_string(), pod.name_any()),
-            ("namespace".to_string(), pod.namespace().unwrap_or_default()),
-        ];
+        let labels: Labels = match series {
+            PodSeries::PerPod => vec![
+                ("name".to_string(), pod.name_any()),
+                ("namespace".to_string(), pod.namespace().unwrap_or_default()),
+            ],
+            PodSeries::Aggregated => Labels::new(),
+        };
         let age = now.duration_since(created).as_secs_f64().max(0.0);
         let key = pod_key(pod);
         let t = times(&key).unwrap_or_default();
@@ -422,8 +457,33 @@ pub fn waiting_pods(
                 out.provisioning_unstarted.push((labels, s));
             }
         }
+        if series == PodSeries::Aggregated {
+            out.keep_oldest();
+        }
     }
     out
+}
+
+impl WaitingPods {
+    /// Keeps the largest value of each gauge (aggregated series have no labels to tell pods
+    /// apart, and the oldest waiting pod is what an alert wants).
+    fn keep_oldest(&mut self) {
+        for samples in [
+            &mut self.unbound,
+            &mut self.unstarted,
+            &mut self.provisioning_unbound,
+            &mut self.provisioning_unstarted,
+            &mut self.scheduling_undecided,
+        ] {
+            if samples.len() > 1 {
+                let oldest = samples
+                    .drain(..)
+                    .max_by(|a, b| a.1.total_cmp(&b.1))
+                    .expect("more than one sample");
+                samples.push(oldest);
+            }
+        }
+    }
 }
 
 fn transition_seconds(pod: &Pod, kind: &str) -> Option<f64> {
@@ -553,7 +613,11 @@ mod tests {
         });
         index.apply_pod(done);
 
-        let s = snapshot(&StateInput::from_index(&index), ts(1_060).0);
+        let s = snapshot(
+            &StateInput::from_index(&index),
+            ts(1_060).0,
+            PodSeries::PerPod,
+        );
         let gauge = |g: NodeGauge| &s.nodes[g.index()];
         assert_eq!(value(gauge(NodeGauge::Allocatable), "n1", "cpu"), Some(3.5));
         assert_eq!(
@@ -624,12 +688,17 @@ mod tests {
         });
         index.apply_pod(ready);
         index.apply_pod(pod("default", "pending", None));
-        let s = snapshot(&StateInput::from_index(&index), ts(2_000).0);
+        let s = snapshot(
+            &StateInput::from_index(&index),
+            ts(2_000).0,
+            PodSeries::PerPod,
+        );
         let find = |name: &str| {
             s.pods
                 .iter()
-                .find(|l| l.contains(&("name".into(), name.into())))
+                .find(|(l, _)| l.contains(&("name".into(), name.into())))
                 .unwrap()
+                .0
                 .clone()
         };
         let web = find("web");
@@ -650,6 +719,75 @@ mod tests {
         let pending = find("pending");
         assert!(pending.contains(&("scheduled".into(), "false".into())));
         assert!(pending.contains(&("managed".into(), "false".into())));
+        assert!(
+            !pending.iter().any(|(k, _)| k == "node" || k == "zone"),
+            "empty labels are left out: {pending:?}"
+        );
+    }
+
+    #[test]
+    fn aggregated_pod_state_counts_pods_per_node_phase_and_readiness() {
+        let mut index = ClusterIndex::default();
+        index.apply_node(managed_node("n1"));
+        let running = |name: &str| {
+            let mut p = pod("default", name, Some("n1"));
+            p.status = Some(PodStatus {
+                phase: Some("Running".into()),
+                ..Default::default()
+            });
+            p
+        };
+        for name in ["a", "b", "c"] {
+            index.apply_pod(running(name));
+        }
+        index.apply_pod(pod("other", "pending-1", None));
+        index.apply_pod(pod("other", "pending-2", None));
+        let input = StateInput::from_index(&index);
+        let aggregated = snapshot(&input, ts(2_000).0, PodSeries::Aggregated).pods;
+        let count = |pairs: &[(&str, &str)]| {
+            aggregated
+                .iter()
+                .filter(|(l, _)| {
+                    pairs
+                        .iter()
+                        .all(|(k, v)| l.contains(&(k.to_string(), v.to_string())))
+                })
+                .map(|(_, v)| *v)
+                .sum::<f64>()
+        };
+        assert_eq!(
+            aggregated.len(),
+            2,
+            "one series per node and state: {aggregated:?}"
+        );
+        assert_eq!(count(&[("node", "n1"), ("phase", "Running")]), 3.0);
+        assert_eq!(count(&[("scheduled", "false")]), 2.0);
+        assert!(
+            aggregated.iter().all(|(l, _)| !l
+                .iter()
+                .any(|(k, _)| k == "name" || k == "namespace" || k == "owner")),
+            "{aggregated:?}"
+        );
+        // The same totals as upstream's one series per pod.
+        let per_pod = snapshot(&input, ts(2_000).0, PodSeries::PerPod).pods;
+        assert_eq!(per_pod.len(), 5);
+        assert_eq!(per_pod.iter().map(|(_, v)| v).sum::<f64>(), 5.0);
+    }
+
+    #[test]
+    fn aggregated_waiting_gauges_report_the_oldest_pod() {
+        const BASE: i64 = 1_700_000_000; // `ts` counts from here
+        let pods = [
+            Arc::new(created(pod("default", "old", None), "u1", 100)),
+            Arc::new(created(pod("default", "new", None), "u2", 150)),
+        ];
+        let now = Timestamp::from_second(BASE + 160).unwrap();
+        let gauges = waiting_pods(&pods, &|_| None, now, PodSeries::Aggregated);
+        assert_eq!(gauges.unbound, vec![(Labels::new(), 60.0)]);
+        assert_eq!(gauges.unstarted, vec![(Labels::new(), 60.0)]);
+        assert!(gauges.provisioning_unbound.is_empty(), "never placed");
+        let per_pod = waiting_pods(&pods, &|_| None, now, PodSeries::PerPod);
+        assert_eq!(per_pod.unbound.len(), 2);
     }
 
     #[test]
@@ -660,7 +798,11 @@ mod tests {
         index.apply_nodeclaim(nodeclaim("c1", "p", Some("exoscale://1")));
         index.apply_nodeclaim(nodeclaim("c2", "p", Some("exoscale://2")));
         index.apply_nodeclaim(nodeclaim("launching", "p", None));
-        let s = snapshot(&StateInput::from_index(&index), Timestamp::UNIX_EPOCH);
+        let s = snapshot(
+            &StateInput::from_index(&index),
+            Timestamp::UNIX_EPOCH,
+            PodSeries::PerPod,
+        );
         assert_eq!(s.node_count, 3, "n1 (= c1), unmanaged, c2");
         assert!(!s.synced, "nothing was listed");
     }
@@ -768,7 +910,7 @@ mod tests {
             _ => None,
         };
         let pods = [Arc::new(waiting.clone()), Arc::new(undecided)];
-        let gauges = waiting_pods(&pods, &times, at(110));
+        let gauges = waiting_pods(&pods, &times, at(110), PodSeries::PerPod);
         let one = |samples: &[Sample], name: &str| {
             samples
                 .iter()
@@ -807,7 +949,7 @@ mod tests {
             (vec![], vec![]),
             "once"
         );
-        let gauges = waiting_pods(&[Arc::new(ready)], &times, at(130));
+        let gauges = waiting_pods(&[Arc::new(ready)], &times, at(130), PodSeries::PerPod);
         assert_eq!(
             gauges,
             WaitingPods::default(),
