@@ -765,7 +765,7 @@ async fn two_under_used_nodes_become_one_cheaper_node() {
     .unwrap();
     opened["spec"]["disruption"]["budgets"] = json!([{"nodes": "2"}]);
     live.index
-        .apply_nodepool(serde_json::from_value(opened).unwrap());
+        .apply_nodepool(serde_json::from_value::<NodePool>(opened).unwrap());
     let plan = karpenter_exoscale::explain::plan(
         &live,
         &karpenter_exoscale::explain::Env::new(world.sim.zone(), "EUR"),

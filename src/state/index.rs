@@ -124,23 +124,29 @@ fn key_string(kind: Kind, key: &NamespacedName) -> String {
 impl ClusterIndex {
     // ---- feeding ---------------------------------------------------------------------------
 
-    pub fn apply_node(&mut self, node: Node) {
-        self.seen(Kind::Node, &namespaced(&node));
-        self.nodes.insert(node.name_any(), Arc::new(node));
+    /// Takes an owned object or the shared store's `Arc` (one copy for both).
+    pub fn apply_node(&mut self, node: impl Into<Arc<Node>>) {
+        let node = node.into();
+        self.seen(Kind::Node, &namespaced(&*node));
+        self.nodes.insert(node.name_any(), node);
     }
     pub fn delete_node(&mut self, name: &str) {
         self.nodes.remove(name);
     }
-    pub fn apply_nodeclaim(&mut self, claim: NodeClaim) {
-        self.seen(Kind::NodeClaim, &namespaced(&claim));
-        self.nodeclaims.insert(claim.name_any(), Arc::new(claim));
+    /// Takes an owned object or the shared store's `Arc` (one copy for both).
+    pub fn apply_nodeclaim(&mut self, claim: impl Into<Arc<NodeClaim>>) {
+        let claim = claim.into();
+        self.seen(Kind::NodeClaim, &namespaced(&*claim));
+        self.nodeclaims.insert(claim.name_any(), claim);
     }
     pub fn delete_nodeclaim(&mut self, name: &str) {
         self.nodeclaims.remove(name);
     }
-    pub fn apply_nodepool(&mut self, pool: NodePool) {
-        self.seen(Kind::NodePool, &namespaced(&pool));
-        self.nodepools.insert(pool.name_any(), Arc::new(pool));
+    /// Takes an owned object or the shared store's `Arc` (one copy for both).
+    pub fn apply_nodepool(&mut self, pool: impl Into<Arc<NodePool>>) {
+        let pool = pool.into();
+        self.seen(Kind::NodePool, &namespaced(&*pool));
+        self.nodepools.insert(pool.name_any(), pool);
     }
     pub fn delete_nodepool(&mut self, name: &str) {
         self.nodepools.remove(name);
