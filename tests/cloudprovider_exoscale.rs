@@ -752,10 +752,19 @@ async fn a_repeated_delete_while_terminating_sends_no_second_delete() {
         .unwrap();
     // Termination that takes an hour: the instance stays `destroying` for this whole test.
     w.sim.set_operation_delay(Duration::from_secs(3600));
+    let before = w.sim.calls().len();
     w.provider.delete(&nc).await.unwrap();
-    assert_eq!(w.sim.call_count("delete-instance"), 1);
+    assert_eq!(
+        operations(&w.sim, before),
+        ["get-instance", "delete-instance"],
+        "one read decides, then the delete"
+    );
+    // Each poll of a terminating instance is one read (900 deletions poll thousands of times
+    // through the client's rate limit).
+    let before = w.sim.calls().len();
     w.provider.delete(&nc).await.unwrap();
     w.provider.delete(&nc).await.unwrap();
+    assert_eq!(operations(&w.sim, before), ["get-instance", "get-instance"]);
     assert_eq!(w.sim.call_count("delete-instance"), 1);
     let listed = w.provider.list().await.unwrap();
     assert_eq!(

@@ -410,14 +410,23 @@ impl InstanceProvider {
     /// Requests termination without waiting for it; `Gone` once the instance no longer exists.
     pub async fn delete(&self, id: &str) -> Result<DeleteOutcome, exoscale::Error> {
         match self.client.get_instance(id).await {
-            Err(e) if e.is_not_found() => return Ok(DeleteOutcome::Gone),
-            Err(e) => return Err(e),
-            Ok(i) if matches!(i.state, InstanceState::Destroyed | InstanceState::Expunging) => {
+            Err(e) if e.is_not_found() => Ok(DeleteOutcome::Gone),
+            Err(e) => Err(e),
+            Ok(instance) => self.delete_read(&instance).await,
+        }
+    }
+
+    /// [`Self::delete`] of an instance the caller has just read: its state decides, so a
+    /// termination being polled costs one GET a pass, not two.
+    pub async fn delete_read(&self, instance: &Instance) -> Result<DeleteOutcome, exoscale::Error> {
+        match instance.state {
+            InstanceState::Destroyed | InstanceState::Expunging => {
                 return Ok(DeleteOutcome::Gone);
             }
-            Ok(i) if i.state == InstanceState::Destroying => return Ok(DeleteOutcome::Deleting),
-            Ok(_) => {}
+            InstanceState::Destroying => return Ok(DeleteOutcome::Deleting),
+            _ => {}
         }
+        let id = &instance.id;
         match self.client.delete_instance(id).await {
             Ok(_) => Ok(DeleteOutcome::Deleting),
             Err(e) if e.is_not_found() => Ok(DeleteOutcome::Gone),

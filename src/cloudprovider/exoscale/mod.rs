@@ -513,7 +513,8 @@ impl CloudProvider for ExoscaleCloudProvider {
                 self.forget_tokens(nodeclaim).await;
                 return Err(gone());
             };
-            match self.instances.delete(&instance.id).await.map_err(|e| {
+            // `instance_of` has just read it: no second GET.
+            match self.instances.delete_read(&instance).await.map_err(|e| {
                 CloudProviderError::Other(format!("failed to delete instance {}: {e}", instance.id))
             })? {
                 DeleteOutcome::Deleting => Ok(()),
