@@ -805,20 +805,28 @@ fn operations(sim: &ExoscaleSim, from: usize) -> Vec<String> {
         .collect()
 }
 
-/// The first launch of a NodeClaim this process created is create + get; anything else (a
-/// retry, a NodeClaim another process made, one without a UID) looks for an earlier attempt's
-/// instance first.
+/// The first launch of a NodeClaim this process created is one create (its answer describes
+/// the launch); anything else (a retry, a NodeClaim another process made, one without a UID)
+/// looks for an earlier attempt's instance first.
 #[tokio::test]
-async fn a_nodeclaim_created_here_launches_in_two_calls_and_anything_else_looks_first() {
+async fn a_nodeclaim_created_here_launches_in_one_call_and_anything_else_looks_first() {
     let w = world().await;
     let mut fresh = claim("fresh", &["standard.medium"]);
     fresh.metadata.uid = Some("uid-fresh".into());
     w.provider.nodeclaim_created("uid-fresh");
     let before = w.sim.calls().len();
-    w.provider.create(&fresh).await.unwrap();
+    let launched = w.provider.create(&fresh).await.unwrap();
+    assert_eq!(operations(&w.sim, before), ["create-instance"]);
+    // The NodeClaim it returns names the instance the sim made, with its type and template.
+    let made = &w.sim.instances()[0].instance;
+    assert!(provider_id(&launched).ends_with(&made.id));
     assert_eq!(
-        operations(&w.sim, before),
-        ["create-instance", "get-instance"]
+        launched.status.as_ref().unwrap().image_id.as_deref(),
+        Some(made.template.id.as_str())
+    );
+    assert_eq!(
+        launched.metadata.labels.as_ref().unwrap()["node.kubernetes.io/instance-type"],
+        "standard.medium"
     );
 
     let mut other = claim("made-elsewhere", &["standard.medium"]);
@@ -827,7 +835,7 @@ async fn a_nodeclaim_created_here_launches_in_two_calls_and_anything_else_looks_
     w.provider.create(&other).await.unwrap();
     assert_eq!(
         operations(&w.sim, before),
-        ["list-instances", "create-instance", "get-instance"]
+        ["list-instances", "create-instance"]
     );
 
     // A second attempt of the fresh NodeClaim (its status write failed, say) adopts.
@@ -1338,6 +1346,75 @@ async fn drift_checks_restore_missing_instance_labels_once() {
         updates + 1,
         "no update when nothing is missing"
     );
+}
+
+/// The drift checks of a conditions pass share one list of the cluster's instances (fresh
+/// for 30 s) instead of a read per NodeClaim; an instance newer than the list, or one whose
+/// NodeClass names anti-affinity groups (which a list answer lacks), is read on its own.
+#[tokio::test]
+async fn drift_checks_share_one_instance_list() {
+    let w = world().await;
+    let mut claims = Vec::new();
+    for name in ["d1", "d2", "d3"] {
+        claims.push(
+            w.provider
+                .create(&claim(name, &["standard.medium"]))
+                .await
+                .unwrap(),
+        );
+    }
+    let (lists, gets) = (
+        w.sim.call_count("list-instances"),
+        w.sim.call_count("get-instance"),
+    );
+    for nc in &claims {
+        assert_eq!(w.provider.is_drifted(nc).await.unwrap(), None);
+    }
+    assert_eq!(w.sim.call_count("list-instances"), lists + 1);
+    assert_eq!(
+        w.sim.call_count("get-instance"),
+        gets,
+        "no read per NodeClaim"
+    );
+
+    // Launched after the list: read on its own, and still judged.
+    let newer = w
+        .provider
+        .create(&claim("d4", &["standard.medium"]))
+        .await
+        .unwrap();
+    // (A create of a NodeClaim made elsewhere looks for an earlier instance: one list.)
+    let lists = w.sim.call_count("list-instances");
+    assert_eq!(w.provider.is_drifted(&newer).await.unwrap(), None);
+    assert_eq!(
+        w.sim.call_count("list-instances"),
+        lists,
+        "the list is still fresh"
+    );
+    assert_eq!(w.sim.call_count("get-instance"), gets + 1);
+
+    // The listed answer still finds drift (a security group the instance lacks).
+    let extra = w.sim.add_security_group("extra");
+    w.edit_status(|st| st.security_groups.push(extra.clone()));
+    let drift = w.provider.is_drifted(&claims[0]).await.unwrap();
+    assert_eq!(drift.map(|d| d.reason).as_deref(), Some("SecurityGroups"));
+    assert_eq!(w.sim.call_count("get-instance"), gets + 1);
+
+    // Thirty-one seconds on, the next check lists again.
+    w.clock.advance(Duration::from_secs(31));
+    w.provider.is_drifted(&claims[1]).await.unwrap();
+    assert_eq!(w.sim.call_count("list-instances"), lists + 1);
+
+    // A NodeClass with anti-affinity groups: every check reads its instance.
+    let mut grouped = spec();
+    grouped.anti_affinity_group_selector_terms = vec![SelectorTerm {
+        id: None,
+        name: Some("karpenter-spread".into()),
+    }];
+    w.put_nodeclass(grouped).await;
+    let gets = w.sim.call_count("get-instance");
+    w.provider.is_drifted(&claims[2]).await.unwrap();
+    assert_eq!(w.sim.call_count("get-instance"), gets + 1);
 }
 
 #[tokio::test]

@@ -144,13 +144,20 @@ async fn killed_after_post() {
     world.finish().await;
 }
 
-/// Killed after the create answered, before the provider ID was written to the NodeClaim
-/// (the launch's read of the new instance is held).
+/// Killed after the create answered, before the provider ID was written to the NodeClaim.
+/// A launch without private networks writes the provider ID straight from the create's
+/// answer; one with them reads the new instance first (to attach what it lacks), and that
+/// read is held here.
 #[tokio::test]
 async fn killed_before_the_provider_id_write() {
-    let Some((world, controller)) = started("crash-pid", joins()).await else {
+    let Some(world) = World::start("crash-pid", joins()).await else {
         return;
     };
+    world
+        .create_nodeclass(json!({"privateNetworkSelectorTerms": [{"name": "karpenter-private"}]}))
+        .await;
+    let controller = world.spawn_controller("first");
+    world.ready_nodeclass().await;
     let (gate, action) = hold(false);
     world.sim.inject(Fault::on("get-instance", action));
     let claim = format!("crash-pid-{}", suffix(&world));

@@ -182,6 +182,11 @@ impl InstanceFilter {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CreatedInstance {
     pub instance_id: String,
+    /// The instance as far as it is known without reading it again: the one found when it was
+    /// adopted, else the create request's fields under the new ID (state `starting`; no
+    /// private networks yet, no addresses). Enough to describe the launch, so the happy path
+    /// is one API call.
+    pub instance: Instance,
     /// The create operation; `None` when an existing instance was adopted.
     pub operation: Option<Operation>,
     /// True when the instance already existed (an earlier create whose answer was lost).
@@ -568,7 +573,8 @@ impl Client {
         }
         if let Some(existing) = self.find_instance(identity).await? {
             return Ok(CreatedInstance {
-                instance_id: existing.id,
+                instance_id: existing.id.clone(),
+                instance: existing,
                 operation: None,
                 adopted: true,
             });
@@ -595,7 +601,8 @@ impl Client {
             ));
         }
         let adopted = |instance: Instance| CreatedInstance {
-            instance_id: instance.id,
+            instance_id: instance.id.clone(),
+            instance,
             operation: None,
             adopted: true,
         };
@@ -607,8 +614,15 @@ impl Client {
                         message: "operation has no reference id".into(),
                     });
                 };
+                let instance = Instance {
+                    id: id.clone(),
+                    security_groups: req.security_groups.clone(),
+                    anti_affinity_groups: req.anti_affinity_groups.clone(),
+                    ..preview(req)
+                };
                 Ok(CreatedInstance {
                     instance_id: id,
+                    instance,
                     operation: Some(op),
                     adopted: false,
                 })

@@ -319,8 +319,8 @@ impl InstanceProvider {
     /// sure no instance of the NodeClaim exists ([`Self::find_for_nodeclaim`], or it created the
     /// NodeClaim and never launched it): no lookup comes first, only after a create whose
     /// outcome is unknown (then the instance that create made is adopted). Returns once the
-    /// instance ID exists; only when private networks are wanted does it wait for the create
-    /// operation (they need a created VM).
+    /// instance ID exists, without reading the instance back; only when private networks are
+    /// wanted does it wait for the create operation and read it (they need a created VM).
     pub async fn launch(&self, spec: &LaunchSpec) -> Result<Launched, LaunchError> {
         let mut req =
             CreateInstanceRequest::new(&spec.instance_type_id, &spec.template_id, spec.disk_size);
@@ -337,11 +337,18 @@ impl InstanceProvider {
             .create_instance_known_new(&req, &identity)
             .await
             .map_err(classify_create)?;
-        if !spec.private_networks.is_empty()
-            && let Some(op) = &created.operation
-        {
+        if spec.private_networks.is_empty() {
+            // The create's answer says all a launch needs (ID, type, template, labels): the
+            // happy path is one call, and the instance's progress is the registration's job.
+            return Ok(Launched {
+                instance: created.instance,
+                adopted: created.adopted,
+            });
+        }
+        if let Some(op) = &created.operation {
             self.client.wait_operation(op).await.map_err(classify)?;
         }
+        // Attaching networks needs the instance as it is now (which networks it already has).
         let instance = self
             .client
             .get_instance(&created.instance_id)

@@ -8,6 +8,7 @@
 mod cluster;
 #[cfg(any(test, feature = "test-doubles"))]
 mod doubles;
+mod listed;
 mod mapping;
 mod settings;
 
@@ -69,6 +70,9 @@ pub struct ExoscaleCloudProvider {
     issued: std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>,
     /// NodeClaims the provisioner of this process created: their first launch needs no lookup.
     first_launches: FirstLaunches,
+    /// The last list of the cluster's instances, for drift checks.
+    listed: tokio::sync::Mutex<listed::ListedInstances>,
+    clock: Arc<dyn Clock>,
 }
 
 /// Everything [`ExoscaleCloudProvider::new`] needs besides the settings.
@@ -107,9 +111,11 @@ impl ExoscaleCloudProvider {
             )),
             resolver: Arc::new(NodeClassResolver::new(
                 deps.client,
-                deps.clock,
+                deps.clock.clone(),
                 crate::providers::nodeclass::NAME_CACHE_TTL,
             )),
+            listed: Default::default(),
+            clock: deps.clock,
             settings,
             nodeclasses: deps.nodeclasses,
             bootstrap: deps.bootstrap,
@@ -471,6 +477,37 @@ impl ExoscaleCloudProvider {
         })
     }
 
+    /// The instance of `claim` for a drift check: from the last list of the cluster's
+    /// instances when it is fresh (listing again when not), else read on its own (an instance
+    /// newer than the list, one the list could not show, or a failed list).
+    async fn instance_for_drift(&self, claim: &NodeClaim) -> Result<Option<Instance>> {
+        let id = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .and_then(|pid| parse_provider_id(pid).ok())
+            .map(str::to_string);
+        if let Some(id) = id {
+            let listed = {
+                let mut cache = self.listed.lock().await;
+                match cache.fresh(self.clock.as_ref()) {
+                    Some(listed) => Some(listed),
+                    None => match self.instances.list().await {
+                        Ok(instances) => Some(cache.store(instances, self.clock.as_ref())),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "listing instances for drift failed; reading one by one");
+                            None
+                        }
+                    },
+                }
+            };
+            if let Some(found) = listed.as_ref().and_then(|l| l.get(&id)) {
+                return Ok(Some(found.clone()));
+            }
+        }
+        self.instance_of(claim).await
+    }
+
     async fn instance_of(&self, claim: &NodeClaim) -> Result<Option<Instance>> {
         let name = claim.metadata.name.clone().unwrap_or_default();
         match claim.status.as_ref().and_then(|s| s.provider_id.as_deref()) {
@@ -628,7 +665,27 @@ impl CloudProvider for ExoscaleCloudProvider {
                 // Never judge drift against a status that is not (yet) resolved.
                 return Ok(None);
             }
-            let Some(instance) = self.instance_of(nodeclaim).await? else {
+            let desired = self.desired_state(&nodeclass).await?;
+            let launched_hash = nodeclaim
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(NODECLASS_HASH_ANNOTATION))
+                .map(String::as_str);
+            // A list answer has no anti-affinity groups. It decides only when the instance
+            // provably has none: we launched it from this very NodeClass spec (same hash), and
+            // that spec names no group. Otherwise the instance is read on its own.
+            let spec = &nodeclass.spec;
+            let without_groups = desired.anti_affinity_groups.is_empty()
+                && spec.anti_affinity_groups.is_empty()
+                && spec.anti_affinity_group_selector_terms.is_empty()
+                && launched_hash == Some(desired.nodeclass_hash.as_str());
+            let instance = if without_groups {
+                self.instance_for_drift(nodeclaim).await?
+            } else {
+                self.instance_of(nodeclaim).await?
+            };
+            let Some(instance) = instance else {
                 return Err(CloudProviderError::NodeClaimNotFound(name));
             };
             let expected = self.instances.identity().labels(
@@ -640,18 +697,15 @@ impl CloudProvider for ExoscaleCloudProvider {
                     .and_then(|l| l.get(NODEPOOL_LABEL))
                     .map(String::as_str),
             );
-            if let Some(labels) = drift::labels_to_heal(&instance.labels, &expected)
-                && let Err(e) = self.instances.set_labels(&instance.id, &labels).await
-            {
-                tracing::warn!(instance = %instance.id, error = %e, "could not restore instance labels");
+            if let Some(labels) = drift::labels_to_heal(&instance.labels, &expected) {
+                match self.instances.set_labels(&instance.id, &labels).await {
+                    // The list no longer says what the instance carries.
+                    Ok(()) => self.listed.lock().await.forget(),
+                    Err(e) => {
+                        tracing::warn!(instance = %instance.id, error = %e, "could not restore instance labels")
+                    }
+                }
             }
-            let desired = self.desired_state(&nodeclass).await?;
-            let launched_hash = nodeclaim
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(NODECLASS_HASH_ANNOTATION))
-                .map(String::as_str);
             Ok(drift::detect(&instance, &desired, launched_hash).map(|d| {
                 tracing::info!(nodeclaim = %name, reason = d.reason, message = %d.message, "drift detected");
                 DriftReason::new(d.reason, d.message)
