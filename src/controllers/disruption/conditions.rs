@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
@@ -22,6 +23,9 @@ use crate::scheduling::InstanceType;
 
 use super::decisions::{PodEvents, apply_decision, pod_event_keys, timestamp};
 use super::view::node_pod;
+
+/// NodeClaim status writes of one pass in flight at once.
+const STATUS_WRITES_IN_FLIGHT: usize = 8;
 
 /// Instance types for instance-type drift are fetched at most this often per NodePool.
 pub const INSTANCE_TYPE_REFRESH: Duration = Duration::from_secs(30 * 60);
@@ -89,19 +93,43 @@ impl ConditionsController {
         DateTime::from_timestamp(self.ctx.clock.now_unix(), 0).unwrap_or_default()
     }
 
-    /// One pass over every NodeClaim.
+    /// One pass over every NodeClaim: the conditions are decided one NodeClaim at a time
+    /// (the provider's drift answers are cached per NodeClaim), then the changed statuses are
+    /// written [`STATUS_WRITES_IN_FLIGHT`] at a time, so a scale-down that empties 1 000 nodes
+    /// is not 1 000 round trips in a row.
     pub async fn reconcile_all(&mut self) {
         let claims = self.ctx.cluster.read().nodeclaims();
         let live: BTreeSet<String> = claims.iter().map(|c| c.name_any()).collect();
         self.provider_drift.retain(|name, _| live.contains(name));
+        let mut writes = Vec::new();
         for claim in claims {
             if claim.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            if let Err(error) = self.reconcile(&claim).await {
-                tracing::debug!(nodeclaim = %claim.name_any(), %error, "disruption conditions not updated");
+            match self.desired_status(&claim).await {
+                Ok(Some(status)) => writes.push((claim, status)),
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(nodeclaim = %claim.name_any(), %error, "disruption conditions not decided")
+                }
             }
         }
+        let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
+        let ctx = &self.ctx;
+        futures::stream::iter(writes)
+            .for_each_concurrent(STATUS_WRITES_IN_FLIGHT, |(claim, status)| {
+                let api = api.clone();
+                async move {
+                    match patch_status(&api, claim.as_ref(), &status).await {
+                        Ok(updated) => ctx.cluster.update(|index| index.apply_nodeclaim(updated)),
+                        // A conflict means a newer NodeClaim: the next pass decides from it.
+                        Err(error) => {
+                            tracing::debug!(nodeclaim = %claim.name_any(), %error, "disruption conditions not updated")
+                        }
+                    }
+                }
+            })
+            .await;
         let nodes: BTreeSet<String> = self
             .ctx
             .cluster
@@ -166,12 +194,16 @@ impl ConditionsController {
         reason
     }
 
-    async fn reconcile(&mut self, claim: &NodeClaim) -> crate::controllers::Result<()> {
+    /// The status `claim` should have, when it differs from what it has.
+    async fn desired_status(
+        &mut self,
+        claim: &NodeClaim,
+    ) -> crate::controllers::Result<Option<serde_json::Value>> {
         let Some(pool_name) = claim.labels().get(NODEPOOL_LABEL).cloned() else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(pool) = self.ctx.cluster.read().nodepool(&pool_name) else {
-            return Ok(());
+            return Ok(None);
         };
         let now = self.now();
         let launched = claim.status.as_ref().is_some_and(|s| {
@@ -227,15 +259,7 @@ impl ConditionsController {
             drifted,
             empty,
         };
-        let Some(status) = updated_status(claim, &desired, pod_event, now) else {
-            return Ok(());
-        };
-        let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
-        let updated = patch_status(&api, claim, &status).await?;
-        self.ctx
-            .cluster
-            .update(|index| index.apply_nodeclaim(updated));
-        Ok(())
+        Ok(updated_status(claim, &desired, pod_event, now))
     }
 }
 
