@@ -1,6 +1,8 @@
 //! Small facts about pods that several controllers need, in one place.
 
-use k8s_openapi::api::core::v1::{Container, PersistentVolumeClaimTemplate, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{
+    Container, PersistentVolumeClaimTemplate, Pod, PodCondition, PodStatus,
+};
 use kube::ResourceExt;
 
 /// The kubelet's annotation on static (mirror) pods.
@@ -12,9 +14,10 @@ const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-config
 /// Keeps only what a decision or metric reads of a pod held in the cluster state: its
 /// metadata (without `kubectl apply`'s copy of the manifest), how it is scheduled (affinity,
 /// selectors, tolerations, spread, priority, overhead), its containers' names, resources,
-/// ports and restart policy, the volumes that are claims, and its phase, conditions, start
-/// time and nominated node. Environment, commands, probes, security contexts, mounts,
-/// container statuses and IPs go: at 10 000 pods they were most of the controller's memory.
+/// ports and restart policy, the volumes that are claims, and its phase, `PodScheduled` and
+/// `Ready` conditions, start time and nominated node. Environment, commands, probes, security
+/// contexts, mounts, container statuses, other conditions and IPs go: at 10 000 pods they
+/// were most of the controller's memory.
 /// A held pod is never written back (pods are only evicted or deleted, by name and UID).
 pub fn slim(pod: &mut Pod) {
     if let Some(annotations) = pod.metadata.annotations.as_mut() {
@@ -48,7 +51,7 @@ pub fn slim(pod: &mut Pod) {
     }
     if let Some(status) = pod.status.take() {
         pod.status = Some(PodStatus {
-            conditions: status.conditions,
+            conditions: status.conditions.map(slim_conditions),
             nominated_node_name: status.nominated_node_name,
             phase: status.phase,
             reason: status.reason,
@@ -56,6 +59,21 @@ pub fn slim(pod: &mut Pod) {
             ..PodStatus::default()
         });
     }
+}
+
+/// The conditions a decision or metric reads: `PodScheduled` (provisionable, scheduling
+/// times) and `Ready` (readiness, startup times), without their messages; a running pod's
+/// other three went.
+fn slim_conditions(conditions: Vec<PodCondition>) -> Vec<PodCondition> {
+    conditions
+        .into_iter()
+        .filter(|c| matches!(c.type_.as_str(), "PodScheduled" | "Ready"))
+        .map(|c| PodCondition {
+            message: None,
+            last_probe_time: None,
+            ..c
+        })
+        .collect()
 }
 
 /// A container as scheduling sees it: name, resources, host ports, restart policy (a
@@ -222,7 +240,10 @@ mod tests {
                 "startTime": "2026-01-01T00:00:00Z",
                 "nominatedNodeName": "node-a",
                 "conditions": [{"type": "PodScheduled", "status": "False",
-                    "reason": "Unschedulable", "message": "0/3 nodes are available"}],
+                    "reason": "Unschedulable", "message": "0/3 nodes are available"},
+                    {"type": "Initialized", "status": "True"},
+                    {"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+                     "message": "containers with unready status: [app]"}],
                 "containerStatuses": [{"name": "app", "image": "shop:1", "imageID": "",
                     "ready": false, "restartCount": 0}]}
         }));
@@ -248,7 +269,26 @@ mod tests {
             full.metadata.owner_references
         );
         let status = slim_pod.status.as_ref().unwrap();
-        assert_eq!(status.conditions, full.status.as_ref().unwrap().conditions);
+        let kept: Vec<(&str, &str, Option<&str>)> = status
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_deref()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("PodScheduled", "False", Some("Unschedulable")),
+                ("Ready", "False", Some("ContainersNotReady"))
+            ]
+        );
+        assert!(
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .all(|c| c.message.is_none())
+        );
         assert_eq!(status.nominated_node_name.as_deref(), Some("node-a"));
         assert!(status.start_time.is_some());
 
