@@ -9,7 +9,8 @@
 # Running; NodeClaims; Exoscale calls per launched node; apiserver requests the controller
 # made (audit log); controller RSS idle / after / peak; controller CPU seconds; /metrics size
 # as text / gzipped (what a Prometheus scrape transfers).
-# The requests by verb and resource, and Exoscale calls by operation, go to stderr.
+# The requests by verb and resource, Exoscale calls by operation, and how long each Node
+# waited from its creation to the controller's first write to it (registration) go to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/karpenter-exoscale/target}"

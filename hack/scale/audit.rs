@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::Path;
 
+use chrono::{DateTime, Utc};
+
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -17,6 +19,12 @@ struct Event {
     user_agent: String,
     #[serde(default)]
     object_ref: Option<ObjectRef>,
+    #[serde(default)]
+    request_received_timestamp: Option<DateTime<Utc>>,
+    #[serde(default)]
+    stage_timestamp: Option<DateTime<Utc>>,
+    #[serde(default)]
+    response_status: Option<ResponseStatus>,
 }
 
 #[derive(Deserialize)]
@@ -25,6 +33,73 @@ struct ObjectRef {
     resource: String,
     #[serde(default)]
     subresource: String,
+    #[serde(default)]
+    name: String,
+}
+
+#[derive(Deserialize)]
+struct ResponseStatus {
+    #[serde(default)]
+    code: u16,
+}
+
+/// Every event of the log, read by bytes: one line that is not UTF-8 (a request body's
+/// escape) must not end the reading.
+fn events(log: &Path) -> impl Iterator<Item = Event> {
+    let lines = std::fs::File::open(log)
+        .ok()
+        .map(|f| std::io::BufReader::new(f).split(b'\n'));
+    lines
+        .into_iter()
+        .flatten()
+        .map_while(Result::ok)
+        .filter_map(|line| serde_json::from_slice::<Event>(&line).ok())
+}
+
+/// Seconds from each Node's creation (by the simulated kubelet or kwok, any agent) to the
+/// controller's first write to it (`agent`): its registration (labels synced, the
+/// unregistered taint removed), sorted. Nodes the controller never wrote are left out.
+pub fn registration_delays(log: &Path, agent: &str) -> Vec<f64> {
+    let mut created: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
+    let mut delays = Vec::new();
+    let mut registered = std::collections::BTreeSet::new();
+    for event in events(log) {
+        let Some(object) = &event.object_ref else {
+            continue;
+        };
+        if event.stage != "ResponseComplete" || object.resource != "nodes" {
+            continue;
+        }
+        let code = event.response_status.as_ref().map_or(0, |s| s.code);
+        if event.verb == "create" && code == 201 {
+            if let Some(at) = event.stage_timestamp {
+                created.insert(object.name.clone(), at);
+            }
+        } else if matches!(event.verb.as_str(), "patch" | "update")
+            && event.user_agent.starts_with(agent)
+            && let (Some(born), Some(at)) =
+                (created.get(&object.name), event.request_received_timestamp)
+            && registered.insert(object.name.clone())
+        {
+            delays.push((at - *born).num_milliseconds() as f64 / 1000.0);
+        }
+    }
+    delays.sort_by(f64::total_cmp);
+    delays
+}
+
+/// `p50 / p99 / max` of sorted `values`, in seconds.
+pub fn spread(values: &[f64]) -> String {
+    if values.is_empty() {
+        return "–".into();
+    }
+    let at = |q: f64| values[((values.len() as f64 * q) as usize).min(values.len() - 1)];
+    format!(
+        "{:.2} / {:.2} / {:.2} s",
+        at(0.5),
+        at(0.99),
+        values[values.len() - 1]
+    )
 }
 
 /// Requests by `verb resource[/subresource]`.
@@ -37,15 +112,7 @@ impl Requests {
     /// completes: each request once.
     pub fn read(log: &Path, agent: &str) -> Requests {
         let mut counts = BTreeMap::new();
-        let Ok(file) = std::fs::File::open(log) else {
-            return Requests(counts);
-        };
-        // By bytes: one line that is not UTF-8 (a request body's escape) must not end the count.
-        for line in std::io::BufReader::new(file).split(b'\n') {
-            let Ok(line) = line else { break };
-            let Ok(event) = serde_json::from_slice::<Event>(&line) else {
-                continue;
-            };
+        for event in events(log) {
             if !event.user_agent.starts_with(agent) {
                 continue;
             }

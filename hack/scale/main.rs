@@ -465,6 +465,12 @@ async fn run(
         "{scenario} launch: apiserver requests by verb and resource: {}",
         requests.top(12)
     );
+    let registrations = audit::registration_delays(audit, rig.agent());
+    eprintln!(
+        "{scenario} launch: Node created → the controller's first write to it (registration), p50 / p99 / max: {} over {} Nodes",
+        audit::spread(&registrations),
+        registrations.len()
+    );
 
     let Some(down) = down else { return };
     let calls_before = rig.cloud_calls();

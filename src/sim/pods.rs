@@ -57,6 +57,11 @@ pub fn pod_action(pod: &Pod, on_simulated_node: bool, now: Timestamp) -> PodActi
         return PodAction::Nothing;
     }
     if pod.metadata.deletion_timestamp.is_some() {
+        // A grace period of 0 is the confirmation itself (ours, on its way out): confirming
+        // again would be a second DELETE per pod, answered 404.
+        if pod.metadata.deletion_grace_period_seconds == Some(0) {
+            return PodAction::Nothing;
+        }
         return PodAction::ConfirmDeletion;
     }
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -295,6 +300,13 @@ mod tests {
         );
         assert_eq!(pod_action(&evicted, true, at()), PodAction::ConfirmDeletion);
         assert_eq!(pod_action(&evicted, false, at()), PodAction::Nothing);
+        // Seen again after the confirmation (grace period 0): nothing more to send.
+        let confirmed = pod(
+            json!({"metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z",
+            "deletionGracePeriodSeconds": 0},
+            "spec": {"nodeName": "n", "containers": []}, "status": {"phase": "Running"}}),
+        );
+        assert_eq!(pod_action(&confirmed, true, at()), PodAction::Nothing);
     }
 
     #[test]
