@@ -1,6 +1,5 @@
 //! The disruption controller: the I/O shell around `crate::disruption`. Leader only, one loop
-//! every [`Settings::poll_interval`] (beside it, the conditions controller refreshes the
-//! disruption conditions of NodeClaims every [`Settings::conditions_interval`]): build a
+//! every [`Settings::poll_interval`]: refresh the disruption conditions of NodeClaims, build a
 //! [`ClusterView`](crate::disruption::model::ClusterView) from cluster state, let
 //! [`methods::decide`] pick a command, publish its events and gauges, and drive one
 //! [`Orchestration`] at a time through validation, replacement launches and deletion. Waiting
@@ -97,47 +96,25 @@ pub async fn run(
     nominations: Arc<Nominations>,
     shutdown: Shutdown,
 ) {
-    // Side by side, not in turn: a pass over 1 000 NodeClaims (status writes, provider drift
-    // checks) must not hold up a command's validation or execution, as upstream's separate
-    // controllers. Joined rather than spawned, so both stop when this future is dropped.
-    let conditions = ConditionsController::new(ctx.clone(), settings.provider_drift_interval);
-    let conditions = run_conditions(
-        conditions,
-        ctx.clone(),
-        settings.conditions_interval,
-        shutdown.clone(),
-    );
     let mut controller = Disruption::new(ctx, settings, nominations);
-    let disruption = async move {
-        loop {
-            let mut wait = controller.settings.poll_interval;
-            if controller.ctx.leadership.is_leader() && controller.ctx.cluster.synced() {
-                wait = controller.step().await;
-            }
-            tokio::select! {
-                _ = shutdown.clone() => return,
-                _ = tokio::time::sleep(wait.max(Duration::from_millis(100))) => {}
-            }
-        }
-    };
-    tokio::join!(disruption, conditions);
-}
-
-/// Keeps the disruption conditions of every NodeClaim, a pass every `interval`, while this
-/// replica leads and cluster state is synced.
-async fn run_conditions(
-    mut conditions: ConditionsController,
-    ctx: Arc<Context>,
-    interval: Duration,
-    shutdown: Shutdown,
-) {
+    let mut conditions_due = Instant::now();
     loop {
-        if ctx.leadership.is_leader() && ctx.cluster.synced() {
-            conditions.reconcile_all().await;
+        let mut wait = controller.settings.poll_interval;
+        if controller.ctx.leadership.is_leader() && controller.ctx.cluster.synced() {
+            // In turn, not side by side: a decision must see `Consolidatable` as of the pods
+            // now on each node. Run beside it, the conditions lagged pod departures by a pass,
+            // and a scale-down still emptying 900 nodes had 2 050 pods evicted from nodes whose
+            // last pod event was seconds old (upstream stamps pod events as they happen).
+            if Instant::now() >= conditions_due {
+                controller.conditions.reconcile_all().await;
+                conditions_due = Instant::now() + controller.settings.conditions_interval;
+            }
+            wait = controller.step().await;
+            wait = wait.min(conditions_due.saturating_duration_since(Instant::now()));
         }
         tokio::select! {
             _ = shutdown.clone() => return,
-            _ = tokio::time::sleep(interval.max(Duration::from_millis(100))) => {}
+            _ = tokio::time::sleep(wait.max(Duration::from_millis(100))) => {}
         }
     }
 }
@@ -155,6 +132,7 @@ struct Disruption {
     ctx: Arc<Context>,
     settings: Settings,
     nominations: Arc<Nominations>,
+    conditions: ConditionsController,
     executor: Executor,
     metrics: Arc<DisruptionMetrics>,
     memo: ConsolidationMemo,
@@ -166,6 +144,7 @@ impl Disruption {
     fn new(ctx: Arc<Context>, settings: Settings, nominations: Arc<Nominations>) -> Self {
         let metrics = Arc::new(DisruptionMetrics::register(&ctx.metrics));
         Disruption {
+            conditions: ConditionsController::new(ctx.clone(), settings.provider_drift_interval),
             executor: Executor::new(ctx.clone(), metrics.clone()),
             ctx,
             settings,
