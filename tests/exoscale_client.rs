@@ -344,7 +344,7 @@ async fn create_once_adopts_an_existing_instance() {
         .unwrap();
     let again = client.create_instance_once(&req, &identity).await.unwrap();
     assert!(again.adopted);
-    assert_eq!(again.instance_id, first.instance_id);
+    assert_eq!(again.instance.id, first.instance.id);
     assert_eq!(sim.call_count("create-instance"), 1);
     assert_eq!(sim.instances().len(), 1);
     let mismatched = InstanceFilter::labels([("exoscale.com/node-claim", "other")]);

@@ -183,7 +183,7 @@ async fn a_lost_create_response_does_not_produce_a_second_instance() {
     assert_eq!(sim.call_count("create-instance"), 1);
     let instances = sim.instances();
     assert_eq!(instances.len(), 1);
-    assert_eq!(instances[0].instance.id, created.instance_id);
+    assert_eq!(instances[0].instance.id, created.instance.id);
     assert!(sim.calls().iter().any(|c| c.response_lost));
 }
 
@@ -255,7 +255,7 @@ async fn a_create_committed_after_its_lost_response_is_adopted_not_duplicated() 
     assert_eq!(sim.call_count("create-instance"), 1);
     let instances = sim.instances();
     assert_eq!(instances.len(), 1);
-    assert_eq!(instances[0].instance.id, created.instance_id);
+    assert_eq!(instances[0].instance.id, created.instance.id);
 }
 
 /// The same fault with a commit later than the lookup wait: the attempt fails without a

@@ -181,7 +181,6 @@ impl InstanceFilter {
 /// The result of [`Client::create_instance_once`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct CreatedInstance {
-    pub instance_id: String,
     /// The instance as far as it is known without reading it again: the one found when it was
     /// adopted, else the create request's fields under the new ID (state `starting`; no
     /// private networks yet, no addresses). Enough to describe the launch, so the happy path
@@ -573,7 +572,6 @@ impl Client {
         }
         if let Some(existing) = self.find_instance(identity).await? {
             return Ok(CreatedInstance {
-                instance_id: existing.id.clone(),
                 instance: existing,
                 operation: None,
                 adopted: true,
@@ -601,7 +599,6 @@ impl Client {
             ));
         }
         let adopted = |instance: Instance| CreatedInstance {
-            instance_id: instance.id.clone(),
             instance,
             operation: None,
             adopted: true,
@@ -614,15 +611,8 @@ impl Client {
                         message: "operation has no reference id".into(),
                     });
                 };
-                let instance = Instance {
-                    id: id.clone(),
-                    security_groups: req.security_groups.clone(),
-                    anti_affinity_groups: req.anti_affinity_groups.clone(),
-                    ..preview(req)
-                };
                 Ok(CreatedInstance {
-                    instance_id: id,
-                    instance,
+                    instance: Instance { id, ..preview(req) },
                     operation: Some(op),
                     adopted: false,
                 })
@@ -953,7 +943,8 @@ impl Client {
     }
 }
 
-/// What the created instance will look like, to check the identity filter against it.
+/// What the created instance will look like (before it has an ID): to check the identity
+/// filter against, and to describe a launch without reading the instance back.
 fn preview(req: &CreateInstanceRequest) -> Instance {
     Instance {
         id: String::new(),
@@ -965,8 +956,8 @@ fn preview(req: &CreateInstanceRequest) -> Instance {
         disk_size: Some(req.disk_size),
         labels: req.labels.clone(),
         user_data: None,
-        security_groups: Vec::new(),
-        anti_affinity_groups: Vec::new(),
+        security_groups: req.security_groups.clone(),
+        anti_affinity_groups: req.anti_affinity_groups.clone(),
         private_networks: Vec::new(),
         public_ip: None,
         public_ip_assignment: None,

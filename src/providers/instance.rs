@@ -351,7 +351,7 @@ impl InstanceProvider {
         // Attaching networks needs the instance as it is now (which networks it already has).
         let instance = self
             .client
-            .get_instance(&created.instance_id)
+            .get_instance(&created.instance.id)
             .await
             .map_err(LaunchError::Api)?;
         let instance = self
