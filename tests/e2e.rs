@@ -2,7 +2,8 @@
 //! kube-controller-manager from `hack/control-plane.sh`) with the simulated Exoscale cloud:
 //! teardown and drain, PDB-guarded drains until the deadline, the registration TTL, instance
 //! garbage collection, NodeClass readiness, leader election, a restart mid-launch, the wait
-//! for VolumeAttachments before an instance is deleted, and node repair.
+//! for VolumeAttachments before an instance is deleted, node repair, and a registration while
+//! more launches wait on the cloud than the CPU-sized reconcile slots.
 //! TTLs are shortened through the same settings operators use.
 
 #[path = "e2e/harness.rs"]
@@ -247,6 +248,75 @@ async fn an_instance_that_never_joins_is_removed_after_the_registration_ttl() {
         (instances_of(&world, &claim) == 0).then_some(())
     })
     .await;
+    world.finish().await;
+}
+
+/// Fault: the cloud answers no launch for a while (parked at the sim, as a burst waiting on
+/// the API rate limit would be) while more NodeClaims wait to launch than the CPU-sized
+/// reconcile slots (100). A Node that registers meanwhile still gets its NodeClaim registered:
+/// launches do not hold every slot of the NodeClaim lifecycle controller.
+#[tokio::test]
+async fn a_node_registers_while_more_launches_wait_on_the_cloud_than_cpu_sized_slots() {
+    const WAITING: u32 = 120;
+    let never: harness::KubeletPolicy = Arc::new(|_: &str| KubeletBehaviour {
+        join: Join::Never,
+        ..KubeletBehaviour::default()
+    });
+    let Some(mut world) = World::start("e2e-slots", never).await else {
+        return;
+    };
+    // Parked requests stay parked; the NodeClaim that launched stays until it registers.
+    world.exoscale_request_timeout = Duration::from_secs(600);
+    world
+        .env
+        .insert("NODECLAIM_REGISTRATION_TTL".into(), "10m".into());
+    world.env.insert("CPU_REQUESTS".into(), "1000".into());
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("a").await;
+    world.ready_nodeclass().await;
+    let claims = world.nodeclaims();
+    let probe = format!("probe-{}", suffix(&world));
+    world.create_nodeclaim(&probe, json!({})).await;
+    eventually("the probe NodeClaim launched", || async {
+        let c = claims.get_opt(&probe).await.ok()??;
+        c.status?.conditions.is_true("Launched").then_some(())
+    })
+    .await;
+
+    let gate = karpenter_exoscale::sim::HoldGate::new();
+    world.sim.inject(
+        karpenter_exoscale::sim::Fault::on(
+            "create-instance",
+            karpenter_exoscale::sim::FaultAction::Hold {
+                after_commit: false,
+                only_status: None,
+                gate: gate.clone(),
+            },
+        )
+        .always(),
+    );
+    for i in 0..WAITING {
+        world
+            .create_nodeclaim(&format!("waiting-{i}-{}", suffix(&world)), json!({}))
+            .await;
+    }
+    eventually("every launch parked at the cloud", || async {
+        (gate.held() >= WAITING).then_some(())
+    })
+    .await;
+    world.join_now(&probe).await;
+    eventually("the probe NodeClaim registered", || async {
+        let c = claims.get_opt(&probe).await.ok()??;
+        c.status?.conditions.is_true("Registered").then_some(())
+    })
+    .await;
+    assert_eq!(gate.held(), WAITING, "the launches are still parked");
+    assert_eq!(
+        world.sim.call_count("create-instance"),
+        1,
+        "only the probe's create was answered"
+    );
+    gate.release();
     world.finish().await;
 }
 

@@ -42,6 +42,11 @@ pub type ExtraController = Box<dyn FnOnce(Arc<Context>, Shutdown) -> BoxFuture<'
 /// Field manager of every write this process makes.
 pub const FIELD_MANAGER: &str = "karpenter-exoscale";
 
+/// Reconciles the NodeClaim lifecycle and Node termination controllers run at once, whatever
+/// `CPU_REQUESTS` says: their passes mostly wait (on the Exoscale rate limit, on drains), and a
+/// Node that registers must not queue behind hundreds of launches.
+pub const LIFECYCLE_CONCURRENCY: u16 = 1000;
+
 /// Reconcile failures, countable by kind.
 #[derive(Debug, Error)]
 pub enum Error {
@@ -347,8 +352,13 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     let shared = &ctx.shared;
     let concurrency =
         || kube::runtime::controller::Config::default().concurrency(ctx.reconcile_concurrency);
+    // A launch holds its NodeClaim's slot while it waits on the Exoscale rate limit; with the
+    // CPU-sized slots a burst of launches kept registrations (same controller) waiting
+    // behind them. Upstream gives its lifecycle and termination controllers 1 000 slots too.
+    let lifecycle_concurrency =
+        || kube::runtime::controller::Config::default().concurrency(LIFECYCLE_CONCURRENCY);
     let nodeclaims = Controller::for_stream(shared.nodeclaims.changes(), shared.nodeclaims.store())
-        .with_config(concurrency())
+        .with_config(lifecycle_concurrency())
         .watches_stream(shared.nodes.changes(), node_to_claim)
         .graceful_shutdown_on(shutdown.clone())
         .run(
@@ -360,7 +370,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
 
     let termination = Arc::new(node::termination::Termination::default());
     let nodes = Controller::for_stream(shared.nodes.changes(), shared.nodes.store())
-        .with_config(concurrency())
+        .with_config(lifecycle_concurrency())
         .graceful_shutdown_on(shutdown.clone())
         .run(
             move |node, ctx| node::termination::reconcile(node, ctx, termination.clone()),

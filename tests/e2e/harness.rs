@@ -81,6 +81,9 @@ pub struct World {
     pub nodeclass: String,
     pub lease: String,
     pub env: BTreeMap<String, String>,
+    /// How long an in-process replica's Exoscale requests may take (a test that parks
+    /// requests at the sim raises it so they stay parked).
+    pub exoscale_request_timeout: Duration,
     /// The control plane's kube-system Namespace UID: this cluster's identity.
     pub cluster_uid: String,
     background: Vec<JoinHandle<()>>,
@@ -203,6 +206,7 @@ impl World {
             nodeclass,
             lease,
             env,
+            exoscale_request_timeout: Duration::from_secs(10),
             background,
             replicas: Mutex::new(Vec::new()),
         })
@@ -231,6 +235,7 @@ impl World {
         // The replica's own client, so its Exoscale requests land in its own registry.
         let exo = exoscale::Client::new(exoscale::ClientConfig {
             observer: exoscale::Observer(Some(metrics.clone())),
+            request_timeout: self.exoscale_request_timeout,
             ..self.sim.client_config()
         })
         .expect("sim client");
@@ -484,6 +489,37 @@ impl World {
             .into_iter()
             .map(|i| i.instance)
             .collect()
+    }
+
+    /// Starts the simulated kubelet of the live instance whose name contains `name_part` now,
+    /// whatever the World's policy said when it started running.
+    pub async fn join_now(&self, name_part: &str) {
+        let types = self
+            .exo
+            .list_instance_types()
+            .await
+            .expect("instance types");
+        let instance = self
+            .live_instances()
+            .into_iter()
+            .find(|i| i.name.contains(name_part))
+            .unwrap_or_else(|| panic!("no live instance named like {name_part}"));
+        let running = RunningInstance {
+            id: instance.id.clone(),
+            name: instance.name.clone(),
+            zone: "ch-gva-2".into(),
+            shape: instance_shape(&types, &instance.instance_type.id),
+            user_data: instance
+                .user_data
+                .as_ref()
+                .map(|ud| ud.0.clone())
+                .unwrap_or_default(),
+        };
+        drop(kubelet_sim::spawn(
+            self.client.clone(),
+            running,
+            KubeletBehaviour::default(),
+        ));
     }
 
     /// Waits for a NodeClaim to be Initialized and returns its Node.
