@@ -471,6 +471,8 @@ fn kind_target(kind: &str, subresource: Option<&str>) -> Option<Target> {
     Some(match kind {
         "Node" => of::<core::v1::Node>(subresource),
         "Pod" => of::<core::v1::Pod>(subresource),
+        // The cluster state watches pods as this compact type: the same resource.
+        "HeldPod" => of::<karpenter_exoscale::state::HeldPod>(subresource),
         "Secret" => of::<core::v1::Secret>(subresource),
         "ConfigMap" => of::<core::v1::ConfigMap>(subresource),
         "Namespace" => of::<core::v1::Namespace>(subresource),

@@ -14,7 +14,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
+
+use crate::state::HeldPod as Pod;
 use kube::ResourceExt;
 use serde::Serialize;
 use thiserror::Error;

@@ -521,7 +521,7 @@ const TRANSIENT_TAINTS: &[&str] = &[
 fn unexpected_untolerated_taint(
     index: &crate::state::ClusterIndex,
     claim: &NodeClaim,
-    pod: &k8s_openapi::api::core::v1::Pod,
+    pod: &crate::state::HeldPod,
 ) -> Option<(String, String)> {
     let provider_id = crate::state::nodeclaim_provider_id(claim)?;
     let node = index.nodes_by_provider_id(provider_id).into_iter().next()?;

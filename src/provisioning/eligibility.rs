@@ -1,6 +1,6 @@
 //! Which pending pods provisioning acts on (upstream's "provisionable" pods).
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::state::HeldPod as Pod;
 
 use crate::apis::labels::NODEPOOL_LABEL;
 

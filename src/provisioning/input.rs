@@ -8,7 +8,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{Node, Pod as K8sPod};
+use k8s_openapi::api::core::v1::Node;
+
+use crate::state::HeldPod as K8sPod;
 use kube::ResourceExt;
 
 use crate::apis::labels::{DISRUPTED_TAINT_KEY, NODEPOOL_LABEL, conditions};

@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+
+use crate::state::HeldPod as Pod;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 

@@ -5,6 +5,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet as K8sDaemonSet;
 use k8s_openapi::api::core::v1 as core;
+
+use crate::state::HeldPod;
+use crate::state::held_pod as held;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
 use super::labels::{HOSTNAME, NODE_POOL};
@@ -84,7 +87,7 @@ fn owned_by_kind(meta: &meta::ObjectMeta, kind: &str) -> bool {
 
 /// Upstream's provisionable pod: `PodScheduled` is False with reason `Unschedulable`, no
 /// `nodeName`, no `nominatedNodeName`, and not owned by a DaemonSet or a Node (mirror pod).
-pub fn is_provisionable(pod: &core::Pod) -> bool {
+pub fn is_provisionable(pod: &HeldPod) -> bool {
     let unschedulable = pod
         .status
         .as_ref()
@@ -134,7 +137,7 @@ fn resource_list(
 fn container_requests(
     object: &str,
     field: &str,
-    c: &core::Container,
+    c: &held::Container,
 ) -> Result<Resources, ConvertError> {
     let res = c.resources.as_ref();
     let mut requests = resource_list(
@@ -166,8 +169,8 @@ fn max_resources(a: &Resources, b: &Resources) -> Resources {
 fn effective_resources(
     object: &str,
     what: &'static str,
-    spec: &core::PodSpec,
-    per_container: impl Fn(&str, &core::Container) -> Result<Resources, ConvertError>,
+    spec: &held::PodSpec,
+    per_container: impl Fn(&str, &held::Container) -> Result<Resources, ConvertError>,
     pod_level: Resources,
 ) -> Result<Resources, ConvertError> {
     let sum = |a: &Resources, b: &Resources| {
@@ -205,7 +208,7 @@ fn effective_resources(
 
 /// Kubernetes effective pod requests: max(containers + sidecars, init-container peaks),
 /// pod-level resources override, plus pod overhead, plus `pods: 1`.
-pub fn pod_requests(object: &str, spec: &core::PodSpec) -> Result<Resources, ConvertError> {
+pub fn pod_requests(object: &str, spec: &held::PodSpec) -> Result<Resources, ConvertError> {
     let pod_level = spec.resources.as_ref().and_then(|r| r.requests.as_ref());
     let total = effective_resources(
         object,
@@ -229,7 +232,7 @@ pub fn pod_requests(object: &str, spec: &core::PodSpec) -> Result<Resources, Con
 
 /// Effective pod limits, by the same rule as requests but without defaulting from requests and
 /// without a `pods` entry. A resource no container limits is absent.
-pub fn pod_limits(object: &str, spec: &core::PodSpec) -> Result<Resources, ConvertError> {
+pub fn pod_limits(object: &str, spec: &held::PodSpec) -> Result<Resources, ConvertError> {
     let pod_level = spec.resources.as_ref().and_then(|r| r.limits.as_ref());
     let total = effective_resources(
         object,
@@ -300,7 +303,7 @@ fn toleration(object: &str, t: &core::Toleration) -> Result<Toleration, ConvertE
 /// The first NoSchedule/NoExecute taint of `node` that `pod` does not tolerate (what keeps
 /// kube-scheduler from placing it there), if any; unreadable taints or tolerations count as
 /// none.
-pub fn untolerated_node_taint(pod: &core::Pod, node: &core::Node) -> Option<Taint> {
+pub fn untolerated_node_taint(pod: &HeldPod, node: &core::Node) -> Option<Taint> {
     let object = pod.metadata.name.as_deref().unwrap_or_default();
     let tolerations = tolerations(object, pod.spec.as_ref()?.tolerations.as_ref()).ok()?;
     let taints: Vec<Taint> = node
@@ -315,7 +318,7 @@ pub fn untolerated_node_taint(pod: &core::Pod, node: &core::Node) -> Option<Tain
 }
 
 /// The taints of `node` that `pod` tolerates (unreadable ones count as not tolerated).
-pub fn tolerated_node_taints(pod: &core::Pod, node: &core::Node) -> Vec<Taint> {
+pub fn tolerated_node_taints(pod: &HeldPod, node: &core::Node) -> Vec<Taint> {
     let object = pod.metadata.name.as_deref().unwrap_or_default();
     let Some(tolerations) = pod
         .spec
@@ -496,7 +499,7 @@ pub fn spread(
 }
 
 /// `hostPort`s of the regular, init and sidecar containers.
-fn host_ports(spec: &core::PodSpec) -> Vec<HostPort> {
+fn host_ports(spec: &held::PodSpec) -> Vec<HostPort> {
     spec.containers
         .iter()
         .chain(spec.init_containers.iter().flatten())
@@ -516,9 +519,9 @@ fn node_selector(selector: Option<&BTreeMap<String, String>>) -> Requirements {
 }
 
 /// Converts a pending pod.
-pub fn pod_from_k8s(pod: &core::Pod) -> Result<Pod, ConvertError> {
+pub fn pod_from_k8s(pod: &HeldPod) -> Result<Pod, ConvertError> {
     let object = object_name(&pod.metadata);
-    let default_spec = core::PodSpec::default();
+    let default_spec = held::PodSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&default_spec);
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     let affinity = spec.affinity.as_ref();
@@ -618,7 +621,7 @@ pub fn pod_from_k8s(pod: &core::Pod) -> Result<Pod, ConvertError> {
 }
 
 /// Converts a pod running on a node (counted for resources and topology).
-pub fn bound_pod_from_k8s(pod: &core::Pod) -> Result<BoundPod, ConvertError> {
+pub fn bound_pod_from_k8s(pod: &HeldPod) -> Result<BoundPod, ConvertError> {
     let converted = pod_from_k8s(pod)?;
     let daemonset = pod
         .metadata
@@ -641,7 +644,7 @@ pub fn bound_pod_from_k8s(pod: &core::Pod) -> Result<BoundPod, ConvertError> {
 /// NodeClaim's; they and known ephemeral taints are ignored while a Karpenter node is uninitialized.
 pub fn existing_node_from_k8s(
     node: &core::Node,
-    pods: &[core::Pod],
+    pods: &[HeldPod],
     startup_taints: &[Taint],
 ) -> Result<ExistingNode, ConvertError> {
     let object = node.metadata.name.clone().unwrap_or_default();
@@ -691,7 +694,9 @@ pub fn daemonset_from_k8s(ds: &K8sDaemonSet) -> Result<DaemonSetPod, ConvertErro
         .spec
         .as_ref()
         .and_then(|s| s.template.spec.as_ref())
+        .map(held::PodSpec::from_k8s)
         .ok_or_else(|| ConvertError::MissingTemplate(object.clone()))?;
+    let spec = &spec;
     let required_node_affinity = spec
         .affinity
         .as_ref()
@@ -718,9 +723,9 @@ pub fn daemonset_from_k8s(ds: &K8sDaemonSet) -> Result<DaemonSetPod, ConvertErro
     })
 }
 
-impl TryFrom<&core::Pod> for Pod {
+impl TryFrom<&HeldPod> for Pod {
     type Error = ConvertError;
-    fn try_from(p: &core::Pod) -> Result<Self, Self::Error> {
+    fn try_from(p: &HeldPod) -> Result<Self, Self::Error> {
         pod_from_k8s(p)
     }
 }
@@ -737,7 +742,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn k8s_pod(v: serde_json::Value) -> core::Pod {
+    fn k8s_pod(v: serde_json::Value) -> HeldPod {
         serde_json::from_value(v).expect("valid pod")
     }
 

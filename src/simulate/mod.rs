@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use crate::apis::{ExoscaleNodeClass, ExoscaleNodeClassSpec, NodeOverlay};
@@ -24,7 +23,7 @@ use crate::providers::instance_types::{self, DiscoveredType};
 use crate::providers::pricing::{PriceBook, PriceSource};
 use crate::provisioning::input::{self as cluster_input, PodsToPlace};
 use crate::scheduling::{Scheduler, SchedulerOptions, convert};
-use crate::state::ClusterIndex;
+use crate::state::{ClusterIndex, HeldPod};
 
 use cloud::CatalogueCloud;
 pub use manifests::{ManifestError, Manifests};
@@ -107,7 +106,12 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
         warnings.push(format!("NodePool {} skipped: {error}", pool.name_any()));
     }
 
-    let pending: Vec<Arc<Pod>> = m.pending_pods.iter().cloned().map(Arc::new).collect();
+    let pending: Vec<Arc<HeldPod>> = m
+        .pending_pods
+        .iter()
+        .cloned()
+        .map(|p| Arc::new(HeldPod::from(p)))
+        .collect();
     let defaults = SchedulerOptions::default();
     let prepared = cluster_input::prepare(
         &index,

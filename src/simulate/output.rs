@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use k8s_openapi::api::core::v1::Pod as K8sPod;
+use crate::state::HeldPod as K8sPod;
 use serde::{Deserialize, Serialize};
 
 use crate::apis::NodePool;

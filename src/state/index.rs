@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+
+use super::held_pod::HeldPod as Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::ResourceExt;
@@ -151,7 +153,9 @@ impl ClusterIndex {
     pub fn delete_nodepool(&mut self, name: &str) {
         self.nodepools.remove(name);
     }
-    pub fn apply_pod(&mut self, pod: Pod) {
+    /// Takes a held pod, or a full one (tests, `simulate`) to compact first.
+    pub fn apply_pod(&mut self, pod: impl Into<Pod>) {
+        let pod: Pod = pod.into();
         let key = namespaced(&pod);
         self.seen(Kind::Pod, &key);
         self.unbind(&key);

@@ -4,6 +4,7 @@
 //! Controllers read it instead of listing from the API server; decisions are computed from it by
 //! pure code.
 
+pub mod held_pod;
 mod index;
 pub mod pod_times;
 pub mod pods;
@@ -16,7 +17,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::runtime::WatchStreamExt;
@@ -26,6 +27,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::{broadcast, watch};
 
+pub use held_pod::HeldPod;
 pub use index::{
     ClusterIndex, Kind, NamespacedName, NodePoolUsage, node_provider_id, node_ready,
     nodeclaim_provider_id,
@@ -114,7 +116,7 @@ fn trim<K: Watched>(object: &mut K) {
         && let Some(status) = node.status.as_mut()
     {
         status.images = None;
-    } else if let Some(pod) = any.downcast_mut::<Pod>() {
+    } else if let Some(pod) = any.downcast_mut::<HeldPod>() {
         pods::slim(pod);
     }
 }
@@ -161,7 +163,7 @@ macro_rules! indexed {
 indexed!(Node, Kind::Node, apply_node, shared delete_node);
 indexed!(NodeClaim, Kind::NodeClaim, apply_nodeclaim, shared delete_nodeclaim);
 indexed!(NodePool, Kind::NodePool, apply_nodepool, shared delete_nodepool);
-indexed!(Pod, Kind::Pod, apply_pod, namespaced delete_pod);
+indexed!(HeldPod, Kind::Pod, apply_pod, namespaced delete_pod);
 indexed!(DaemonSet, Kind::DaemonSet, apply_daemonset, namespaced delete_daemonset);
 indexed!(PodDisruptionBudget, Kind::PodDisruptionBudget, apply_pdb, namespaced delete_pdb);
 indexed!(PersistentVolumeClaim, Kind::PersistentVolumeClaim, apply_pvc, namespaced delete_pvc);
@@ -409,7 +411,7 @@ pub fn feed(client: kube::Client, cluster: Arc<Cluster>, overlays: bool) -> Feed
         spawn(Api::<Node>::all(c.clone()), k, Some(nodes_feed)),
         spawn(Api::<NodeClaim>::all(c.clone()), k, Some(nodeclaims_feed)),
         spawn(Api::<NodePool>::all(c.clone()), k, Some(nodepools_feed)),
-        spawn(Api::<Pod>::all(c.clone()), k, None),
+        spawn(Api::<HeldPod>::all(c.clone()), k, None),
         spawn(Api::<DaemonSet>::all(c.clone()), k, None),
         spawn(Api::<PodDisruptionBudget>::all(c.clone()), k, None),
         // Volumes: provisioning checks a pending pod's claims and follows their topology.
@@ -495,7 +497,7 @@ mod tests {
         trim(&mut n);
         assert!(n.metadata.managed_fields.is_none());
         assert!(n.status.unwrap().images.is_none());
-        let mut p = Pod::default();
+        let mut p = HeldPod::default();
         p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
         trim(&mut p);
         assert!(p.metadata.managed_fields.is_none());

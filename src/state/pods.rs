@@ -1,41 +1,56 @@
 //! Small facts about pods that several controllers need, in one place.
 
-use k8s_openapi::api::core::v1::{
-    Container, PersistentVolumeClaimTemplate, Pod, PodCondition, PodStatus,
-};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaimTemplate, PodCondition};
 use kube::ResourceExt;
+
+use super::held_pod::HeldPod as Pod;
 
 /// The kubelet's annotation on static (mirror) pods.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// The annotation `kubectl apply` leaves on objects it created: a copy of the whole manifest.
+#[cfg(test)]
 const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// Keeps only what a decision or metric reads of a pod held in the cluster state: its
-/// metadata (without `kubectl apply`'s copy of the manifest), how it is scheduled (affinity,
-/// selectors, tolerations, spread, priority, overhead), its containers' names, resources,
-/// ports and restart policy, the volumes that are claims, and its phase, `PodScheduled` and
-/// `Ready` conditions, start time and nominated node. Environment, commands, probes, security
-/// contexts, mounts, container statuses, other conditions and IPs go: at 10 000 pods they
-/// were most of the controller's memory.
-/// A held pod is never written back (pods are only evicted or deleted, by name and UID).
+/// The pod annotations a decision reads: `do-not-disrupt` (disruption, drains, static
+/// capacity), the deletion cost (which pods a disruption moves first) and the mirror marker
+/// (static pods). Others (a sidecar injector's status, `kubectl apply`'s copy of the manifest,
+/// scrape settings) can be kilobytes a pod and nothing reads them.
+const KEPT_ANNOTATIONS: [&str; 3] = [
+    crate::apis::labels::DO_NOT_DISRUPT_ANNOTATION,
+    "controller.kubernetes.io/pod-deletion-cost",
+    MIRROR_ANNOTATION,
+];
+
+/// Compacts a held pod further than its type does: only the annotations a decision reads,
+/// only the `PodScheduled` and `Ready` conditions (without messages), only the volumes that
+/// are claims, no managed fields, and every list in an allocation of its own length (serde
+/// grows a list by doubling, so one container sat in room for four).
 pub fn slim(pod: &mut Pod) {
-    if let Some(annotations) = pod.metadata.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED_ANNOTATION);
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|key, _| KEPT_ANNOTATIONS.contains(&key.as_str()));
     }
+    if meta.annotations.as_ref().is_some_and(|a| a.is_empty()) {
+        meta.annotations = None;
+    }
+    meta.owner_references.as_mut().map(Vec::shrink_to_fit);
+    meta.finalizers.as_mut().map(Vec::shrink_to_fit);
     if let Some(spec) = pod.spec.as_mut() {
-        for container in spec.containers.iter_mut() {
-            slim_container(container);
+        for container in spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut().flatten())
+        {
+            container.ports.as_mut().map(Vec::shrink_to_fit);
         }
         spec.containers.shrink_to_fit();
-        for container in spec.init_containers.iter_mut().flatten() {
-            slim_container(container);
-        }
         spec.init_containers.as_mut().map(Vec::shrink_to_fit);
         spec.tolerations.as_mut().map(Vec::shrink_to_fit);
-        spec.ephemeral_containers = None;
-        // A `Volume` is 3.2 KB inline and nearly every pod has the projected service-account
-        // volume: what `retain` drops must also leave the allocation.
+        spec.topology_spread_constraints
+            .as_mut()
+            .map(Vec::shrink_to_fit);
         if let Some(volumes) = spec.volumes.as_mut() {
             volumes.retain(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some());
             volumes.shrink_to_fit();
@@ -43,30 +58,9 @@ pub fn slim(pod: &mut Pod) {
         if spec.volumes.as_ref().is_some_and(Vec::is_empty) {
             spec.volumes = None;
         }
-        spec.automount_service_account_token = None;
-        spec.dns_config = None;
-        spec.dns_policy = None;
-        spec.enable_service_links = None;
-        spec.host_aliases = None;
-        spec.hostname_override = None;
-        spec.image_pull_secrets = None;
-        spec.readiness_gates = None;
-        spec.security_context = None;
-        spec.service_account = None;
-        spec.service_account_name = None;
-        spec.set_hostname_as_fqdn = None;
-        spec.share_process_namespace = None;
-        spec.subdomain = None;
     }
-    if let Some(status) = pod.status.take() {
-        pod.status = Some(PodStatus {
-            conditions: status.conditions.map(slim_conditions),
-            nominated_node_name: status.nominated_node_name,
-            phase: status.phase,
-            reason: status.reason,
-            start_time: status.start_time,
-            ..PodStatus::default()
-        });
+    if let Some(status) = pod.status.as_mut() {
+        status.conditions = status.conditions.take().map(slim_conditions);
     }
 }
 
@@ -86,19 +80,6 @@ fn slim_conditions(conditions: Vec<PodCondition>) -> Vec<PodCondition> {
         .collect();
     kept.shrink_to_fit();
     kept
-}
-
-/// A container as scheduling sees it: name, resources, host ports, restart policy (a
-/// restartable init container is a sidecar).
-fn slim_container(container: &mut Container) {
-    *container = Container {
-        name: std::mem::take(&mut container.name),
-        ports: container.ports.take(),
-        resources: container.resources.take(),
-        restart_policy: container.restart_policy.take(),
-        restart_policy_rules: container.restart_policy_rules.take(),
-        ..Container::default()
-    };
 }
 
 /// Finished: `Succeeded` or `Failed`.
@@ -218,6 +199,8 @@ mod tests {
                 "labels": {"app": "web"},
                 "annotations": {
                     "karpenter.sh/do-not-disrupt": "true",
+                    "controller.kubernetes.io/pod-deletion-cost": "-5",
+                    "sidecar.istio.io/status": "{\"initContainers\":[\"istio-init\"]}",
                     "kubectl.kubernetes.io/last-applied-configuration": "{\"a\":\"large manifest\"}"},
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
                     "name": "web", "uid": "s1", "controller": true}]},
@@ -306,21 +289,43 @@ mod tests {
 
         // What no decision reads is gone.
         assert!(!slim_pod.annotations().contains_key(LAST_APPLIED_ANNOTATION));
+        assert_eq!(
+            slim_pod.annotations().keys().collect::<Vec<_>>(),
+            [
+                "controller.kubernetes.io/pod-deletion-cost",
+                "karpenter.sh/do-not-disrupt"
+            ]
+        );
         let spec = slim_pod.spec.as_ref().unwrap();
-        let app = &spec.containers[0];
-        assert!(app.env.is_none() && app.image.is_none() && app.command.is_none());
-        assert!(app.liveness_probe.is_none() && app.volume_mounts.is_none());
-        assert!(spec.init_containers.as_ref().unwrap()[0].env.is_none());
         let volumes = spec.volumes.as_ref().unwrap();
         assert_eq!((volumes.len(), volumes.capacity()), (1, 1));
+        assert_eq!(spec.containers.capacity(), 1, "one container, room for one");
         let conditions = status.conditions.as_ref().unwrap();
         assert_eq!(
             conditions.capacity(),
             2,
             "no room left for the dropped conditions"
         );
-        assert!(spec.service_account_name.is_none() && spec.security_context.is_none());
-        assert!(status.container_statuses.is_none() && status.pod_ip.is_none());
+        let held = serde_json::to_string(&slim_pod).unwrap();
+        for gone in [
+            "\"env\"",
+            "\"image\"",
+            "\"command\"",
+            "livenessProbe",
+            "volumeMounts",
+            "serviceAccountName",
+            "securityContext",
+            "containerStatuses",
+            "podIP",
+            "dnsPolicy",
+        ] {
+            assert!(!held.contains(gone), "{gone} is held: {held}");
+        }
+        assert!(
+            std::mem::size_of::<Pod>() < 1024,
+            "a held pod is {} bytes inline",
+            std::mem::size_of::<Pod>()
+        );
     }
 
     #[test]

@@ -2,7 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, PodSpec, Taint as CoreTaint};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Taint as CoreTaint};
+
+use super::held_pod::{HeldPod as Pod, PodSpec};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};

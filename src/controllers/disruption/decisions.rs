@@ -150,7 +150,7 @@ pub struct PodEvents {
 /// which restarted `consolidateAfter` on nodes emptiness had already chosen. DaemonSet pods
 /// never count.
 pub fn pod_event_keys<'a>(
-    pods: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Pod>,
+    pods: impl IntoIterator<Item = &'a crate::state::HeldPod>,
 ) -> BTreeSet<String> {
     use crate::state::pods::{is_daemonset_pod, is_terminal};
     pods.into_iter()

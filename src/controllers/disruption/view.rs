@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use crate::state::HeldPod as K8sPod;
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::Pod as K8sPod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;

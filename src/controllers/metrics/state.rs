@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
+
+use crate::state::HeldPod as Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -537,10 +539,9 @@ impl PodTransitions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::held_pod::{Container, PodSpec, PodStatus};
     use crate::state::testing::*;
-    use k8s_openapi::api::core::v1::{
-        Container, PodCondition, PodSpec, PodStatus, ResourceRequirements,
-    };
+    use k8s_openapi::api::core::v1::{PodCondition, ResourceRequirements};
 
     fn value(samples: &[NodeSample], node: &str, resource: &str) -> Option<f64> {
         samples

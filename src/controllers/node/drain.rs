@@ -4,7 +4,7 @@
 use crate::state::pods::{is_daemonset_pod, is_mirror, is_terminal};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::state::HeldPod as Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::apis::labels::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
@@ -246,8 +246,9 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::held_pod::PodStatus;
     use crate::state::testing::{pod, ts};
-    use k8s_openapi::api::core::v1::{PodStatus, Toleration};
+    use k8s_openapi::api::core::v1::Toleration;
 
     fn daemon(p: Pod) -> Pod {
         crate::state::testing::owned_by_daemonset(p)

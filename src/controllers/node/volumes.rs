@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::state::HeldPod as Pod;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
 
@@ -93,9 +93,10 @@ pub fn detachment(
 mod tests {
     use super::*;
     use crate::apis::labels::DISRUPTED_TAINT_KEY;
+    use crate::state::held_pod::Volume;
     use crate::state::testing::{pod, ts, volume_attachment as attachment};
     use k8s_openapi::api::core::v1::{
-        EphemeralVolumeSource, PersistentVolumeClaimVolumeSource, Toleration, Volume,
+        EphemeralVolumeSource, PersistentVolumeClaimVolumeSource, Toleration,
     };
 
     fn with_claim(mut p: Pod, volume: &str, claim: &str) -> Pod {

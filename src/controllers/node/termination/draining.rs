@@ -123,7 +123,7 @@ async fn evict_and_delete(
             .map(key_of)
             .collect()
     };
-    let by_key: BTreeMap<PodKey, &Arc<Pod>> = pods
+    let by_key: BTreeMap<PodKey, &Arc<crate::state::HeldPod>> = pods
         .iter()
         .map(|p| {
             let key = PodKey::new(

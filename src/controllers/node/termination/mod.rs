@@ -8,7 +8,9 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod, Taint as CoreTaint};
+use k8s_openapi::api::core::v1::{Node, Taint as CoreTaint};
+
+use crate::state::HeldPod as Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
