@@ -507,7 +507,9 @@ async fn run(
         let Some(s) = sample(&client).await else {
             continue;
         };
-        // A pod the ReplicaSet created after the scale-down replaces an evicted one.
+        // A pod the ReplicaSet created after the scale-down replaces an evicted one. An evicted
+        // pod the ReplicaSet was removing anyway is not replaced: evictions are counted from
+        // the audit log's eviction requests.
         moved.extend(s.names.iter().filter(|n| !before.contains(*n)).cloned());
         // A NodeClaim created after the scale-down is a replacement.
         new_claims.extend(
@@ -545,10 +547,11 @@ async fn run(
         _ => "–".into(),
     };
     println!(
-        "| {scenario} scale-down to {down} pods | {nodes} → {} nodes in {:.0} s | {} replacement(s), {} pods evicted | {cloud} | {} apiserver requests | {rss:.0} / {peak:.0} MB | {:.1} s CPU |",
+        "| {scenario} scale-down to {down} pods | {nodes} → {} nodes in {:.0} s | {} replacement(s), {} eviction requests, {} pods recreated | {cloud} | {} apiserver requests | {rss:.0} / {peak:.0} MB | {:.1} s CPU |",
         last.0,
         took.as_secs_f64(),
         new_claims.len(),
+        requests.0.get("create pods/eviction").copied().unwrap_or(0),
         moved.len(),
         requests.total(),
         process.cpu_seconds() - cpu_before,
