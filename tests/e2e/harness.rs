@@ -115,6 +115,24 @@ fn instance_shape(types: &[exoscale::models::InstanceType], id: &str) -> Instanc
     }
 }
 
+/// What a simulated kubelet needs of a running instance of the sim.
+fn running_instance(
+    types: &[exoscale::models::InstanceType],
+    instance: &exoscale::models::Instance,
+) -> RunningInstance {
+    RunningInstance {
+        id: instance.id.clone(),
+        name: instance.name.clone(),
+        zone: "ch-gva-2".into(),
+        shape: instance_shape(types, &instance.instance_type.id),
+        user_data: instance
+            .user_data
+            .as_ref()
+            .map(|ud| ud.0.clone())
+            .unwrap_or_default(),
+    }
+}
+
 impl World {
     /// Starts the sim, kubelets and pod "kubelet"; `None` when the control plane is not built
     /// (outside CI; see tests/support).
@@ -140,17 +158,7 @@ impl World {
         background.push(tokio::spawn(async move {
             while let Ok(event) = events.recv().await {
                 if let InstanceEvent::Running(instance) = event {
-                    let running = RunningInstance {
-                        id: instance.id.clone(),
-                        name: instance.name.clone(),
-                        zone: "ch-gva-2".into(),
-                        shape: instance_shape(&types, &instance.instance_type.id),
-                        user_data: instance
-                            .user_data
-                            .as_ref()
-                            .map(|ud| ud.0.clone())
-                            .unwrap_or_default(),
-                    };
+                    let running = running_instance(&types, &instance);
                     let behaviour = policy(&instance.name);
                     drop(kubelet_sim::spawn(kube.clone(), running, behaviour));
                 }
@@ -504,20 +512,9 @@ impl World {
             .into_iter()
             .find(|i| i.name.contains(name_part))
             .unwrap_or_else(|| panic!("no live instance named like {name_part}"));
-        let running = RunningInstance {
-            id: instance.id.clone(),
-            name: instance.name.clone(),
-            zone: "ch-gva-2".into(),
-            shape: instance_shape(&types, &instance.instance_type.id),
-            user_data: instance
-                .user_data
-                .as_ref()
-                .map(|ud| ud.0.clone())
-                .unwrap_or_default(),
-        };
         drop(kubelet_sim::spawn(
             self.client.clone(),
-            running,
+            running_instance(&types, &instance),
             KubeletBehaviour::default(),
         ));
     }
