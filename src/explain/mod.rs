@@ -15,8 +15,6 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Node;
-
-use crate::state::HeldPod as Pod;
 use kube::ResourceExt;
 use serde::Serialize;
 use thiserror::Error;
@@ -32,6 +30,7 @@ use crate::provisioning::input::{
 use crate::scheduling::labels::{CAPACITY_TYPE, INSTANCE_TYPE, ZONE};
 use crate::scheduling::{InstanceType, NewNodeClaim, Scheduler, SchedulerOptions};
 use crate::simulate::{SimulateError, catalogue_cloud, zone_and_currency};
+use crate::state::HeldPod as Pod;
 use crate::state::pods::is_terminal;
 
 pub use live::Live;

@@ -9,8 +9,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Node;
-
-use crate::state::HeldPod as K8sPod;
 use kube::ResourceExt;
 
 use crate::apis::labels::{DISRUPTED_TAINT_KEY, NODEPOOL_LABEL, conditions};
@@ -23,7 +21,7 @@ use crate::scheduling::{
     TopologySpreadConstraint, WellKnownLabels, convert,
 };
 use crate::state::pods::{is_reschedulable, is_terminal};
-use crate::state::{ClusterIndex, nodeclaim_provider_id};
+use crate::state::{ClusterIndex, HeldPod, nodeclaim_provider_id};
 
 use super::template::{nodepool_template, taint};
 use super::{eligibility, volumes};
@@ -31,7 +29,7 @@ use super::{eligibility, volumes};
 /// A pod the batch tries to place, with the object it came from (for events).
 #[derive(Debug, Clone)]
 pub struct Pending {
-    pub object: Arc<K8sPod>,
+    pub object: Arc<HeldPod>,
     pub pod: Pod,
 }
 
@@ -41,7 +39,7 @@ pub struct Prepared {
     pub pods: Vec<Pending>,
     /// Pods that cannot be simulated (bad quantities, unsupported selectors) or whose volumes
     /// no new node can satisfy (a missing claim…), with the reason.
-    pub invalid: Vec<(Arc<K8sPod>, String)>,
+    pub invalid: Vec<(Arc<HeldPod>, String)>,
     /// NodePools left out, with the reason (not ready, no instance types, bad template).
     pub skipped_pools: Vec<(String, String)>,
     /// Nodes and DaemonSets the scheduler cannot read (`Node n1: …`), left out of the input.
@@ -53,7 +51,7 @@ pub enum PodsToPlace {
     /// Provisionable pods (kube-scheduler gave up on them) and the pods of nodes being disrupted.
     Pending,
     /// Exactly these, in this order (`simulate`: its manifests' unbound pods).
-    These(Vec<Arc<K8sPod>>),
+    These(Vec<Arc<HeldPod>>),
 }
 
 /// A NodePool the scheduler may use, with its template and the instance types offered to it.
@@ -251,13 +249,13 @@ pub fn registered_nodes(index: &ClusterIndex) -> (Vec<RegisteredNode>, Vec<Arc<N
 
 /// A registered Node as the scheduler sees it: its NodeClaim's startup taints are ignored (gone
 /// by the time pods could schedule) and finished pods hold nothing.
-pub fn existing_node(node: &RegisteredNode, pods: &[Arc<K8sPod>]) -> Result<ExistingNode, String> {
+pub fn existing_node(node: &RegisteredNode, pods: &[Arc<HeldPod>]) -> Result<ExistingNode, String> {
     let startup: Vec<_> = node
         .claim
         .as_ref()
         .map(|c| c.spec.startup_taints.iter().map(taint).collect())
         .unwrap_or_default();
-    let active: Vec<K8sPod> = pods
+    let active: Vec<HeldPod> = pods
         .iter()
         .filter(|p| !is_terminal(p))
         .map(|p| (**p).clone())
@@ -306,7 +304,7 @@ pub fn daemonsets(index: &ClusterIndex) -> (Vec<DaemonSetPod>, Vec<String>) {
 }
 
 /// Pods kube-scheduler gave up on that provisioning should find capacity for.
-pub fn provisionable_pods(index: &ClusterIndex) -> Vec<Arc<K8sPod>> {
+pub fn provisionable_pods(index: &ClusterIndex) -> Vec<Arc<HeldPod>> {
     index
         .pods()
         .into_iter()
@@ -318,8 +316,8 @@ pub fn provisionable_pods(index: &ClusterIndex) -> Vec<Arc<K8sPod>> {
 /// scheduler cannot read, or whose claims no node can satisfy, come back apart with the reason.
 pub fn pods_to_place(
     index: &ClusterIndex,
-    objects: impl IntoIterator<Item = Arc<K8sPod>>,
-) -> (Vec<Pending>, Vec<(Arc<K8sPod>, String)>) {
+    objects: impl IntoIterator<Item = Arc<HeldPod>>,
+) -> (Vec<Pending>, Vec<(Arc<HeldPod>, String)>) {
     let mut pods = Vec::new();
     let mut invalid = Vec::new();
     for object in objects {
@@ -437,7 +435,7 @@ mod tests {
     use crate::scheduling::fixtures;
     use crate::state::testing;
 
-    fn pending(name: &str, cpu: &str) -> K8sPod {
+    fn pending(name: &str, cpu: &str) -> HeldPod {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "namespace": "default", "uid": name},
             "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},

@@ -7,14 +7,13 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-
-use crate::state::HeldPod as Pod;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 
 use crate::apis::labels::HOSTNAME_LABEL;
 use crate::scheduling::convert::node_selector_term;
 use crate::scheduling::{Operator, Requirement, Requirements};
+use crate::state::HeldPod as Pod;
 use crate::state::pods::{PodClaim, claims};
 
 /// The API server sets this once a claim's binding is complete.

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet as K8sDaemonSet;
 use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
 use crate::state::HeldPod;
 use crate::state::held_pod as held;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
 use super::labels::{HOSTNAME, NODE_POOL};
 use super::model::{

@@ -3,13 +3,13 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use crate::state::HeldPod as K8sPod;
 use serde::{Deserialize, Serialize};
 
 use crate::apis::NodePool;
 use crate::catalogue::Currency;
 use crate::provisioning::template::resource_list;
 use crate::scheduling::{NewNodeClaim, Results};
+use crate::state::HeldPod;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -88,7 +88,7 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// `namespace/name`, with `default` for a missing namespace.
-pub fn pod_id(pod: &K8sPod) -> String {
+pub fn pod_id(pod: &HeldPod) -> String {
     let namespace = pod
         .metadata
         .namespace

@@ -6,8 +6,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
-
-use super::held_pod::HeldPod as Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::ResourceExt;
@@ -15,6 +13,7 @@ use kube::ResourceExt;
 use crate::apis::labels::{CAPACITY_TYPE_LABEL, NODEPOOL_LABEL};
 use crate::apis::{NodeClaim, NodeOverlay, NodePool, ResourceList};
 
+use super::held_pod::HeldPod as Pod;
 use super::quantity;
 
 /// Kinds the index holds; each must finish its initial list before the index is synced.

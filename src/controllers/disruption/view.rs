@@ -4,7 +4,6 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use crate::state::HeldPod as K8sPod;
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -23,7 +22,7 @@ use crate::scheduling::{
     ExistingNode, InstanceType, SchedulerOptions, Taint, TaintEffect, convert,
 };
 use crate::state::pods::{is_daemonset_pod, is_mirror, is_terminal};
-use crate::state::{ClusterIndex, nodeclaim_provider_id};
+use crate::state::{ClusterIndex, HeldPod, nodeclaim_provider_id};
 
 const DELETION_COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletion-cost";
 
@@ -134,7 +133,7 @@ fn claim_fields(node: &mut StateNode, claim: &NodeClaim, inputs: &ViewInputs<'_>
 
 fn registered_node(
     registered: &RegisteredNode,
-    pods: &[Arc<K8sPod>],
+    pods: &[Arc<HeldPod>],
     inputs: &ViewInputs<'_>,
     volumes: &ClusterIndex,
 ) -> StateNode {
@@ -214,7 +213,7 @@ fn unregistered_claim(claim: &NodeClaim, inputs: &ViewInputs<'_>) -> StateNode {
     state
 }
 
-fn owner(pod: &K8sPod) -> PodOwner {
+fn owner(pod: &HeldPod) -> PodOwner {
     if is_daemonset_pod(pod) {
         PodOwner::DaemonSet
     } else if is_mirror(pod) {
@@ -225,7 +224,7 @@ fn owner(pod: &K8sPod) -> PodOwner {
 }
 
 /// A bound pod as disruption sees it; `None` when the simulation cannot read it.
-pub fn node_pod(object: &K8sPod) -> Option<NodePod> {
+pub fn node_pod(object: &HeldPod) -> Option<NodePod> {
     let pod = match convert::pod_from_k8s(object) {
         Ok(pod) => pod,
         Err(error) => {
@@ -345,7 +344,7 @@ mod tests {
         index.apply_pod(web);
         let agent = testing::owned_by_daemonset(testing::pod("kube-system", "agent", Some("n1")));
         index.apply_pod(agent);
-        let pending: K8sPod = serde_json::from_value(serde_json::json!({
+        let pending: HeldPod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "waiting", "namespace": "apps", "uid": "waiting"},
             "spec": {"containers": [{"name": "c"}]},
             "status": {"phase": "Pending", "conditions": [

@@ -6,8 +6,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-
-use crate::state::HeldPod as Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -15,6 +13,7 @@ use crate::apis::labels::{NODEPOOL_LABEL, WELL_KNOWN_LABELS};
 use crate::operator::metrics::{Labels, NodeGauge, NodeSeries};
 use crate::scheduling::Resources;
 use crate::scheduling::convert::{pod_limits, pod_requests};
+use crate::state::HeldPod as Pod;
 use crate::state::pods::{is_daemonset_pod, is_terminal};
 use crate::state::{ClusterIndex, nodeclaim_provider_id};
 

@@ -4,10 +4,10 @@
 use crate::state::pods::{is_daemonset_pod, is_mirror, is_terminal};
 use std::time::Duration;
 
-use crate::state::HeldPod as Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::apis::labels::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
+use crate::state::HeldPod as Pod;
 
 /// Pods deleted more than this long ago that still exist are "stuck" and no longer waited for.
 const STUCK_TERMINATING_AFTER: Duration = Duration::from_secs(60);

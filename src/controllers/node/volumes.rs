@@ -7,9 +7,10 @@
 
 use std::collections::BTreeSet;
 
-use crate::state::HeldPod as Pod;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
+
+use crate::state::HeldPod as Pod;
 
 use super::drain::never_drained;
 

@@ -9,8 +9,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Taint as CoreTaint};
-
-use crate::state::HeldPod as Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
@@ -26,6 +24,7 @@ use crate::controllers::nodeclaim::reconcile::deadline_annotation;
 use crate::controllers::{
     Context, Result, absent_ok, ignore_not_found, patch_object, patch_status, remove_finalizer,
 };
+use crate::state::HeldPod as Pod;
 
 use crate::operator::metrics::labels;
 use crate::state::node_provider_id;
