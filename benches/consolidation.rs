@@ -16,6 +16,7 @@
 //!
 //! `CONS_BENCH_SIZES=100` limits the sizes; `CONS_BENCH_MIN_SECS` sets the time per case.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
@@ -62,7 +63,7 @@ fn fragmented(nodes: usize) -> ClusterView {
         for (i, p) in n.pods.iter_mut().enumerate() {
             let cpu = if i == 0 { "1200m" } else { "50m" };
             *p = pod(&format!("{name}-{i}"), cpu, "128Mi");
-            n.scheduling.pods[i].requests = p.pod.requests.clone();
+            Arc::make_mut(&mut n.scheduling.pods[i]).requests = p.pod.requests.clone();
         }
     }
     view
@@ -74,9 +75,10 @@ fn fragmented_spread(nodes: usize) -> ClusterView {
     let mut view = fragmented(nodes);
     for n in &mut view.nodes {
         for (p, bound) in n.pods.iter_mut().zip(n.scheduling.pods.iter_mut()) {
-            p.pod.labels.insert("app".into(), "web".into());
-            bound.labels = p.pod.labels.clone();
-            p.pod.topology_spread = vec![TopologySpreadConstraint::new(
+            let pod = Arc::make_mut(&mut p.pod);
+            pod.labels.insert("app".into(), "web".into());
+            Arc::make_mut(bound).labels = pod.labels.clone();
+            pod.topology_spread = vec![TopologySpreadConstraint::new(
                 ZONE,
                 1,
                 LabelSelector::from_labels([("app", "web")]),

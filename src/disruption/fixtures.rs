@@ -80,7 +80,7 @@ pub fn pool(nodepool: NodePool, instance_types: Vec<Arc<InstanceType>>) -> PoolS
 /// A running workload pod requesting `cpu` (e.g. "500m") and `memory`.
 pub fn pod(name: &str, cpu: &str, memory: &str) -> NodePod {
     NodePod {
-        pod: sched::pod(name, cpu, memory),
+        pod: Arc::new(sched::pod(name, cpu, memory)),
         ready: true,
         ..Default::default()
     }
@@ -107,13 +107,15 @@ pub fn node(
     labels.insert(HOSTNAME_LABEL.into(), name.into());
     let bound = pods
         .iter()
-        .map(|p| BoundPod {
-            namespace: p.pod.namespace.clone(),
-            labels: p.pod.labels.clone(),
-            requests: p.pod.requests.clone(),
-            required_anti_affinity: p.pod.pod_anti_affinity.clone(),
-            daemonset: None,
-            host_ports: p.pod.host_ports.clone(),
+        .map(|p| {
+            Arc::new(BoundPod {
+                namespace: p.pod.namespace.clone(),
+                labels: p.pod.labels.clone(),
+                requests: p.pod.requests.clone(),
+                required_anti_affinity: p.pod.pod_anti_affinity.clone(),
+                daemonset: None,
+                host_ports: p.pod.host_ports.clone(),
+            })
         })
         .collect();
     StateNode {

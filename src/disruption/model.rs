@@ -31,8 +31,9 @@ pub enum PodOwner {
 /// A pod bound to a node.
 #[derive(Clone, Debug, Default)]
 pub struct NodePod {
-    /// The pod as the scheduler needs it to place it elsewhere.
-    pub pod: Pod,
+    /// The pod as the scheduler needs it to place it elsewhere (shared with the cluster
+    /// state's reading of it).
+    pub pod: Arc<Pod>,
     pub owner: PodOwner,
     /// Phase Succeeded or Failed.
     pub terminal: bool,

@@ -2,7 +2,7 @@
 //! candidates removed from the cluster.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::scheduling::{
     BoundPod, ExistingNode, NewNodeClaim, Pod, Resources, Results, Scheduler, SchedulerInput,
@@ -46,7 +46,7 @@ impl<'a> SimulationBase<'a> {
                     n.pods
                         .iter()
                         .filter(|p| p.is_reschedulable() && !p.do_not_disrupt_active(view.now))
-                        .map(|p| p.pod.clone()),
+                        .map(|p| (*p.pod).clone()),
                 );
             } else {
                 active.push(i);
@@ -213,7 +213,7 @@ impl<'a> SimulationBase<'a> {
         let mut pods: Vec<Pod> = view.pending_pods.clone();
         let pending = pods.len();
         for c in candidates {
-            pods.extend(currently_reschedulable(view, c).map(|p| p.pod.clone()));
+            pods.extend(currently_reschedulable(view, c).map(|p| (*p.pod).clone()));
         }
         let from_candidates = pods.len();
         pods.extend(self.deleting_pods.iter().cloned());
@@ -283,18 +283,18 @@ fn compact_node(node: &ExistingNode) -> ExistingNode {
     for p in &node.pods {
         if p.daemonset.is_some() {
             // Kept apart: the scheduler adds the overhead of DaemonSets missing from a node.
-            pods.push(BoundPod {
+            pods.push(Arc::new(BoundPod {
                 requests: p.requests.clone(),
                 daemonset: p.daemonset.clone(),
                 host_ports: p.host_ports.clone(),
                 ..Default::default()
-            });
+            }));
         } else {
             workload.requests += &p.requests;
             workload.host_ports.extend(p.host_ports.iter().cloned());
         }
     }
-    pods.push(workload);
+    pods.push(Arc::new(workload));
     ExistingNode {
         name: node.name.clone(),
         hostname: node.hostname.clone(),
@@ -365,13 +365,14 @@ mod tests {
         use crate::scheduling::labels::{HOSTNAME, ZONE};
         use crate::scheduling::{PodAffinityTerm, TopologySpreadConstraint};
         let app = ["web", "api"][(choice % 2) as usize];
-        p.pod.labels.insert("app".into(), app.into());
+        let pod = Arc::make_mut(&mut p.pod);
+        pod.labels.insert("app".into(), app.into());
         let selector = LabelSelector::from_labels([("app", app)]);
         match choice % 8 {
-            0 => p.pod.topology_spread = vec![TopologySpreadConstraint::new(ZONE, 1, selector)],
-            1 => p.pod.topology_spread = vec![TopologySpreadConstraint::new(HOSTNAME, 2, selector)],
-            2 => p.pod.pod_anti_affinity = vec![PodAffinityTerm::new(selector, HOSTNAME)],
-            3 => p.pod.pod_affinity = vec![PodAffinityTerm::new(selector, ZONE)],
+            0 => pod.topology_spread = vec![TopologySpreadConstraint::new(ZONE, 1, selector)],
+            1 => pod.topology_spread = vec![TopologySpreadConstraint::new(HOSTNAME, 2, selector)],
+            2 => pod.pod_anti_affinity = vec![PodAffinityTerm::new(selector, HOSTNAME)],
+            3 => pod.pod_affinity = vec![PodAffinityTerm::new(selector, ZONE)],
             _ => {}
         }
         p
@@ -445,6 +446,7 @@ mod tests {
                     }
                     .pod
                 })
+                .map(Arc::unwrap_or_clone)
                 .collect();
             let base = SimulationBase::new(&v);
             let (cands, _) = candidates(&v, DisruptionClass::Graceful);

@@ -1,5 +1,7 @@
 //! Decisions of the disruption methods on small clusters, through the real scheduler.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, TimeZone, Utc};
 
 use super::candidates::{DisruptionClass, candidates, sort_by_disruption_cost};
@@ -328,7 +330,9 @@ fn pdb(allowed: i32) -> Pdb {
 #[test]
 fn blocking_pdb_keeps_a_node() {
     let mut p = pod("p", "500m", "256Mi");
-    p.pod.labels.insert("app".into(), "web".into());
+    Arc::make_mut(&mut p.pod)
+        .labels
+        .insert("app".into(), "web".into());
     let mut v = cluster(
         UNDERUTILIZED,
         vec![node("n", "default", &large(), vec![p], hour_ago())],
@@ -508,7 +512,9 @@ fn drift_prefers_empty_nodes_and_may_take_pdb_blocked_nodes_with_a_grace_period(
     );
     assert_eq!(names(&run(&v)), ["idle"]);
 
-    busy.pods[0].pod.labels.insert("app".into(), "web".into());
+    Arc::make_mut(&mut busy.pods[0].pod)
+        .labels
+        .insert("app".into(), "web".into());
     let mut v = cluster("{consolidateAfter: 0s}", vec![busy.clone()]);
     v.pdbs = vec![pdb(0)];
     assert!(run(&v).command.is_none());
@@ -672,11 +678,11 @@ mod validation_and_orchestration {
         fresh.nodes[0]
             .scheduling
             .pods
-            .push(crate::scheduling::BoundPod {
+            .push(Arc::new(crate::scheduling::BoundPod {
                 namespace: "default".into(),
                 requests: p.pod.requests.clone(),
                 ..Default::default()
-            });
+            }));
         fresh.nodes[0].pods.push(p);
         let err = validate(&cmd, &fresh).unwrap_err();
         assert!(matches!(err, ValidationError::Scheduling(_)), "{err}");
@@ -966,12 +972,15 @@ fn topology_spread_pods_are_simulated_against_every_node() {
     // A zonal spread constraint forces the full (unpruned) simulation; the result is the same
     // delete as without it since the cluster has a single zone.
     let mut spread = pod("s", "500m", "256Mi");
-    spread.pod.labels.insert("app".into(), "s".into());
-    spread.pod.topology_spread = vec![crate::scheduling::TopologySpreadConstraint::new(
-        crate::scheduling::labels::ZONE,
-        1,
-        LabelSelector::from_labels([("app", "s")]),
-    )];
+    Arc::make_mut(&mut spread.pod)
+        .labels
+        .insert("app".into(), "s".into());
+    Arc::make_mut(&mut spread.pod).topology_spread =
+        vec![crate::scheduling::TopologySpreadConstraint::new(
+            crate::scheduling::labels::ZONE,
+            1,
+            LabelSelector::from_labels([("app", "s")]),
+        )];
     let v = cluster(
         UNDERUTILIZED,
         vec![

@@ -255,12 +255,8 @@ pub fn existing_node(node: &RegisteredNode, pods: &[Arc<HeldPod>]) -> Result<Exi
         .as_ref()
         .map(|c| c.spec.startup_taints.iter().map(taint).collect())
         .unwrap_or_default();
-    let active: Vec<HeldPod> = pods
-        .iter()
-        .filter(|p| !is_terminal(p))
-        .map(|p| (**p).clone())
-        .collect();
-    convert::existing_node_from_k8s(&node.node, &active, &startup).map_err(|e| e.to_string())
+    let active = pods.iter().filter(|p| !is_terminal(p)).map(|p| &**p);
+    convert::existing_node_from_k8s(&node.node, active, &startup).map_err(|e| e.to_string())
 }
 
 /// A NodeClaim whose Node has not registered: the capacity it will bring (empty allocatable

@@ -2,6 +2,7 @@
 //! Used by the provisioner, consolidation and `simulate`.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet as K8sDaemonSet;
 use k8s_openapi::api::core::v1 as core;
@@ -620,31 +621,57 @@ pub fn pod_from_k8s(pod: &HeldPod) -> Result<Pod, ConvertError> {
     })
 }
 
-/// Converts a pod running on a node (counted for resources and topology).
-pub fn bound_pod_from_k8s(pod: &HeldPod) -> Result<BoundPod, ConvertError> {
-    let converted = pod_from_k8s(pod)?;
-    let daemonset = pod
+/// A held pod as the scheduler reads it: as a pod to place, and as a pod bound to a node
+/// (counted for resources and topology). Shared, so a disruption pass or a simulation that
+/// copies a node copies pointers.
+#[derive(Debug)]
+pub struct Converted {
+    pub pod: Arc<Pod>,
+    pub bound: Arc<BoundPod>,
+}
+
+/// The scheduler's reading of a held pod, made once per watched version of it (see
+/// [`held::ConvertedOnce`]).
+pub fn converted(pod: &HeldPod) -> Result<&Converted, ConvertError> {
+    pod.converted
+        .get_or_init(|| convert(pod).map_err(Box::new))
+        .as_ref()
+        .map_err(|e| (**e).clone())
+}
+
+fn convert(held: &HeldPod) -> Result<Converted, ConvertError> {
+    let pod = pod_from_k8s(held)?;
+    let daemonset = held
         .metadata
         .owner_references
         .iter()
         .flatten()
         .find(|o| o.kind == DAEMONSET_KIND)
         .map(|o| o.name.clone());
-    Ok(BoundPod {
-        namespace: converted.namespace,
-        labels: converted.labels,
-        requests: converted.requests,
-        required_anti_affinity: converted.pod_anti_affinity,
-        host_ports: converted.host_ports,
+    let bound = BoundPod {
+        namespace: pod.namespace.clone(),
+        labels: pod.labels.clone(),
+        requests: pod.requests.clone(),
+        required_anti_affinity: pod.pod_anti_affinity.clone(),
+        host_ports: pod.host_ports.clone(),
         daemonset,
+    };
+    Ok(Converted {
+        pod: Arc::new(pod),
+        bound: Arc::new(bound),
     })
+}
+
+/// A pod running on a node (counted for resources and topology).
+pub fn bound_pod_from_k8s(pod: &HeldPod) -> Result<Arc<BoundPod>, ConvertError> {
+    converted(pod).map(|c| c.bound.clone())
 }
 
 /// Converts a Node and the (non-terminal) pods bound to it. `startup_taints` are the owning
 /// NodeClaim's; they and known ephemeral taints are ignored while a Karpenter node is uninitialized.
-pub fn existing_node_from_k8s(
+pub fn existing_node_from_k8s<'a>(
     node: &core::Node,
-    pods: &[HeldPod],
+    pods: impl IntoIterator<Item = &'a HeldPod>,
     startup_taints: &[Taint],
 ) -> Result<ExistingNode, ConvertError> {
     let object = node.metadata.name.clone().unwrap_or_default();
@@ -679,7 +706,7 @@ pub fn existing_node_from_k8s(
         taints,
         allocatable,
         pods: pods
-            .iter()
+            .into_iter()
             .map(bound_pod_from_k8s)
             .collect::<Result<Vec<_>, _>>()?,
         node_pool,
@@ -744,6 +771,52 @@ mod tests {
 
     fn k8s_pod(v: serde_json::Value) -> HeldPod {
         serde_json::from_value(v).expect("valid pod")
+    }
+
+    #[test]
+    fn a_held_pod_is_read_once_and_an_edited_copy_is_read_again() {
+        let held = k8s_pod(json!({
+            "metadata": {"name": "p", "namespace": "default",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "1"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c",
+                "resources": {"requests": {"cpu": "100m"}}}]}
+        }));
+        let first = converted(&held).unwrap();
+        let again = converted(&held).unwrap();
+        assert!(Arc::ptr_eq(&first.pod, &again.pod), "converted once");
+        assert!(Arc::ptr_eq(
+            &first.bound,
+            &bound_pod_from_k8s(&held).unwrap()
+        ));
+        assert_eq!(first.bound.daemonset.as_deref(), Some("agent"));
+        assert_eq!(first.bound.requests, first.pod.requests);
+
+        // A copy may be edited before it is read: it must not carry the original's reading.
+        let mut edited = held.clone();
+        edited.spec.as_mut().unwrap().containers[0].resources =
+            serde_json::from_value(json!({"requests": {"cpu": "300m"}})).unwrap();
+        let cpu = |c: &Converted| c.pod.requests.get("cpu");
+        assert_eq!(
+            cpu(converted(&edited).unwrap()),
+            Quantity::parse("300m").unwrap()
+        );
+        assert_eq!(
+            cpu(converted(&held).unwrap()),
+            Quantity::parse("100m").unwrap()
+        );
+        assert_eq!(held, held.clone(), "the reading takes no part in equality");
+    }
+
+    #[test]
+    fn a_held_pod_that_cannot_be_read_says_why_each_time() {
+        let held = k8s_pod(json!({
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "lots"}}}]}
+        }));
+        let first = converted(&held).unwrap_err();
+        assert!(first.to_string().contains("default/p"), "{first}");
+        assert_eq!(converted(&held).unwrap_err(), first);
+        assert_eq!(bound_pod_from_k8s(&held).unwrap_err(), first);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! pod affinity and anti-affinity (on pending and on running pods).
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -58,7 +59,7 @@ fn random_node(rng: &mut StdRng, i: usize) -> ExistingNode {
                 let target = *pick(rng, &APPS);
                 anti.push(PodAffinityTerm::new(selector(target), topology_key(rng)));
             }
-            BoundPod {
+            Arc::new(BoundPod {
                 namespace: (*pick(rng, &["default", "default", "other"])).to_string(),
                 labels: app_labels(app),
                 requests: Resources::from_literals(&[
@@ -73,7 +74,7 @@ fn random_node(rng: &mut StdRng, i: usize) -> ExistingNode {
                     Vec::new()
                 },
                 ..Default::default()
-            }
+            })
         })
         .collect();
     ExistingNode {
@@ -267,11 +268,13 @@ fn excluded_nodes_capacity_and_domains_are_gone() {
             .collect(),
         allocatable: Resources::from_literals(&[("cpu", "2"), ("memory", "8Gi"), ("pods", "110")]),
         pods: app
-            .map(|a| BoundPod {
-                namespace: "default".into(),
-                labels: app_labels(a),
-                requests: Resources::from_literals(&[("cpu", "100m"), ("pods", "1")]),
-                ..Default::default()
+            .map(|a| {
+                Arc::new(BoundPod {
+                    namespace: "default".into(),
+                    labels: app_labels(a),
+                    requests: Resources::from_literals(&[("cpu", "100m"), ("pods", "1")]),
+                    ..Default::default()
+                })
             })
             .into_iter()
             .collect(),

@@ -2,6 +2,7 @@
 //! (see `convert`), so the solver never touches `k8s_openapi` types.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, ZONE};
 use super::quantity::{MEMORY, Quantity, Resources};
@@ -245,7 +246,8 @@ pub struct ExistingNode {
     /// ephemeral taints should already be left out by the caller).
     pub taints: Vec<Taint>,
     pub allocatable: Resources,
-    pub pods: Vec<BoundPod>,
+    /// Shared with the cluster state's reading of each pod (`convert::converted`).
+    pub pods: Vec<Arc<BoundPod>>,
     pub node_pool: Option<String>,
     pub initialized: bool,
 }

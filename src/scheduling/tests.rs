@@ -338,11 +338,11 @@ fn pod_that_fits_an_existing_node_creates_nothing() {
 fn bound_pods_and_daemons_use_up_existing_node_capacity() {
     let mut inp = input(vec![node_pool("default")], instance_types(10));
     let mut node = existing_node("n1", FAKE_ZONES[0], "4", "default");
-    node.pods = vec![BoundPod {
+    node.pods = vec![Arc::new(BoundPod {
         namespace: "default".into(),
         requests: Resources::from_literals(&[("cpu", "2")]),
         ..Default::default()
-    }];
+    })];
     inp.existing_nodes = vec![node];
     inp.daemonsets = vec![DaemonSetPod {
         name: "agent".into(),
@@ -453,7 +453,7 @@ fn crowded_zone_input(policy: PreferencePolicy) -> SchedulerInput {
         labels: labels(&[("app", "web")]),
         ..Default::default()
     };
-    node.pods = vec![web.clone(), web];
+    node.pods = vec![Arc::new(web.clone()), Arc::new(web)];
     inp.existing_nodes = vec![node];
     inp.options.preference_policy = policy;
     inp
@@ -605,7 +605,7 @@ fn untolerated_taint_is_named_and_prefer_no_schedule_is_relaxed() {
 fn running_pods_anti_affinity_keeps_matching_pods_off_their_node() {
     let mut inp = input(vec![node_pool("default")], instance_types(10));
     let mut node = existing_node("n1", FAKE_ZONES[0], "8", "default");
-    node.pods = vec![BoundPod {
+    node.pods = vec![Arc::new(BoundPod {
         namespace: "default".into(),
         labels: labels(&[("app", "db")]),
         required_anti_affinity: vec![PodAffinityTerm::new(
@@ -613,7 +613,7 @@ fn running_pods_anti_affinity_keeps_matching_pods_off_their_node() {
             HOSTNAME,
         )],
         ..Default::default()
-    }];
+    })];
     inp.existing_nodes = vec![node];
     let mut web = pod("web", "1", "1Gi");
     web.labels = labels(&[("app", "web")]);
@@ -692,7 +692,7 @@ fn spread_counts_pods_already_running() {
         labels: labels(&[("app", "web")]),
         ..Default::default()
     };
-    node.pods = vec![web.clone(), web];
+    node.pods = vec![Arc::new(web.clone()), Arc::new(web)];
     inp.existing_nodes = vec![node];
     let pods: Vec<Pod> = (0..2)
         .map(|i| {

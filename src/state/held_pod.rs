@@ -8,11 +8,14 @@
 //! Held pods are never written back: pods are only evicted or deleted, by name and UID.
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Serialize};
+
+use crate::scheduling::convert::{ConvertError, Converted};
 
 /// A pod as held in the cluster state (see the module documentation).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -24,6 +27,49 @@ pub struct HeldPod {
     pub spec: Option<PodSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<PodStatus>,
+    /// The scheduler's reading of this pod (`convert::converted`), made on first use.
+    #[serde(skip)]
+    pub(crate) converted: ConvertedOnce,
+}
+
+/// The scheduler's reading of a held pod, kept with it. Every provisioning round and
+/// disruption pass reads every bound pod; converting each of 10 000 pods anew each time cost
+/// more memory at its peak than the pods themselves. A watch event replaces the whole held
+/// pod, so the reading never outlives the version it was made from. A clone starts empty
+/// (it may be edited); the memo takes no part in equality or serialization. The rare error is
+/// boxed: it would otherwise make every held pod larger.
+#[derive(Default)]
+pub struct ConvertedOnce(OnceLock<Result<Converted, Box<ConvertError>>>);
+
+impl ConvertedOnce {
+    pub(crate) fn get_or_init(
+        &self,
+        convert: impl FnOnce() -> Result<Converted, Box<ConvertError>>,
+    ) -> &Result<Converted, Box<ConvertError>> {
+        self.0.get_or_init(convert)
+    }
+}
+
+impl Clone for ConvertedOnce {
+    fn clone(&self) -> Self {
+        ConvertedOnce::default()
+    }
+}
+
+impl PartialEq for ConvertedOnce {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for ConvertedOnce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "converted"
+        } else {
+            "not converted"
+        })
+    }
 }
 
 /// How the pod is scheduled and what it asks for.

@@ -147,8 +147,11 @@ fn registered_node(
         .filter_map(|p| {
             let converted = node_pod(p).map(|mut np| {
                 // Moving a pod must keep it where its volumes can attach; a claim problem
-                // (already bound here) constrains nothing more than the node it is on.
-                np.pod.volume_requirements = volume_requirements(p, volumes).ok().flatten();
+                // (already bound here) constrains nothing more than the node it is on. Only a
+                // pod with such a constraint gets a copy of its own.
+                if let Some(reqs) = volume_requirements(p, volumes).ok().flatten() {
+                    Arc::make_mut(&mut np.pod).volume_requirements = Some(reqs);
+                }
                 np
             });
             convertible &= converted.is_some();
@@ -225,8 +228,8 @@ fn owner(pod: &HeldPod) -> PodOwner {
 
 /// A bound pod as disruption sees it; `None` when the simulation cannot read it.
 pub fn node_pod(object: &HeldPod) -> Option<NodePod> {
-    let pod = match convert::pod_from_k8s(object) {
-        Ok(pod) => pod,
+    let pod = match convert::converted(object) {
+        Ok(converted) => converted.pod.clone(),
         Err(error) => {
             tracing::debug!(pod = %object.name_any(), %error, "pod cannot be simulated");
             return None;
