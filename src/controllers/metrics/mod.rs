@@ -102,8 +102,10 @@ impl Default for Options {
 #[derive(Default)]
 struct Publisher {
     options: Options,
-    /// Per kind: count, current status seconds, termination time.
-    condition_gauges: [[Published; 3]; 3],
+    /// Per kind: count and current status seconds (one series per condition of an object),
+    /// termination time (one per object).
+    condition_gauges: [[Published<conditions::ConditionSeries>; 2]; 3],
+    termination_gauges: [Published; 3],
     conditions: conditions::ConditionTracker,
     waiting: [Published; WAITING_GAUGES.len()],
     nodes: [Published<NodeSeries>; NodeGauge::ALL.len()],
@@ -146,8 +148,7 @@ impl Publisher {
             self.condition_gauges[k][0].replace(&f.count, &out.count[k]);
             self.condition_gauges[k][1]
                 .replace(&f.current_status_seconds, &out.current_status_seconds[k]);
-            self.condition_gauges[k][2]
-                .replace(&f.termination_current, &out.termination_current[k]);
+            self.termination_gauges[k].replace(&f.termination_current, &out.termination_current[k]);
             for l in &out.transitions[k] {
                 f.transitions.get_or_create(l).inc();
             }
