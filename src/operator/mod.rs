@@ -7,6 +7,7 @@ pub mod fenced_client;
 pub mod health;
 pub mod leader;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod rate_limited_client;
 pub mod rbac;
