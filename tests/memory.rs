@@ -5,8 +5,7 @@
 
 use karpenter_exoscale::operator::memory::release_free_heap;
 
-/// Resident set size of this process, from /proc (pages of 4 KiB on the CI machines; the page
-/// size is read, not assumed).
+/// Resident set size of this process: resident pages from /proc times the system's page size.
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
     let resident: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();

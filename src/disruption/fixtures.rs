@@ -107,16 +107,7 @@ pub fn node(
     labels.insert(HOSTNAME_LABEL.into(), name.into());
     let bound = pods
         .iter()
-        .map(|p| {
-            Arc::new(BoundPod {
-                namespace: p.pod.namespace.clone(),
-                labels: p.pod.labels.clone(),
-                requests: p.pod.requests.clone(),
-                required_anti_affinity: p.pod.pod_anti_affinity.clone(),
-                daemonset: None,
-                host_ports: p.pod.host_ports.clone(),
-            })
-        })
+        .map(|p| Arc::new(BoundPod::of(&p.pod, None)))
         .collect();
     StateNode {
         name: name.into(),

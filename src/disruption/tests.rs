@@ -972,15 +972,13 @@ fn topology_spread_pods_are_simulated_against_every_node() {
     // A zonal spread constraint forces the full (unpruned) simulation; the result is the same
     // delete as without it since the cluster has a single zone.
     let mut spread = pod("s", "500m", "256Mi");
-    Arc::make_mut(&mut spread.pod)
-        .labels
-        .insert("app".into(), "s".into());
-    Arc::make_mut(&mut spread.pod).topology_spread =
-        vec![crate::scheduling::TopologySpreadConstraint::new(
-            crate::scheduling::labels::ZONE,
-            1,
-            LabelSelector::from_labels([("app", "s")]),
-        )];
+    let spread_pod = Arc::make_mut(&mut spread.pod);
+    spread_pod.labels.insert("app".into(), "s".into());
+    spread_pod.topology_spread = vec![crate::scheduling::TopologySpreadConstraint::new(
+        crate::scheduling::labels::ZONE,
+        1,
+        LabelSelector::from_labels([("app", "s")]),
+    )];
     let v = cluster(
         UNDERUTILIZED,
         vec![

@@ -648,17 +648,9 @@ fn convert(held: &HeldPod) -> Result<Converted, ConvertError> {
         .flatten()
         .find(|o| o.kind == DAEMONSET_KIND)
         .map(|o| o.name.clone());
-    let bound = BoundPod {
-        namespace: pod.namespace.clone(),
-        labels: pod.labels.clone(),
-        requests: pod.requests.clone(),
-        required_anti_affinity: pod.pod_anti_affinity.clone(),
-        host_ports: pod.host_ports.clone(),
-        daemonset,
-    };
     Ok(Converted {
+        bound: Arc::new(BoundPod::of(&pod, daemonset)),
         pod: Arc::new(pod),
-        bound: Arc::new(bound),
     })
 }
 

@@ -235,6 +235,21 @@ pub struct BoundPod {
     pub host_ports: Vec<HostPort>,
 }
 
+impl BoundPod {
+    /// `pod` as it counts once bound: what it requests, its labels for others' topology, the
+    /// anti-affinity it imposes, its host ports.
+    pub fn of(pod: &Pod, daemonset: Option<String>) -> BoundPod {
+        BoundPod {
+            namespace: pod.namespace.clone(),
+            labels: pod.labels.clone(),
+            requests: pod.requests.clone(),
+            required_anti_affinity: pod.pod_anti_affinity.clone(),
+            daemonset,
+            host_ports: pod.host_ports.clone(),
+        }
+    }
+}
+
 /// A Node, or an in-flight NodeClaim that has a providerID but no Node yet.
 #[derive(Debug, Clone, Default)]
 pub struct ExistingNode {

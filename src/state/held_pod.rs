@@ -153,10 +153,16 @@ impl PodSpec {
     /// own JSON, so the round trip cannot fail short of a bug; an empty spec would then ask
     /// for nothing.
     pub fn from_k8s(spec: &core::PodSpec) -> PodSpec {
-        serde_json::to_value(spec)
-            .and_then(serde_json::from_value)
-            .unwrap_or_default()
+        reshape(spec)
     }
+}
+
+/// A full API object's JSON read as our compact type, which names the same fields; the
+/// default if serde refuses (it cannot, short of a bug).
+fn reshape<T: Default + serde::de::DeserializeOwned>(full: &impl Serialize) -> T {
+    serde_json::to_value(full)
+        .and_then(serde_json::from_value)
+        .unwrap_or_default()
 }
 
 impl kube::Resource for HeldPod {
@@ -187,9 +193,7 @@ impl From<core::Pod> for HeldPod {
     /// The held copy of a full pod (tests, `simulate`'s manifests), compacted as a watched
     /// one is.
     fn from(pod: core::Pod) -> Self {
-        let mut held: HeldPod = serde_json::to_value(pod)
-            .and_then(serde_json::from_value)
-            .unwrap_or_default();
+        let mut held: HeldPod = reshape(&pod);
         super::pods::slim(&mut held);
         held
     }

@@ -3,8 +3,6 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Taint as CoreTaint};
-
-use super::held_pod::{HeldPod as Pod, PodSpec};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -16,6 +14,8 @@ use crate::apis::{
     ConditionStatus, ConditionsExt, NodeClaim, NodeClaimSpec, NodeClaimStatus, NodeClassReference,
     ResourceList,
 };
+
+use super::held_pod::{HeldPod as Pod, PodSpec};
 
 pub fn ts(seconds: i64) -> Time {
     Time(Timestamp::from_second(1_700_000_000 + seconds).unwrap())
