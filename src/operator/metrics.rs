@@ -1,7 +1,10 @@
 //! Prometheus metrics with upstream Karpenter's `karpenter_*` names (dashboards keep working)
 //! plus `karpenter_exoscale_api_*` for the Exoscale API client.
 
-use std::sync::Mutex;
+use std::borrow::Borrow;
+use std::collections::HashSet;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -23,18 +26,25 @@ pub type NodeGaugeFamily = Family<NodeSeries, Gauge<f64, std::sync::atomic::Atom
 /// every series, as a plain label list, that was ~170 KB of memory a node.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub struct NodeSeries {
-    pub node: std::sync::Arc<Labels>,
-    /// `("resource_type", name)`, for the gauges that have one.
-    pub resource: Option<(String, String)>,
+    pub node: Arc<Labels>,
+    /// The `resource_type` label's value, for the gauges that have one.
+    pub resource: Option<Arc<str>>,
 }
 
+/// The label name of [`NodeSeries::resource`].
+const RESOURCE_TYPE: &str = "resource_type";
+
 impl NodeSeries {
-    pub fn contains(&self, label: &(String, String)) -> bool {
-        self.iter().any(|l| l == label)
+    pub fn contains(&self, (name, value): &(String, String)) -> bool {
+        self.iter().any(|(n, v)| n == name && v == value)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &(String, String)> {
-        self.node.iter().chain(self.resource.iter())
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        let resource = self.resource.as_deref().map(|r| (RESOURCE_TYPE, r));
+        self.node
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .chain(resource)
     }
 }
 
@@ -44,7 +54,69 @@ impl prometheus_client::encoding::EncodeLabelSet for NodeSeries {
         encoder: &mut prometheus_client::encoding::LabelSetEncoder,
     ) -> Result<(), std::fmt::Error> {
         self.node.as_slice().encode(encoder)?;
-        self.resource.as_slice().encode(encoder)
+        let resource = self.resource.as_deref().map(|r| (RESOURCE_TYPE, r));
+        resource.as_slice().encode(encoder)
+    }
+}
+
+/// The interners a metrics publisher keeps from one refresh to the next.
+#[derive(Debug, Default)]
+pub struct SharedLabels {
+    /// Label values: condition types, statuses, reasons, resource names.
+    pub values: Interner<str>,
+    /// Per-object label sets (a node's, a NodeClaim's).
+    pub sets: Interner<Labels>,
+}
+
+impl SharedLabels {
+    /// Forgets what no series holds any more; call between refreshes.
+    pub fn prune(&mut self) {
+        self.values.prune();
+        self.sets.prune();
+    }
+}
+
+/// Hands out one shared copy of each distinct value: the condition types, statuses and
+/// reasons, resource names and per-object label sets that thousands of series repeat. Each
+/// series owning its own strings was most of the metrics' memory at 1 000 nodes (a family,
+/// what was last published and each refresh's samples each held a copy).
+#[derive(Debug)]
+pub struct Interner<T: ?Sized>(HashSet<Arc<T>>);
+
+impl<T: ?Sized> Default for Interner<T> {
+    fn default() -> Self {
+        Interner(HashSet::new())
+    }
+}
+
+impl<T: ?Sized + Hash + Eq> Interner<T> {
+    /// Beyond this many distinct values, new ones are handed out unshared: values come from
+    /// objects (a Node condition's reason, a label), so the table must stay bounded.
+    pub const MAX_VALUES: usize = 1 << 16;
+
+    /// The shared copy of `value`, made on first sight.
+    pub fn intern<Q: Borrow<T> + Into<Arc<T>>>(&mut self, value: Q) -> Arc<T> {
+        if let Some(shared) = self.0.get(value.borrow()) {
+            return shared.clone();
+        }
+        let shared: Arc<T> = value.into();
+        if self.0.len() < Self::MAX_VALUES {
+            self.0.insert(shared.clone());
+        }
+        shared
+    }
+
+    /// Forgets the values no series holds any more.
+    pub fn prune(&mut self) {
+        self.0.retain(|shared| Arc::strong_count(shared) > 1);
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
@@ -558,10 +630,10 @@ mod tests {
     #[test]
     fn node_series_share_one_label_set_and_render_like_plain_labels() {
         let metrics = Metrics::new();
-        let node = std::sync::Arc::new(labels([("node_name", "n1"), ("nodepool", "default")]));
+        let node = Arc::new(labels([("node_name", "n1"), ("nodepool", "default")]));
         let series = |resource: Option<&str>| NodeSeries {
             node: node.clone(),
-            resource: resource.map(|r| ("resource_type".to_string(), r.to_string())),
+            resource: resource.map(Arc::from),
         };
         metrics.node_gauges[NodeGauge::Allocatable.index()]
             .get_or_create(&series(Some("cpu")))
@@ -580,11 +652,45 @@ mod tests {
             text.contains(r#"karpenter_nodes_current_lifetime_seconds{node_name="n1",nodepool="default"} 60.0"#),
             "{text}"
         );
-        assert_eq!(
-            std::sync::Arc::strong_count(&node),
-            3,
-            "one label set, shared"
+        assert_eq!(Arc::strong_count(&node), 3, "one label set, shared");
+        assert!(series(Some("cpu")).contains(&("resource_type".into(), "cpu".into())));
+        assert!(!series(None).contains(&("resource_type".into(), "cpu".into())));
+    }
+
+    #[test]
+    fn an_interner_shares_equal_values_and_forgets_unheld_ones() {
+        let mut strings = Interner::<str>::default();
+        let ready = strings.intern("Ready");
+        let again = strings.intern(String::from("Ready").as_str());
+        assert!(Arc::ptr_eq(&ready, &again), "equal values share one copy");
+        let drifted = strings.intern("Drifted");
+        assert!(!Arc::ptr_eq(&ready, &drifted));
+        drop(drifted);
+        strings.prune();
+        assert_eq!(strings.len(), 1, "only the value still held is kept");
+        assert!(Arc::ptr_eq(&strings.intern("Ready"), &ready));
+
+        let mut label_sets = Interner::<Labels>::default();
+        let a = label_sets.intern(labels([("node_name", "n1")]));
+        let b = label_sets.intern(labels([("node_name", "n1")]));
+        assert!(Arc::ptr_eq(&a, &b));
+    }
+
+    #[test]
+    fn an_interner_stops_sharing_at_its_bound() {
+        let mut strings = Interner::<str>::default();
+        let held: Vec<Arc<str>> = (0..Interner::<str>::MAX_VALUES)
+            .map(|i| strings.intern(i.to_string().as_str()))
+            .collect();
+        let first = strings.intern("one more");
+        let second = strings.intern("one more");
+        assert_eq!(strings.len(), Interner::<str>::MAX_VALUES);
+        assert!(
+            !Arc::ptr_eq(&first, &second),
+            "past the bound, values are not kept"
         );
+        assert_eq!(&*first, "one more");
+        assert!(Arc::ptr_eq(&strings.intern("7"), &held[7]));
     }
 
     #[test]

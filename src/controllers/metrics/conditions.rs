@@ -17,28 +17,29 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
-use crate::operator::metrics::{Labels, Metrics};
+use crate::operator::metrics::{Labels, Metrics, SharedLabels};
 
 /// Labels of one condition series of one object: the object's own (name, NodeClass,
 /// NodePool…), shared by the series of all its conditions, then the condition's type, status
 /// and reason. Each series owning its copy of the object's labels was ~650 B a series, ~12 MB
 /// for 1 000 nodes' and NodeClaims' conditions, kept twice (the family and what was
-/// published) and built a third time on each refresh.
+/// published) and built a third time on each refresh. The label set and the few distinct
+/// types, statuses and reasons are interned ([`SharedLabels`]), so every copy is pointers.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ConditionSeries {
     pub object: Arc<Labels>,
-    pub type_: String,
-    pub status: String,
-    pub reason: String,
+    pub type_: Arc<str>,
+    pub status: Arc<str>,
+    pub reason: Arc<str>,
 }
 
 impl ConditionSeries {
     /// Every label, in exposition order (empty values left out, as [`compact`] does).
     pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
         let condition = [
-            ("type", self.type_.as_str()),
-            ("status", self.status.as_str()),
-            ("reason", self.reason.as_str()),
+            ("type", &*self.type_),
+            ("status", &*self.status),
+            ("reason", &*self.reason),
         ];
         self.object
             .iter()
@@ -63,12 +64,12 @@ pub type ConditionSample = (ConditionSeries, f64);
 /// The kinds upstream reports, as they appear in the metric names.
 pub const KINDS: [&str; 3] = ["nodeclaim", "nodepool", "node"];
 
-/// One condition as the object states it.
+/// One condition as the object states it (strings interned: see [`ConditionSeries`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConditionState {
-    pub type_: String,
-    pub status: String,
-    pub reason: String,
+    pub type_: Arc<str>,
+    pub status: Arc<str>,
+    pub reason: Arc<str>,
     pub last_transition: Option<Timestamp>,
 }
 
@@ -126,7 +127,14 @@ fn seconds(from: Timestamp, to: Timestamp) -> f64 {
 }
 
 impl ConditionTracker {
-    pub fn observe(&mut self, objects: &[ObjectConditions], now: Timestamp) -> ConditionOutput {
+    /// The series for one look at `objects`; each object's label set comes from `shared`, so
+    /// its series keep one copy from look to look.
+    pub fn observe(
+        &mut self,
+        objects: &[ObjectConditions],
+        now: Timestamp,
+        shared: &mut SharedLabels,
+    ) -> ConditionOutput {
         let mut out = ConditionOutput::default();
         let mut present = BTreeSet::new();
         for o in objects {
@@ -138,10 +146,10 @@ impl ConditionTracker {
                 l.extend(o.extra.iter().cloned());
                 compact(l)
             };
-            let shared = Arc::new(object_labels());
+            let object = shared.sets.intern(object_labels());
             for c in &o.conditions {
                 let series = ConditionSeries {
-                    object: shared.clone(),
+                    object: object.clone(),
                     type_: c.type_.clone(),
                     status: c.status.clone(),
                     reason: c.reason.clone(),
@@ -221,16 +229,17 @@ fn extra_labels(labels: &std::collections::BTreeMap<String, String>, keys: &[&st
 /// The NodeClaims, NodePools and Nodes of the index as the tracker reads them, with the object
 /// labels upstream adds (NodeClaims: NodeClass and NodePool; Nodes: also `initialized`).
 pub fn objects(
-    nodeclaims: &[std::sync::Arc<crate::apis::NodeClaim>],
-    nodepools: &[std::sync::Arc<crate::apis::NodePool>],
-    nodes: &[std::sync::Arc<k8s_openapi::api::core::v1::Node>],
+    nodeclaims: &[Arc<crate::apis::NodeClaim>],
+    nodepools: &[Arc<crate::apis::NodePool>],
+    nodes: &[Arc<k8s_openapi::api::core::v1::Node>],
+    shared: &mut SharedLabels,
 ) -> Vec<ObjectConditions> {
     use crate::apis::labels::{NODE_INITIALIZED_LABEL, NODECLASS_LABEL, NODEPOOL_LABEL};
     use kube::ResourceExt;
-    let ours = |c: &crate::apis::Condition| ConditionState {
-        type_: c.type_.clone(),
-        status: status_str(c.status).into(),
-        reason: c.reason.clone(),
+    let mut ours = |c: &crate::apis::Condition| ConditionState {
+        type_: shared.values.intern(c.type_.as_str()),
+        status: shared.values.intern(status_str(c.status)),
+        reason: shared.values.intern(c.reason.as_str()),
         last_transition: Some(c.last_transition_time.0),
     };
     let deleting = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
@@ -247,7 +256,7 @@ pub fn objects(
                 .status
                 .iter()
                 .flat_map(|s| &s.conditions)
-                .map(ours)
+                .map(&mut ours)
                 .collect(),
             deleting_since: deleting(&c.metadata),
         });
@@ -262,7 +271,7 @@ pub fn objects(
                 .status
                 .iter()
                 .flat_map(|s| &s.conditions)
-                .map(ours)
+                .map(&mut ours)
                 .collect(),
             deleting_since: deleting(&p.metadata),
         });
@@ -281,9 +290,11 @@ pub fn objects(
                 .iter()
                 .flat_map(|s| s.conditions.iter().flatten())
                 .map(|c| ConditionState {
-                    type_: c.type_.clone(),
-                    status: c.status.clone(),
-                    reason: c.reason.clone().unwrap_or_default(),
+                    type_: shared.values.intern(c.type_.as_str()),
+                    status: shared.values.intern(c.status.as_str()),
+                    reason: shared
+                        .values
+                        .intern(c.reason.as_deref().unwrap_or_default()),
                     last_transition: c.last_transition_time.as_ref().map(|t| t.0),
                 })
                 .collect(),
@@ -398,7 +409,8 @@ mod tests {
     #[test]
     fn counts_current_seconds_transitions_and_termination() {
         let mut tracker = ConditionTracker::default();
-        let first = tracker.observe(&[object("False", 0, None)], at(10));
+        let mut shared = SharedLabels::default();
+        let first = tracker.observe(&[object("False", 0, None)], at(10), &mut shared);
         assert_eq!(first.count[0].len(), 1);
         assert_eq!(first.current_status_seconds[0][0].1, 10.0);
         assert!(
@@ -406,7 +418,7 @@ mod tests {
             "a first look is no transition"
         );
 
-        let second = tracker.observe(&[object("True", 30, None)], at(40));
+        let second = tracker.observe(&[object("True", 30, None)], at(40), &mut shared);
         assert_eq!(second.transitions[0].len(), 1);
         assert!(second.transitions[0][0].contains(&label("status", "True")));
         assert!(second.transitions[0][0].contains(&label("karpenter_sh_nodepool", "default")));
@@ -417,13 +429,13 @@ mod tests {
                 .contains(&label("status", "False"))
         );
         assert_eq!(second.transition_seconds[0][0].1, 30.0, "False lasted 30 s");
-        let same = tracker.observe(&[object("True", 30, None)], at(50));
+        let same = tracker.observe(&[object("True", 30, None)], at(50), &mut shared);
         assert!(same.transitions[0].is_empty());
         assert_eq!(same.current_status_seconds[0][0].1, 20.0);
 
-        let deleting = tracker.observe(&[object("True", 30, Some(60))], at(65));
+        let deleting = tracker.observe(&[object("True", 30, Some(60))], at(65), &mut shared);
         assert_eq!(deleting.termination_current[0][0].1, 5.0);
-        let gone = tracker.observe(&[], at(90));
+        let gone = tracker.observe(&[], at(90), &mut shared);
         assert_eq!(gone.termination_durations[0].len(), 1);
         assert_eq!(gone.termination_durations[0][0].1, 30.0);
         assert!(gone.count[0].is_empty());
@@ -435,10 +447,10 @@ mod tests {
         two.conditions.push(ConditionState {
             type_: "Drifted".into(),
             status: "False".into(),
-            reason: String::new(),
+            reason: "".into(),
             last_transition: Some(at(0)),
         });
-        let out = ConditionTracker::default().observe(&[two], at(10));
+        let out = ConditionTracker::default().observe(&[two], at(10), &mut SharedLabels::default());
         let (ready, drifted) = (&out.count[0][0].0, &out.count[0][1].0);
         assert!(Arc::ptr_eq(&ready.object, &drifted.object));
         assert!(Arc::ptr_eq(
@@ -461,6 +473,48 @@ mod tests {
         assert!(text.contains(
             "operator_nodeclaim_status_condition_count{name=\"claim\",karpenter_sh_nodepool=\"default\",type=\"Drifted\",status=\"False\"} 1.0\n"
         ), "{text}");
+    }
+
+    #[test]
+    fn series_keep_one_copy_of_their_labels_from_look_to_look() {
+        let mut tracker = ConditionTracker::default();
+        let mut shared = SharedLabels::default();
+        let mut other = object("True", 0, None);
+        other.name = "other".into();
+        let first = tracker.observe(&[object("True", 0, None), other], at(10), &mut shared);
+        let second = tracker.observe(&[object("True", 0, None)], at(20), &mut shared);
+        let (before, after) = (&first.count[0][0].0, &second.count[0][0].0);
+        assert_eq!(before, after);
+        assert!(Arc::ptr_eq(&before.object, &after.object), "one label set");
+        assert!(!Arc::ptr_eq(&before.object, &first.count[0][1].0.object));
+
+        drop((first, second));
+        shared.prune();
+        assert!(
+            shared.sets.is_empty(),
+            "nothing holds the label sets any more"
+        );
+    }
+
+    #[test]
+    fn objects_share_the_strings_of_equal_conditions() {
+        let ready = |name: &str| {
+            let mut node = crate::state::testing::node(name, None, &[]);
+            node.status.get_or_insert_default().conditions =
+                Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    reason: Some("KubeletReady".into()),
+                    ..Default::default()
+                }]);
+            Arc::new(node)
+        };
+        let mut shared = SharedLabels::default();
+        let read = objects(&[], &[], &[ready("n1"), ready("n2")], &mut shared);
+        let (a, b) = (&read[0].conditions[0], &read[1].conditions[0]);
+        assert_eq!(&*a.reason, "KubeletReady");
+        assert!(Arc::ptr_eq(&a.reason, &b.reason) && Arc::ptr_eq(&a.type_, &b.type_));
+        assert!(Arc::ptr_eq(&a.status, &b.status));
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub use self::state::PodSeries;
 use self::state::{PodTransitions, StateInput, StateSnapshot, snapshot};
 use crate::clock::Clock;
 use crate::operator::leader::Leadership;
-use crate::operator::metrics::{Labels, Metrics, NodeGauge, NodeSeries};
+use crate::operator::metrics::{Labels, Metrics, NodeGauge, NodeSeries, SharedLabels};
 use crate::state::Cluster;
 
 /// Changes are coalesced: at most one refresh per interval (a busy cluster changes constantly).
@@ -107,6 +107,9 @@ struct Publisher {
     condition_gauges: [[Published<conditions::ConditionSeries>; 2]; 3],
     termination_gauges: [Published; 3],
     conditions: conditions::ConditionTracker,
+    /// Label values and per-object label sets, shared by every series and kept across
+    /// refreshes.
+    shared: SharedLabels,
     waiting: [Published; WAITING_GAUGES.len()],
     nodes: [Published<NodeSeries>; NodeGauge::ALL.len()],
     utilization: Published,
@@ -142,8 +145,13 @@ impl Publisher {
         input: &StateInput,
         now: Timestamp,
     ) {
-        let objects = conditions::objects(&input.nodeclaims, &input.nodepools, &input.nodes);
-        let out = self.conditions.observe(&objects, now);
+        let objects = conditions::objects(
+            &input.nodeclaims,
+            &input.nodepools,
+            &input.nodes,
+            &mut self.shared,
+        );
+        let out = self.conditions.observe(&objects, now, &mut self.shared);
         for (k, f) in families.kinds.iter().enumerate() {
             self.condition_gauges[k][0].replace(&f.count, &out.count[k]);
             self.condition_gauges[k][1]
@@ -170,7 +178,8 @@ impl Publisher {
         leading: bool,
     ) {
         let input = StateInput::from_index(&cluster.read());
-        let snapshot = snapshot(&input, now, self.options.pod_series);
+        self.shared.prune();
+        let snapshot = snapshot(&input, now, self.options.pod_series, &mut self.shared);
         let unsynced = self.unsynced.update(snapshot.synced, now);
         if unsynced >= UNSYNCED_ERROR_AFTER.as_secs_f64() {
             tracing::error!(

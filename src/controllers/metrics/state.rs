@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::apis::labels::{NODEPOOL_LABEL, WELL_KNOWN_LABELS};
-use crate::operator::metrics::{Labels, NodeGauge, NodeSeries};
+use crate::operator::metrics::{Labels, NodeGauge, NodeSeries, SharedLabels};
 use crate::scheduling::Resources;
 use crate::scheduling::convert::{pod_limits, pod_requests};
 use crate::state::HeldPod as Pod;
@@ -97,10 +97,10 @@ fn node_labels(node: &Node, well_known: &[(&'static str, String)]) -> Labels {
     labels
 }
 
-fn with_resource(labels: &Arc<Labels>, resource: &str) -> NodeSeries {
+fn with_resource(labels: &Arc<Labels>, resource: &str, shared: &mut SharedLabels) -> NodeSeries {
     NodeSeries {
         node: labels.clone(),
-        resource: Some(("resource_type".to_string(), resource.to_string())),
+        resource: Some(shared.values.intern(resource)),
     }
 }
 
@@ -166,10 +166,14 @@ fn pod_totals(pods: &[Arc<Pod>]) -> PodTotals {
     totals
 }
 
-fn samples(labels: &Arc<Labels>, resources: &Resources) -> Vec<NodeSample> {
+fn samples(
+    labels: &Arc<Labels>,
+    resources: &Resources,
+    shared: &mut SharedLabels,
+) -> Vec<NodeSample> {
     resources
         .iter()
-        .map(|(name, q)| (with_resource(labels, name), to_f64(q)))
+        .map(|(name, q)| (with_resource(labels, name, shared), to_f64(q)))
         .collect()
 }
 
@@ -251,8 +255,14 @@ impl StateInput {
     }
 }
 
-/// The gauges' values for `input` at `now`.
-pub fn snapshot(input: &StateInput, now: Timestamp, series: PodSeries) -> StateSnapshot {
+/// The gauges' values for `input` at `now`. Label values and each node's label set come from
+/// `shared`, so refreshes reuse them.
+pub fn snapshot(
+    input: &StateInput,
+    now: Timestamp,
+    series: PodSeries,
+    shared: &mut SharedLabels,
+) -> StateSnapshot {
     let well_known = well_known_metric_labels();
     let mut out = StateSnapshot {
         synced: input.synced,
@@ -268,7 +278,7 @@ pub fn snapshot(input: &StateInput, now: Timestamp, series: PodSeries) -> StateS
     let mut cluster_allocatable = Resources::new();
     let nodes = &input.nodes;
     for node in nodes {
-        let labels = Arc::new(node_labels(node, &well_known));
+        let labels = shared.sets.intern(node_labels(node, &well_known));
         let status = node.status.as_ref();
         let allocatable = parse_list(status.and_then(|s| s.allocatable.as_ref()));
         let capacity = parse_list(status.and_then(|s| s.capacity.as_ref()));
@@ -283,7 +293,7 @@ pub fn snapshot(input: &StateInput, now: Timestamp, series: PodSeries) -> StateS
             (NodeGauge::TotalDaemonLimits, &totals.daemon_limits),
             (NodeGauge::SystemOverhead, &overhead),
         ] {
-            out.nodes[gauge.index()].extend(samples(&labels, resources));
+            out.nodes[gauge.index()].extend(samples(&labels, resources, shared));
         }
         if let Some(created) = node.metadata.creation_timestamp.as_ref() {
             let age = now.duration_since(created.0).as_secs_f64().max(0.0);
@@ -617,6 +627,7 @@ mod tests {
             &StateInput::from_index(&index),
             ts(1_060).0,
             PodSeries::PerPod,
+            &mut SharedLabels::default(),
         );
         let gauge = |g: NodeGauge| &s.nodes[g.index()];
         assert_eq!(value(gauge(NodeGauge::Allocatable), "n1", "cpu"), Some(3.5));
@@ -658,7 +669,7 @@ mod tests {
         assert_eq!(
             labels
                 .iter()
-                .filter(|(k, _)| k == "instance_family")
+                .filter(|(k, _)| *k == "instance_family")
                 .count(),
             1
         );
@@ -692,6 +703,7 @@ mod tests {
             &StateInput::from_index(&index),
             ts(2_000).0,
             PodSeries::PerPod,
+            &mut SharedLabels::default(),
         );
         let find = |name: &str| {
             s.pods
@@ -743,7 +755,13 @@ mod tests {
         index.apply_pod(pod("other", "pending-1", None));
         index.apply_pod(pod("other", "pending-2", None));
         let input = StateInput::from_index(&index);
-        let aggregated = snapshot(&input, ts(2_000).0, PodSeries::Aggregated).pods;
+        let aggregated = snapshot(
+            &input,
+            ts(2_000).0,
+            PodSeries::Aggregated,
+            &mut SharedLabels::default(),
+        )
+        .pods;
         let count = |pairs: &[(&str, &str)]| {
             aggregated
                 .iter()
@@ -769,7 +787,13 @@ mod tests {
             "{aggregated:?}"
         );
         // The same totals as upstream's one series per pod.
-        let per_pod = snapshot(&input, ts(2_000).0, PodSeries::PerPod).pods;
+        let per_pod = snapshot(
+            &input,
+            ts(2_000).0,
+            PodSeries::PerPod,
+            &mut SharedLabels::default(),
+        )
+        .pods;
         assert_eq!(per_pod.len(), 5);
         assert_eq!(per_pod.iter().map(|(_, v)| v).sum::<f64>(), 5.0);
     }
@@ -802,6 +826,7 @@ mod tests {
             &StateInput::from_index(&index),
             Timestamp::UNIX_EPOCH,
             PodSeries::PerPod,
+            &mut SharedLabels::default(),
         );
         assert_eq!(s.node_count, 3, "n1 (= c1), unmanaged, c2");
         assert!(!s.synced, "nothing was listed");
