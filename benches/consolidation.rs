@@ -76,7 +76,7 @@ fn fragmented_spread(nodes: usize) -> ClusterView {
     for n in &mut view.nodes {
         for (p, bound) in n.pods.iter_mut().zip(n.scheduling.pods.iter_mut()) {
             let pod = Arc::make_mut(&mut p.pod);
-            pod.labels.insert("app".into(), "web".into());
+            Arc::make_mut(&mut pod.labels).insert("app".into(), "web".into());
             Arc::make_mut(bound).labels = pod.labels.clone();
             pod.topology_spread = vec![TopologySpreadConstraint::new(
                 ZONE,

@@ -366,7 +366,7 @@ mod tests {
         use crate::scheduling::{PodAffinityTerm, TopologySpreadConstraint};
         let app = ["web", "api"][(choice % 2) as usize];
         let pod = Arc::make_mut(&mut p.pod);
-        pod.labels.insert("app".into(), app.into());
+        Arc::make_mut(&mut pod.labels).insert("app".into(), app.into());
         let selector = LabelSelector::from_labels([("app", app)]);
         match choice % 8 {
             0 => pod.topology_spread = vec![TopologySpreadConstraint::new(ZONE, 1, selector)],

@@ -330,9 +330,7 @@ fn pdb(allowed: i32) -> Pdb {
 #[test]
 fn blocking_pdb_keeps_a_node() {
     let mut p = pod("p", "500m", "256Mi");
-    Arc::make_mut(&mut p.pod)
-        .labels
-        .insert("app".into(), "web".into());
+    Arc::make_mut(&mut Arc::make_mut(&mut p.pod).labels).insert("app".into(), "web".into());
     let mut v = cluster(
         UNDERUTILIZED,
         vec![node("n", "default", &large(), vec![p], hour_ago())],
@@ -512,8 +510,7 @@ fn drift_prefers_empty_nodes_and_may_take_pdb_blocked_nodes_with_a_grace_period(
     );
     assert_eq!(names(&run(&v)), ["idle"]);
 
-    Arc::make_mut(&mut busy.pods[0].pod)
-        .labels
+    Arc::make_mut(&mut Arc::make_mut(&mut busy.pods[0].pod).labels)
         .insert("app".into(), "web".into());
     let mut v = cluster("{consolidateAfter: 0s}", vec![busy.clone()]);
     v.pdbs = vec![pdb(0)];
@@ -973,7 +970,7 @@ fn topology_spread_pods_are_simulated_against_every_node() {
     // delete as without it since the cluster has a single zone.
     let mut spread = pod("s", "500m", "256Mi");
     let spread_pod = Arc::make_mut(&mut spread.pod);
-    spread_pod.labels.insert("app".into(), "s".into());
+    Arc::make_mut(&mut spread_pod.labels).insert("app".into(), "s".into());
     spread_pod.topology_spread = vec![crate::scheduling::TopologySpreadConstraint::new(
         crate::scheduling::labels::ZONE,
         1,

@@ -617,7 +617,7 @@ pub fn pod_from_k8s(pod: &HeldPod) -> Result<Pod, ConvertError> {
             .as_ref()
             .map(|t| t.0.as_second())
             .unwrap_or_default(),
-        labels,
+        labels: labels.into(),
     })
 }
 
@@ -768,7 +768,7 @@ mod tests {
     #[test]
     fn a_held_pod_is_read_once_and_an_edited_copy_is_read_again() {
         let held = k8s_pod(json!({
-            "metadata": {"name": "p", "namespace": "default",
+            "metadata": {"name": "p", "namespace": "default", "labels": {"app": "agent"},
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "1"}]},
             "spec": {"nodeName": "n1", "containers": [{"name": "c",
                 "resources": {"requests": {"cpu": "100m"}}}]}
@@ -782,6 +782,11 @@ mod tests {
         ));
         assert_eq!(first.bound.daemonset.as_deref(), Some("agent"));
         assert_eq!(first.bound.requests, first.pod.requests);
+        assert_eq!(first.pod.labels["app"], "agent");
+        assert!(
+            Arc::ptr_eq(&first.pod.labels, &first.bound.labels),
+            "one copy of the labels"
+        );
 
         // A copy may be edited before it is read: it must not carry the original's reading.
         let mut edited = held.clone();

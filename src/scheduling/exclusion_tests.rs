@@ -61,7 +61,7 @@ fn random_node(rng: &mut StdRng, i: usize) -> ExistingNode {
             }
             Arc::new(BoundPod {
                 namespace: (*pick(rng, &["default", "default", "other"])).to_string(),
-                labels: app_labels(app),
+                labels: app_labels(app).into(),
                 requests: Resources::from_literals(&[
                     ("cpu", *pick(rng, &["100m", "300m", "600m"])),
                     ("memory", "256Mi"),
@@ -97,7 +97,7 @@ fn random_pod(rng: &mut StdRng, i: usize) -> Pod {
     let app = *pick(rng, &APPS);
     let cpu = *pick(rng, &["100m", "250m", "500m", "900m", "1500m"]);
     let mut p = pod(&format!("p{i}"), cpu, "256Mi");
-    p.labels = app_labels(app);
+    p.labels = app_labels(app).into();
     if rng.random_ratio(1, 6) {
         p.namespace = "other".into();
     }
@@ -271,7 +271,7 @@ fn excluded_nodes_capacity_and_domains_are_gone() {
             .map(|a| {
                 Arc::new(BoundPod {
                     namespace: "default".into(),
-                    labels: app_labels(a),
+                    labels: app_labels(a).into(),
                     requests: Resources::from_literals(&[("cpu", "100m"), ("pods", "1")]),
                     ..Default::default()
                 })

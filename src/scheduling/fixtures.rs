@@ -180,7 +180,7 @@ impl PodGenerator {
 
     pub fn generic(&mut self) -> Pod {
         let mut p = self.base();
-        p.labels = labels("my-label", self.value());
+        p.labels = labels("my-label", self.value()).into();
         p
     }
 
@@ -196,7 +196,7 @@ impl PodGenerator {
     pub fn self_affinity(&mut self, key: &str) -> Pod {
         let mut p = self.base();
         let v = self.value();
-        p.labels = labels("my-affininity", v);
+        p.labels = labels("my-affininity", v).into();
         p.pod_affinity = vec![PodAffinityTerm::new(
             LabelSelector::from_labels([("my-affininity", v)]),
             key,
@@ -207,7 +207,7 @@ impl PodGenerator {
     /// Required anti-affinity against every other `app=nginx` pod.
     pub fn anti_affinity(&mut self, key: &str) -> Pod {
         let mut p = self.base();
-        p.labels = labels("app", "nginx");
+        p.labels = labels("app", "nginx").into();
         p.pod_anti_affinity = vec![PodAffinityTerm::new(
             LabelSelector::from_labels([("app", "nginx")]),
             key,
@@ -241,7 +241,7 @@ impl PodGenerator {
                 p.name = format!("pref-{i}");
                 p.uid = format!("uid-pref-{i}");
                 p.created_at = i as i64;
-                p.labels = labels("app", "nginx");
+                p.labels = labels("app", "nginx").into();
                 p.preferred_node_affinity = vec![WeightedRequirements {
                     weight: 1,
                     requirements: Requirements::from_requirements([Requirement::in_values(

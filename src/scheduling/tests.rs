@@ -170,7 +170,7 @@ fn zonal_spread_over_offered_zones_stays_within_max_skew() {
     let pods: Vec<Pod> = (0..10)
         .map(|i| {
             let mut p = pod(&format!("web-{i}"), "1", "1Gi");
-            p.labels = labels(&[("app", "web")]);
+            p.labels = labels(&[("app", "web")]).into();
             p.topology_spread = vec![TopologySpreadConstraint::new(ZONE, 1, selector.clone())];
             p
         })
@@ -195,7 +195,7 @@ fn zonal_self_affinity_keeps_pods_in_one_zone() {
     let mut generator = PodGenerator::new(1);
     let mut pods: Vec<Pod> = (0..20).map(|_| generator.self_affinity(ZONE)).collect();
     for p in &mut pods {
-        p.labels = labels(&[("my-affininity", "x")]);
+        p.labels = labels(&[("my-affininity", "x")]).into();
         p.pod_affinity[0].selector = LabelSelector::from_labels([("my-affininity", "x")]);
     }
     let r = solve(input(vec![node_pool("default")], instance_types(10)), &pods);
@@ -435,7 +435,7 @@ fn preferences_are_respected_relaxed_or_ignored_by_policy() {
 
 fn spread_pod(name: &str, when: WhenUnsatisfiable) -> Pod {
     let mut p = pod(name, "1", "1Gi");
-    p.labels = labels(&[("app", "web")]);
+    p.labels = labels(&[("app", "web")]).into();
     p.node_selector = Requirements::from_labels(&labels(&[(ZONE, FAKE_ZONES[0])]));
     let mut c =
         TopologySpreadConstraint::new(ZONE, 1, LabelSelector::from_labels([("app", "web")]));
@@ -450,7 +450,7 @@ fn crowded_zone_input(policy: PreferencePolicy) -> SchedulerInput {
     let mut node = existing_node("full", FAKE_ZONES[0], "100m", "default");
     let web = BoundPod {
         namespace: "default".into(),
-        labels: labels(&[("app", "web")]),
+        labels: labels(&[("app", "web")]).into(),
         ..Default::default()
     };
     node.pods = vec![Arc::new(web.clone()), Arc::new(web)];
@@ -607,7 +607,7 @@ fn running_pods_anti_affinity_keeps_matching_pods_off_their_node() {
     let mut node = existing_node("n1", FAKE_ZONES[0], "8", "default");
     node.pods = vec![Arc::new(BoundPod {
         namespace: "default".into(),
-        labels: labels(&[("app", "db")]),
+        labels: labels(&[("app", "db")]).into(),
         required_anti_affinity: vec![PodAffinityTerm::new(
             LabelSelector::from_labels([("app", "web")]),
             HOSTNAME,
@@ -616,7 +616,7 @@ fn running_pods_anti_affinity_keeps_matching_pods_off_their_node() {
     })];
     inp.existing_nodes = vec![node];
     let mut web = pod("web", "1", "1Gi");
-    web.labels = labels(&[("app", "web")]);
+    web.labels = labels(&[("app", "web")]).into();
     let other = pod("other", "1", "1Gi");
     let r = solve(inp, &[web, other]);
     assert_eq!(r.existing_nodes.len(), 1);
@@ -656,7 +656,7 @@ fn hostname_spread_and_capacity_type_spread() {
     let pods: Vec<Pod> = (0..6)
         .map(|i| {
             let mut p = pod(&format!("api-{i}"), "100m", "128Mi");
-            p.labels = labels(&[("app", "api")]);
+            p.labels = labels(&[("app", "api")]).into();
             p.topology_spread = vec![
                 TopologySpreadConstraint::new(HOSTNAME, 2, selector.clone()),
                 TopologySpreadConstraint::new(CAPACITY_TYPE, 1, selector.clone()),
@@ -689,7 +689,7 @@ fn spread_counts_pods_already_running() {
     let mut node = existing_node("busy", FAKE_ZONES[0], "100m", "default");
     let web = BoundPod {
         namespace: "default".into(),
-        labels: labels(&[("app", "web")]),
+        labels: labels(&[("app", "web")]).into(),
         ..Default::default()
     };
     node.pods = vec![Arc::new(web.clone()), Arc::new(web)];
@@ -697,7 +697,7 @@ fn spread_counts_pods_already_running() {
     let pods: Vec<Pod> = (0..2)
         .map(|i| {
             let mut p = pod(&format!("web-{i}"), "1", "1Gi");
-            p.labels = labels(&[("app", "web")]);
+            p.labels = labels(&[("app", "web")]).into();
             p.topology_spread = vec![TopologySpreadConstraint::new(
                 ZONE,
                 1,
@@ -819,7 +819,7 @@ fn node_claim_labels_take_one_value_per_custom_requirement() {
 fn default_spread_applies_only_to_labelled_pods_that_declare_none() {
     let web = |i: usize| {
         let mut p = pod(&format!("web-{i}"), "1", "1Gi");
-        p.labels = labels(&[("app", "web")]);
+        p.labels = labels(&[("app", "web")]).into();
         p
     };
     let pods: Vec<Pod> = (0..6).map(web).collect();
@@ -857,7 +857,7 @@ fn default_spread_applies_only_to_labelled_pods_that_declare_none() {
         LabelSelector::from_labels([("app", "web")]),
     )];
     let mut bare = pod("bare", "1", "1Gi");
-    bare.labels.clear();
+    bare.labels = Default::default();
     let r = solve(spread, &[own, bare]);
     assert!(r.unschedulable.is_empty());
     assert_eq!(
