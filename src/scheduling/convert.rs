@@ -111,10 +111,17 @@ pub fn is_provisionable(pod: &HeldPod) -> bool {
 
 /// A resource list; `field` is its path, for errors (`spec.containers[0].resources.requests`).
 /// Negative quantities are refused as the API server refuses them.
-fn resource_list(
+fn resource_list<'a>(
     object: &str,
     field: &str,
-    list: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    list: Option<
+        impl IntoIterator<
+            Item = (
+                &'a String,
+                &'a k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+            ),
+        >,
+    >,
 ) -> Result<Resources, ConvertError> {
     let mut r = Resources::new();
     for (k, v) in list.into_iter().flatten() {

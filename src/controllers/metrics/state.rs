@@ -548,9 +548,10 @@ impl PodTransitions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::held_pod::{Container, PodSpec, PodStatus};
+    use crate::state::held_pod::{
+        Container, PodCondition, PodSpec, PodStatus, ResourceRequirements,
+    };
     use crate::state::testing::*;
-    use k8s_openapi::api::core::v1::{PodCondition, ResourceRequirements};
 
     fn value(samples: &[NodeSample], node: &str, resource: &str) -> Option<f64> {
         samples
@@ -566,9 +567,8 @@ mod tests {
         pod.spec.get_or_insert_with(PodSpec::default).containers = vec![Container {
             name: "c".into(),
             resources: Some(ResourceRequirements {
-                requests: Some(resources(requests)),
-                limits: Some(resources(limits)),
-                ..Default::default()
+                requests: Some(resources(requests).into()),
+                limits: Some(resources(limits).into()),
             }),
             ..Default::default()
         }];
