@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod exoscale;
 pub mod explain;
 pub mod fence;
+pub mod interner;
 pub mod operator;
 pub mod providers;
 pub mod provisioning;

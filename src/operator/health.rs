@@ -57,23 +57,66 @@ async fn readyz(State(readiness): State<Readiness>) -> impl IntoResponse {
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The exposition, gzip-compressed when the scraper accepts it (Prometheus does by default):
-/// per-node series are ~9 KB a node in text, a tenth of that compressed.
+/// per-node series are ~9 KB a node in text, a tenth of that compressed. Rendered on a
+/// blocking thread: at 1 000 nodes that is ~8 MB of text and tens of milliseconds.
 async fn metrics(State(metrics): State<Arc<Metrics>>, headers: HeaderMap) -> Response {
-    let text = metrics.render();
-    if accepts_gzip(&headers) {
-        let mut encoder =
-            flate2::write::GzEncoder::new(Vec::with_capacity(text.len() / 8), Default::default());
-        if std::io::Write::write_all(&mut encoder, text.as_bytes()).is_ok()
-            && let Ok(body) = encoder.finish()
-        {
-            return (
-                [(CONTENT_TYPE, OPENMETRICS), (CONTENT_ENCODING, "gzip")],
-                body,
-            )
-                .into_response();
+    let gzip = accepts_gzip(&headers);
+    let rendered = tokio::task::spawn_blocking(move || {
+        if gzip {
+            Exposition::Gzip(render_gzipped(&metrics))
+        } else {
+            Exposition::Text(metrics.render())
+        }
+    })
+    .await;
+    match rendered {
+        Ok(Exposition::Gzip(Ok(body))) => (
+            [(CONTENT_TYPE, OPENMETRICS), (CONTENT_ENCODING, "gzip")],
+            body,
+        )
+            .into_response(),
+        Ok(Exposition::Text(text)) => ([(CONTENT_TYPE, OPENMETRICS)], text).into_response(),
+        Ok(Exposition::Gzip(Err(error))) => {
+            tracing::warn!(%error, "cannot compress the metrics exposition");
+            (StatusCode::INTERNAL_SERVER_ERROR, "cannot render metrics").into_response()
+        }
+        Err(error) => {
+            tracing::warn!(%error, "metrics rendering did not finish");
+            (StatusCode::INTERNAL_SERVER_ERROR, "cannot render metrics").into_response()
         }
     }
-    ([(CONTENT_TYPE, OPENMETRICS)], text).into_response()
+}
+
+enum Exposition {
+    Gzip(std::io::Result<Vec<u8>>),
+    Text(String),
+}
+
+/// The exposition compressed as it is written: a scrape never holds the whole text (at 1 000
+/// nodes it was ~8 MB, in a buffer grown to 16 MB, the largest allocation of the process).
+fn render_gzipped(metrics: &Metrics) -> std::io::Result<Vec<u8>> {
+    struct Gzip {
+        encoder: flate2::write::GzEncoder<Vec<u8>>,
+        error: Option<std::io::Error>,
+    }
+    impl std::fmt::Write for Gzip {
+        fn write_str(&mut self, text: &str) -> std::fmt::Result {
+            std::io::Write::write_all(&mut self.encoder, text.as_bytes()).map_err(|error| {
+                self.error = Some(error);
+                std::fmt::Error
+            })
+        }
+    }
+    let mut out = Gzip {
+        encoder: flate2::write::GzEncoder::new(Vec::new(), Default::default()),
+        error: None,
+    };
+    if metrics.render_into(&mut out).is_err() {
+        return Err(out
+            .error
+            .unwrap_or_else(|| std::io::Error::other("metrics encoding failed")));
+    }
+    out.encoder.finish()
 }
 
 fn accepts_gzip(headers: &HeaderMap) -> bool {

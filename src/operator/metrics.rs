@@ -1,9 +1,6 @@
 //! Prometheus metrics with upstream Karpenter's `karpenter_*` names (dashboards keep working)
 //! plus `karpenter_exoscale_api_*` for the Exoscale API client.
 
-use std::borrow::Borrow;
-use std::collections::HashSet;
-use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,6 +56,8 @@ impl prometheus_client::encoding::EncodeLabelSet for NodeSeries {
     }
 }
 
+pub use crate::interner::Interner;
+
 /// The interners a metrics publisher keeps from one refresh to the next.
 #[derive(Debug, Default)]
 pub struct SharedLabels {
@@ -76,49 +75,6 @@ impl SharedLabels {
     }
 }
 
-/// Hands out one shared copy of each distinct value: the condition types, statuses and
-/// reasons, resource names and per-object label sets that thousands of series repeat. Each
-/// series owning its own strings was most of the metrics' memory at 1 000 nodes (a family,
-/// what was last published and each refresh's samples each held a copy).
-#[derive(Debug)]
-pub struct Interner<T: ?Sized>(HashSet<Arc<T>>);
-
-impl<T: ?Sized> Default for Interner<T> {
-    fn default() -> Self {
-        Interner(HashSet::new())
-    }
-}
-
-impl<T: ?Sized + Hash + Eq> Interner<T> {
-    /// Beyond this many distinct values, new ones are handed out unshared: values come from
-    /// objects (a Node condition's reason, a label), so the table must stay bounded.
-    pub const MAX_VALUES: usize = 1 << 16;
-
-    /// The shared copy of `value`, made on first sight.
-    pub fn intern<Q: Borrow<T> + Into<Arc<T>>>(&mut self, value: Q) -> Arc<T> {
-        if let Some(shared) = self.0.get(value.borrow()) {
-            return shared.clone();
-        }
-        let shared: Arc<T> = value.into();
-        if self.0.len() < Self::MAX_VALUES {
-            self.0.insert(shared.clone());
-        }
-        shared
-    }
-
-    /// Forgets the values no series holds any more.
-    pub fn prune(&mut self) {
-        self.0.retain(|shared| Arc::strong_count(shared) > 1);
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
 type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
 /// An unlabelled gauge with a fractional value.
 pub type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
@@ -552,10 +508,15 @@ impl Metrics {
     /// The text exposition format served on `/metrics`.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Writing into a String cannot fail.
-        let _ = encode(&mut out, &registry.registry);
+        let _ = self.render_into(&mut out);
         out
+    }
+
+    /// Writes the exposition into `out` as it is encoded.
+    pub fn render_into(&self, out: &mut impl std::fmt::Write) -> std::fmt::Result {
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        encode(out, &registry.registry)
     }
 
     /// Records one cloud provider call.
@@ -655,42 +616,6 @@ mod tests {
         assert_eq!(Arc::strong_count(&node), 3, "one label set, shared");
         assert!(series(Some("cpu")).contains(&("resource_type".into(), "cpu".into())));
         assert!(!series(None).contains(&("resource_type".into(), "cpu".into())));
-    }
-
-    #[test]
-    fn an_interner_shares_equal_values_and_forgets_unheld_ones() {
-        let mut strings = Interner::<str>::default();
-        let ready = strings.intern("Ready");
-        let again = strings.intern(String::from("Ready").as_str());
-        assert!(Arc::ptr_eq(&ready, &again), "equal values share one copy");
-        let drifted = strings.intern("Drifted");
-        assert!(!Arc::ptr_eq(&ready, &drifted));
-        drop(drifted);
-        strings.prune();
-        assert_eq!(strings.len(), 1, "only the value still held is kept");
-        assert!(Arc::ptr_eq(&strings.intern("Ready"), &ready));
-
-        let mut label_sets = Interner::<Labels>::default();
-        let a = label_sets.intern(labels([("node_name", "n1")]));
-        let b = label_sets.intern(labels([("node_name", "n1")]));
-        assert!(Arc::ptr_eq(&a, &b));
-    }
-
-    #[test]
-    fn an_interner_stops_sharing_at_its_bound() {
-        let mut strings = Interner::<str>::default();
-        let held: Vec<Arc<str>> = (0..Interner::<str>::MAX_VALUES)
-            .map(|i| strings.intern(i.to_string().as_str()))
-            .collect();
-        let first = strings.intern("one more");
-        let second = strings.intern("one more");
-        assert_eq!(strings.len(), Interner::<str>::MAX_VALUES);
-        assert!(
-            !Arc::ptr_eq(&first, &second),
-            "past the bound, values are not kept"
-        );
-        assert_eq!(&*first, "one more");
-        assert!(Arc::ptr_eq(&strings.intern("7"), &held[7]));
     }
 
     #[test]

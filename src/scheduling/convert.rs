@@ -8,14 +8,15 @@ use k8s_openapi::api::apps::v1::DaemonSet as K8sDaemonSet;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
+use crate::interner::Interner;
 use crate::state::HeldPod;
 use crate::state::held_pod as held;
 
 use super::labels::{HOSTNAME, NODE_POOL};
 use super::model::{
     BoundPod, DaemonSetPod, ExistingNode, HostPort, InclusionPolicy, LabelSelector, NamespaceScope,
-    Pod, PodAffinityTerm, SelectorExpression, SelectorOperator, TopologySpreadConstraint,
-    WeightedPodAffinityTerm, WeightedRequirements, WhenUnsatisfiable,
+    Pod, PodAffinityTerm, PodLabels, SelectorExpression, SelectorOperator,
+    TopologySpreadConstraint, WeightedPodAffinityTerm, WeightedRequirements, WhenUnsatisfiable,
 };
 use super::quantity::{PODS, Quantity, QuantityError, Resources};
 use super::requirements::{Operator, Requirement, RequirementError, Requirements};
@@ -646,8 +647,21 @@ pub fn converted(pod: &HeldPod) -> Result<&Converted, ConvertError> {
         .map_err(|e| (**e).clone())
 }
 
+/// Label sets of held pods' readings: the pods of one workload carry equal labels, and share
+/// one copy.
+static POD_LABEL_SETS: std::sync::LazyLock<std::sync::Mutex<Interner<BTreeMap<String, String>>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn share_labels(labels: PodLabels) -> PodLabels {
+    POD_LABEL_SETS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .intern_pruning(labels)
+}
+
 fn convert(held: &HeldPod) -> Result<Converted, ConvertError> {
-    let pod = pod_from_k8s(held)?;
+    let mut pod = pod_from_k8s(held)?;
+    pod.labels = share_labels(pod.labels);
     let daemonset = held
         .metadata
         .owner_references
@@ -794,6 +808,16 @@ mod tests {
             Arc::ptr_eq(&first.pod.labels, &first.bound.labels),
             "one copy of the labels"
         );
+        let mut sibling = held.clone();
+        sibling.metadata.name = Some("p-2".into());
+        let sibling_reading = converted(&sibling).unwrap();
+        assert!(
+            Arc::ptr_eq(&first.pod.labels, &sibling_reading.pod.labels),
+            "pods with equal labels share them"
+        );
+        let mut other = held.clone();
+        other.metadata.labels = Some([("app".to_string(), "other".to_string())].into());
+        assert_eq!(converted(&other).unwrap().pod.labels["app"], "other");
 
         // A copy may be edited before it is read: it must not carry the original's reading.
         let mut edited = held.clone();

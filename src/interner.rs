@@ -1,0 +1,128 @@
+//! One shared copy of each distinct value, for values that many objects repeat.
+
+use std::borrow::Borrow;
+use std::collections::HashSet;
+use std::hash::Hash;
+use std::sync::Arc;
+
+/// Hands out one shared copy of each distinct value: the condition types, statuses and
+/// reasons, resource names and per-object label sets that thousands of metric series repeat,
+/// the label sets that the pods of one workload repeat. Each owning its own copy was most of
+/// the metrics' memory at 1 000 nodes (a family, what was last published and each refresh's
+/// samples each held one).
+#[derive(Debug)]
+pub struct Interner<T: ?Sized> {
+    values: HashSet<Arc<T>>,
+    /// [`Interner::intern_pruning`] prunes once the table reaches this size.
+    prune_at: usize,
+}
+
+impl<T: ?Sized> Default for Interner<T> {
+    fn default() -> Self {
+        Interner {
+            values: HashSet::new(),
+            prune_at: 0,
+        }
+    }
+}
+
+/// [`Interner::intern_pruning`] never prunes a table smaller than this.
+const MIN_PRUNE_AT: usize = 1024;
+
+impl<T: ?Sized + Hash + Eq> Interner<T> {
+    /// Beyond this many distinct values, new ones are handed out unshared: values come from
+    /// objects (a Node condition's reason, a label), so the table must stay bounded.
+    pub const MAX_VALUES: usize = 1 << 16;
+
+    /// The shared copy of `value`, made on first sight.
+    pub fn intern<Q: Borrow<T> + Into<Arc<T>>>(&mut self, value: Q) -> Arc<T> {
+        if let Some(shared) = self.values.get(value.borrow()) {
+            return shared.clone();
+        }
+        let shared: Arc<T> = value.into();
+        if self.values.len() < Self::MAX_VALUES {
+            self.values.insert(shared.clone());
+        }
+        shared
+    }
+
+    /// As [`Interner::intern`], for a table that nothing prunes between rounds: the values
+    /// no one holds any more are forgotten whenever the table has doubled since it was last
+    /// pruned, so it stays within twice what is held (and at least [`MIN_PRUNE_AT`]).
+    pub fn intern_pruning<Q: Borrow<T> + Into<Arc<T>>>(&mut self, value: Q) -> Arc<T> {
+        if self.values.len() >= self.prune_at.max(MIN_PRUNE_AT) {
+            self.prune();
+            self.prune_at = 2 * self.values.len();
+        }
+        self.intern(value)
+    }
+
+    /// Forgets the values no one holds any more.
+    pub fn prune(&mut self) {
+        self.values.retain(|shared| Arc::strong_count(shared) > 1);
+    }
+
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interner_shares_equal_values_and_forgets_unheld_ones() {
+        let mut strings = Interner::<str>::default();
+        let ready = strings.intern("Ready");
+        let again = strings.intern(String::from("Ready").as_str());
+        assert!(Arc::ptr_eq(&ready, &again), "equal values share one copy");
+        let drifted = strings.intern("Drifted");
+        assert!(!Arc::ptr_eq(&ready, &drifted));
+        drop(drifted);
+        strings.prune();
+        assert_eq!(strings.len(), 1, "only the value still held is kept");
+        assert!(Arc::ptr_eq(&strings.intern("Ready"), &ready));
+
+        let mut label_sets = Interner::<Vec<(String, String)>>::default();
+        let a = label_sets.intern(vec![("node_name".to_string(), "n1".to_string())]);
+        let b = label_sets.intern(vec![("node_name".to_string(), "n1".to_string())]);
+        assert!(Arc::ptr_eq(&a, &b));
+    }
+
+    #[test]
+    fn an_unpruned_interner_forgets_unheld_values_as_it_grows() {
+        let mut strings = Interner::<str>::default();
+        let held: Vec<Arc<str>> = (0..MIN_PRUNE_AT / 2)
+            .map(|i| strings.intern_pruning(format!("held-{i}").as_str()))
+            .collect();
+        for i in 0..MIN_PRUNE_AT * 10 {
+            strings.intern_pruning(format!("dropped-{i}").as_str());
+            assert!(strings.len() <= MIN_PRUNE_AT + 1, "{}", strings.len());
+        }
+        let again = strings.intern_pruning("held-7");
+        assert!(Arc::ptr_eq(&again, &held[7]), "held values stay shared");
+        assert!(strings.len() < MIN_PRUNE_AT);
+    }
+
+    #[test]
+    fn an_interner_stops_sharing_at_its_bound() {
+        let mut strings = Interner::<str>::default();
+        let held: Vec<Arc<str>> = (0..Interner::<str>::MAX_VALUES)
+            .map(|i| strings.intern(i.to_string().as_str()))
+            .collect();
+        let first = strings.intern("one more");
+        let second = strings.intern("one more");
+        assert_eq!(strings.len(), Interner::<str>::MAX_VALUES);
+        assert!(
+            !Arc::ptr_eq(&first, &second),
+            "past the bound, values are not kept"
+        );
+        assert_eq!(&*first, "one more");
+        assert!(Arc::ptr_eq(&strings.intern("7"), &held[7]));
+    }
+}
