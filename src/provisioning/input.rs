@@ -317,7 +317,10 @@ pub fn pods_to_place(
     let mut pods = Vec::new();
     let mut invalid = Vec::new();
     for object in objects {
-        let pod = convert::pod_from_k8s(&object).map_err(|e| e.to_string());
+        // The held pod's own reading, read once per version of it; a round edits its copy.
+        let pod = convert::converted(&object)
+            .map(|reading| Pod::clone(&reading.pod))
+            .map_err(|e| e.to_string());
         let volumes = volumes::volume_requirements(&object, index).map_err(|e| e.to_string());
         match (pod, volumes) {
             (Ok(mut pod), Ok(volume_requirements)) => {

@@ -15,8 +15,8 @@ use crate::state::held_pod as held;
 use super::labels::{HOSTNAME, NODE_POOL};
 use super::model::{
     BoundPod, DaemonSetPod, ExistingNode, HostPort, InclusionPolicy, LabelSelector, NamespaceScope,
-    Pod, PodAffinityTerm, PodLabels, SelectorExpression, SelectorOperator,
-    TopologySpreadConstraint, WeightedPodAffinityTerm, WeightedRequirements, WhenUnsatisfiable,
+    Pod, PodAffinityTerm, SelectorExpression, SelectorOperator, TopologySpreadConstraint,
+    WeightedPodAffinityTerm, WeightedRequirements, WhenUnsatisfiable,
 };
 use super::quantity::{PODS, Quantity, QuantityError, Resources};
 use super::requirements::{Operator, Requirement, RequirementError, Requirements};
@@ -593,7 +593,7 @@ pub fn pod_from_k8s(pod: &HeldPod) -> Result<Pod, ConvertError> {
         node_selector: node_selector(spec.node_selector.as_ref()),
         required_node_affinity,
         preferred_node_affinity,
-        tolerations: tolerations(&object, spec.tolerations.as_ref())?,
+        tolerations: tolerations(&object, spec.tolerations.as_ref())?.into(),
         pod_affinity: terms(pa.and_then(|a| {
             a.required_during_scheduling_ignored_during_execution
                 .as_ref()
@@ -647,21 +647,33 @@ pub fn converted(pod: &HeldPod) -> Result<&Converted, ConvertError> {
         .map_err(|e| (**e).clone())
 }
 
-/// Label sets of held pods' readings: the pods of one workload carry equal labels, and share
-/// one copy.
-static POD_LABEL_SETS: std::sync::LazyLock<std::sync::Mutex<Interner<BTreeMap<String, String>>>> =
+/// What held pods' readings share: the pods of one workload carry equal labels, and most pods
+/// the same tolerations.
+#[derive(Default)]
+struct SharedReadings {
+    labels: Interner<BTreeMap<String, String>>,
+    tolerations: Interner<Vec<Toleration>>,
+}
+
+static SHARED_READINGS: std::sync::LazyLock<std::sync::Mutex<SharedReadings>> =
     std::sync::LazyLock::new(Default::default);
 
-fn share_labels(labels: PodLabels) -> PodLabels {
-    POD_LABEL_SETS
+/// `pod` with its labels and tolerations replaced by the shared copies.
+fn share_parts(pod: &mut Pod) {
+    let mut shared = SHARED_READINGS
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .intern_pruning(labels)
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    pod.labels = shared
+        .labels
+        .intern_pruning(std::mem::take(&mut pod.labels));
+    pod.tolerations = shared
+        .tolerations
+        .intern_pruning(std::mem::take(&mut pod.tolerations));
 }
 
 fn convert(held: &HeldPod) -> Result<Converted, ConvertError> {
     let mut pod = pod_from_k8s(held)?;
-    pod.labels = share_labels(pod.labels);
+    share_parts(&mut pod);
     let daemonset = held
         .metadata
         .owner_references
@@ -815,6 +827,10 @@ mod tests {
             Arc::ptr_eq(&first.pod.labels, &sibling_reading.pod.labels),
             "pods with equal labels share them"
         );
+        assert!(Arc::ptr_eq(
+            &first.pod.tolerations,
+            &sibling_reading.pod.tolerations
+        ));
         let mut other = held.clone();
         other.metadata.labels = Some([("app".to_string(), "other".to_string())].into());
         assert_eq!(converted(&other).unwrap().pod.labels["app"], "other");

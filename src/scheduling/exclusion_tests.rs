@@ -141,7 +141,7 @@ fn random_pod(rng: &mut StdRng, i: usize) -> Pod {
             .add(Requirement::in_values(ZONE, [*pick(rng, &FAKE_ZONES)]));
     }
     if rng.random_ratio(1, 8) {
-        p.tolerations.push(Toleration {
+        Arc::make_mut(&mut p.tolerations).push(Toleration {
             key: "dedicated".into(),
             operator: TolerationOperator::Exists,
             ..Default::default()

@@ -187,6 +187,10 @@ pub fn ports_conflict(wanted: &[HostPort], used: &[HostPort]) -> bool {
 /// 10 000 pods a copy each was ~7 MB); edit through `Arc::make_mut`.
 pub type PodLabels = Arc<BTreeMap<String, String>>;
 
+/// A pod's tolerations, shared like its labels: most pods carry the same two (the admission
+/// defaults for `not-ready` and `unreachable`).
+pub type PodTolerations = Arc<Vec<Toleration>>;
+
 /// A pod to place.
 #[derive(Debug, Clone, Default)]
 pub struct Pod {
@@ -201,7 +205,7 @@ pub struct Pod {
     /// Required node-affinity terms (ORed).
     pub required_node_affinity: Vec<Requirements>,
     pub preferred_node_affinity: Vec<WeightedRequirements>,
-    pub tolerations: Vec<Toleration>,
+    pub tolerations: PodTolerations,
     pub pod_affinity: Vec<PodAffinityTerm>,
     pub preferred_pod_affinity: Vec<WeightedPodAffinityTerm>,
     pub pod_anti_affinity: Vec<PodAffinityTerm>,

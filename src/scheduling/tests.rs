@@ -138,7 +138,7 @@ fn daemonset_overhead_counts_only_daemons_that_tolerate_and_match_the_pool() {
         },
     ];
     let mut p = pod("p", "1", "1Gi");
-    p.tolerations = vec![Toleration::exists("gpu", None)];
+    p.tolerations = vec![Toleration::exists("gpu", None)].into();
     let q = {
         let mut q = pod("q", "1", "1Gi");
         q.tolerations = p.tolerations.clone();

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 use super::labels::HOSTNAME;
 use super::model::{LabelSelector, NamespaceScope, PodAffinityTerm, TopologySpreadConstraint};
@@ -21,7 +22,7 @@ pub(crate) struct NodeFilter {
     /// Any alternative must intersect the node's requirements; empty = all nodes.
     pub alternatives: Vec<Requirements>,
     /// When `Some`, node taints must be tolerated.
-    pub tolerations: Option<Vec<Toleration>>,
+    pub tolerations: Option<Arc<Vec<Toleration>>>,
 }
 
 impl NodeFilter {

@@ -23,12 +23,14 @@ const KEPT_ANNOTATIONS: [&str; 3] = [
 ];
 
 /// Compacts a held pod further than its type does: only the annotations a decision reads,
-/// only the `PodScheduled` and `Ready` conditions (without messages), only the volumes that
-/// are claims, no managed fields, and every list in an allocation of its own length (serde
-/// grows a list by doubling, so one container sat in room for four).
+/// only the `PodScheduled` and `Ready` conditions, only the volumes that are claims, no
+/// managed fields or `generateName` (the name is what is read), and every list in an
+/// allocation of its own length (serde grows a list by doubling, so one container sat in room
+/// for four).
 pub fn slim(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
+    meta.generate_name = None;
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.retain(|key, _| KEPT_ANNOTATIONS.contains(&key.as_str()));
     }
@@ -191,7 +193,7 @@ mod tests {
     fn slimming_keeps_what_scheduling_reads_and_drops_the_rest() {
         let full = pod(json!({
             "metadata": {"name": "web-0", "namespace": "shop", "uid": "u1",
-                "labels": {"app": "web"},
+                "generateName": "web-", "labels": {"app": "web"},
                 "annotations": {
                     "karpenter.sh/do-not-disrupt": "true",
                     "controller.kubernetes.io/pod-deletion-cost": "-5",
@@ -281,6 +283,7 @@ mod tests {
         assert!(status.start_time.is_some());
 
         // What no decision reads is gone.
+        assert_eq!(slim_pod.metadata.generate_name, None);
         assert!(!slim_pod.annotations().contains_key(LAST_APPLIED_ANNOTATION));
         assert_eq!(
             slim_pod.annotations().keys().collect::<Vec<_>>(),

@@ -25,7 +25,7 @@ pub(super) fn spread_filter(
             }
         }
     };
-    let tolerations: Option<Vec<Toleration>> = match c.node_taints_policy {
+    let tolerations: Option<Arc<Vec<Toleration>>> = match c.node_taints_policy {
         InclusionPolicy::Honor => Some(p.tolerations.clone()),
         InclusionPolicy::Ignore => None,
     };
