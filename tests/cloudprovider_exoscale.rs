@@ -14,7 +14,7 @@ use karpenter_exoscale::apis::{
 };
 use karpenter_exoscale::catalogue::{Catalogue, Currency};
 use karpenter_exoscale::cloudprovider::exoscale::{
-    Dependencies, ExoscaleCloudProvider, ExoscaleSettings, InMemoryNodeBootstrap,
+    Dependencies, ExoscaleCloudProvider, ExoscaleSettings, InMemoryNodeBootstrap, NodeBootstrap,
     StaticNodeClasses, recorded_tokens,
 };
 use karpenter_exoscale::cloudprovider::{CloudProvider, CloudProviderError};
@@ -1434,6 +1434,83 @@ async fn drift_of_a_vanished_instance_is_not_found() {
 }
 
 // ---- bootstrap tokens ----
+
+/// Marks `claim` registered, as the registration controller does.
+fn registered(mut claim: NodeClaim) -> NodeClaim {
+    let status = claim.status.get_or_insert_with(Default::default);
+    status.conditions.push(karpenter_exoscale::apis::Condition {
+        type_: conditions::REGISTERED.into(),
+        status: ConditionStatus::True,
+        reason: "Registered".into(),
+        message: String::new(),
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ),
+        observed_generation: None,
+    });
+    claim
+}
+
+/// Deletes `claim`'s instance until the provider reports it gone, which is when its tokens go.
+async fn remove(w: &World, claim: &NodeClaim) {
+    w.provider.delete(claim).await.unwrap();
+    let id = parse_provider_id(&provider_id(claim)).unwrap().to_string();
+    eventually("instance removal", || async {
+        w.sim.instance(&id).is_none()
+    })
+    .await;
+    assert!(w.provider.delete(claim).await.unwrap_err().is_not_found());
+}
+
+/// Once its Node registered, the bootstrap-token controller deletes a NodeClaim's recorded
+/// tokens and drops the record; removing the NodeClaim later deletes none of them again.
+#[tokio::test]
+async fn a_released_token_is_not_deleted_again_with_its_nodeclaim() {
+    let w = world().await;
+    let nc = w
+        .provider
+        .create(&claim("released", &["standard.medium"]))
+        .await
+        .unwrap();
+    let recorded: Vec<String> = recorded_tokens(&nc).into_iter().collect();
+    assert_eq!(recorded.len(), 1);
+    // The bootstrap-token controller's work: delete the recorded tokens, then the record.
+    NodeBootstrap::delete_tokens(&*w.bootstrap, &recorded)
+        .await
+        .unwrap();
+    let mut released = registered(nc);
+    released
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .remove(labels::NODECLAIM_TOKENS_ANNOTATION);
+    remove(&w, &released).await;
+    assert_eq!(
+        w.bootstrap.delete_requests(),
+        recorded,
+        "each token is deleted once"
+    );
+
+    // A NodeClaim that never registered, whose record was never written (its launch result
+    // was lost), still has the token this process issued for it deleted.
+    let lost = w
+        .provider
+        .create(&claim("lost", &["standard.medium"]))
+        .await
+        .unwrap();
+    let token = w.bootstrap.tokens()["lost"].secret_name();
+    let mut unrecorded = lost.clone();
+    unrecorded
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .remove(labels::NODECLAIM_TOKENS_ANNOTATION);
+    remove(&w, &unrecorded).await;
+    assert!(!w.bootstrap.tokens().contains_key("lost"));
+    assert_eq!(w.bootstrap.delete_requests().last(), Some(&token));
+}
 
 #[tokio::test]
 async fn token_lifecycle_follows_the_nodeclaim() {

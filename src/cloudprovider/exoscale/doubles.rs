@@ -37,6 +37,7 @@ pub struct InMemoryNodeBootstrap {
     ca: Vec<u8>,
     tokens: Mutex<BTreeMap<String, BootstrapToken>>,
     fail_creates: Mutex<u32>,
+    deletes: Mutex<Vec<String>>,
 }
 
 impl InMemoryNodeBootstrap {
@@ -45,12 +46,18 @@ impl InMemoryNodeBootstrap {
             ca: ca_pem.into(),
             tokens: Mutex::new(BTreeMap::new()),
             fail_creates: Mutex::new(0),
+            deletes: Mutex::new(Vec::new()),
         }
     }
 
     /// Live tokens by NodeClaim.
     pub fn tokens(&self) -> BTreeMap<String, BootstrapToken> {
         self.tokens.lock().expect("lock").clone()
+    }
+
+    /// Every token Secret name a delete was asked for, in order, deleted or not.
+    pub fn delete_requests(&self) -> Vec<String> {
+        self.deletes.lock().expect("lock").clone()
     }
 
     /// The next `n` token creations fail.
@@ -86,6 +93,10 @@ impl NodeBootstrap for InMemoryNodeBootstrap {
         secret_names: &'a [String],
     ) -> BoxFuture<'a, std::result::Result<(), String>> {
         Box::pin(async move {
+            self.deletes
+                .lock()
+                .expect("lock")
+                .extend(secret_names.iter().cloned());
             self.tokens
                 .lock()
                 .expect("lock")

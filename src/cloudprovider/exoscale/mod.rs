@@ -387,12 +387,23 @@ impl ExoscaleCloudProvider {
         }
     }
 
-    /// Deletes every token of a NodeClaim whose instance is gone: those recorded on it and
-    /// those this process issued for it.
+    /// Deletes every token of a NodeClaim whose instance is gone: those recorded on it and,
+    /// unless its Node registered, those this process issued for it. A launch records every
+    /// token issued for the NodeClaim, and a claim only registers once that launch is
+    /// written; the bootstrap-token controller then deletes the recorded tokens and only then
+    /// drops the record. So a registered claim's issued tokens are either still recorded or
+    /// already deleted (deleting them again was one more call per removed node, answered 404).
     async fn forget_tokens(&self, claim: &NodeClaim) {
         let name = claim.metadata.name.clone().unwrap_or_default();
         let mut names = recorded_tokens(claim);
-        names.extend(self.issued_tokens().remove(&name).unwrap_or_default());
+        let issued = self.issued_tokens().remove(&name).unwrap_or_default();
+        let registered = claim
+            .status
+            .as_ref()
+            .is_some_and(|s| s.conditions.is_true(conditions::REGISTERED));
+        if !registered {
+            names.extend(issued);
+        }
         if names.is_empty() {
             return;
         }
