@@ -13,8 +13,11 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Interner<T: ?Sized> {
     values: HashSet<Arc<T>>,
-    /// [`Interner::intern_pruning`] prunes once the table reaches this size.
+    /// [`Interner::intern_pruning`] prunes once the table reaches this size…
     prune_at: usize,
+    /// …or once it has been called as often as the table had values at the last prune: a
+    /// table full at [`Interner::MAX_VALUES`] cannot grow to `prune_at`, and its values die.
+    calls_since_prune: usize,
 }
 
 impl<T: ?Sized> Default for Interner<T> {
@@ -22,6 +25,7 @@ impl<T: ?Sized> Default for Interner<T> {
         Interner {
             values: HashSet::new(),
             prune_at: 0,
+            calls_since_prune: 0,
         }
     }
 }
@@ -48,11 +52,17 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
 
     /// As [`Interner::intern`], for a table that nothing prunes between rounds: the values
     /// no one holds any more are forgotten whenever the table has doubled since it was last
-    /// pruned, so it stays within twice what is held (and at least [`MIN_PRUNE_AT`]).
+    /// pruned (so it stays within twice what is held, and at least [`MIN_PRUNE_AT`]), and at
+    /// least once every as many calls as it then held (so a full table still sheds its dead
+    /// values). Pruning costs one pass over the table, at most once per that many calls.
     pub fn intern_pruning<Q: Borrow<T> + Into<Arc<T>>>(&mut self, value: Q) -> Arc<T> {
-        if self.values.len() >= self.prune_at.max(MIN_PRUNE_AT) {
+        self.calls_since_prune += 1;
+        let grown = self.values.len() >= self.prune_at.max(MIN_PRUNE_AT);
+        let due = self.calls_since_prune > self.prune_at.max(MIN_PRUNE_AT);
+        if grown || due {
             self.prune();
             self.prune_at = 2 * self.values.len();
+            self.calls_since_prune = 0;
         }
         self.intern(value)
     }
@@ -107,6 +117,26 @@ mod tests {
         let again = strings.intern_pruning("held-7");
         assert!(Arc::ptr_eq(&again, &held[7]), "held values stay shared");
         assert!(strings.len() < MIN_PRUNE_AT);
+    }
+
+    #[test]
+    fn a_full_unpruned_interner_still_sheds_dead_values() {
+        let mut strings = Interner::<str>::default();
+        let mut held: Vec<Arc<str>> = (0..Interner::<str>::MAX_VALUES)
+            .map(|i| strings.intern_pruning(format!("v{i}").as_str()))
+            .collect();
+        assert_eq!(strings.len(), Interner::<str>::MAX_VALUES, "full");
+        held.truncate(10);
+        // No new value can be kept, so the table never doubles; it is pruned all the same.
+        for i in 0..2 * Interner::<str>::MAX_VALUES + 2 {
+            strings.intern_pruning(format!("new{i}").as_str());
+        }
+        assert!(
+            strings.len() < Interner::<str>::MAX_VALUES / 2,
+            "{}",
+            strings.len()
+        );
+        assert!(Arc::ptr_eq(&strings.intern_pruning("v3"), &held[3]));
     }
 
     #[test]
