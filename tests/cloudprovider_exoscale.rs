@@ -1451,6 +1451,17 @@ fn registered(mut claim: NodeClaim) -> NodeClaim {
     claim
 }
 
+/// `claim` without the record of its bootstrap tokens.
+fn without_token_record(mut claim: NodeClaim) -> NodeClaim {
+    claim
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .remove(labels::NODECLAIM_TOKENS_ANNOTATION);
+    claim
+}
+
 /// Deletes `claim`'s instance until the provider reports it gone, which is when its tokens go.
 async fn remove(w: &World, claim: &NodeClaim) {
     w.provider.delete(claim).await.unwrap();
@@ -1478,13 +1489,7 @@ async fn a_released_token_is_not_deleted_again_with_its_nodeclaim() {
     NodeBootstrap::delete_tokens(&*w.bootstrap, &recorded)
         .await
         .unwrap();
-    let mut released = registered(nc);
-    released
-        .metadata
-        .annotations
-        .as_mut()
-        .unwrap()
-        .remove(labels::NODECLAIM_TOKENS_ANNOTATION);
+    let released = without_token_record(registered(nc));
     remove(&w, &released).await;
     assert_eq!(
         w.bootstrap.delete_requests(),
@@ -1500,14 +1505,7 @@ async fn a_released_token_is_not_deleted_again_with_its_nodeclaim() {
         .await
         .unwrap();
     let token = w.bootstrap.tokens()["lost"].secret_name();
-    let mut unrecorded = lost.clone();
-    unrecorded
-        .metadata
-        .annotations
-        .as_mut()
-        .unwrap()
-        .remove(labels::NODECLAIM_TOKENS_ANNOTATION);
-    remove(&w, &unrecorded).await;
+    remove(&w, &without_token_record(lost)).await;
     assert!(!w.bootstrap.tokens().contains_key("lost"));
     assert_eq!(w.bootstrap.delete_requests().last(), Some(&token));
 }

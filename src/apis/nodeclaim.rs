@@ -126,6 +126,16 @@ impl ResourceRequirements {
     }
 }
 
+impl NodeClaim {
+    /// Whether the NodeClaim states condition `type_` as `True` (no status states none).
+    pub fn condition_is_true(&self, type_: &str) -> bool {
+        use super::common::ConditionsExt;
+        self.status
+            .as_ref()
+            .is_some_and(|s| s.conditions.is_true(type_))
+    }
+}
+
 /// Observed state of a NodeClaim.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -145,7 +145,7 @@ impl ResourceList {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Quantity)> {
-        self.0.iter().map(|(k, v)| (k, v))
+        self.into_iter()
     }
 
     pub fn is_empty(&self) -> bool {

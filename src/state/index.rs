@@ -416,16 +416,11 @@ impl ClusterIndex {
 
     /// NodeClaims not yet registered and not being deleted: capacity on its way.
     pub fn in_flight_nodeclaims(&self) -> Vec<Arc<NodeClaim>> {
-        use crate::apis::ConditionsExt;
         use crate::apis::labels::conditions::REGISTERED;
         self.nodeclaims
             .values()
             .filter(|c| c.metadata.deletion_timestamp.is_none())
-            .filter(|c| {
-                !c.status
-                    .as_ref()
-                    .is_some_and(|s| s.conditions.is_true(REGISTERED))
-            })
+            .filter(|c| !c.condition_is_true(REGISTERED))
             .cloned()
             .collect()
     }

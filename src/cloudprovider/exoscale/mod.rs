@@ -397,10 +397,7 @@ impl ExoscaleCloudProvider {
         let name = claim.metadata.name.clone().unwrap_or_default();
         let mut names = recorded_tokens(claim);
         let issued = self.issued_tokens().remove(&name).unwrap_or_default();
-        let registered = claim
-            .status
-            .as_ref()
-            .is_some_and(|s| s.conditions.is_true(conditions::REGISTERED));
+        let registered = claim.condition_is_true(conditions::REGISTERED);
         if !registered {
             names.extend(issued);
         }

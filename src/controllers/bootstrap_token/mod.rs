@@ -13,8 +13,8 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::api::Api;
 
+use crate::apis::NodeClaim;
 use crate::apis::labels::{NODECLAIM_TOKENS_ANNOTATION, conditions};
-use crate::apis::{ConditionsExt, NodeClaim};
 use crate::providers::bootstrap_token;
 use crate::state::ClusterIndex;
 
@@ -29,11 +29,7 @@ pub fn release_plan(index: &ClusterIndex) -> Vec<(String, BTreeSet<String>)> {
     index
         .nodeclaims()
         .iter()
-        .filter(|c| {
-            c.status
-                .as_ref()
-                .is_some_and(|s| s.conditions.is_true(conditions::REGISTERED))
-        })
+        .filter(|c| c.condition_is_true(conditions::REGISTERED))
         .filter_map(|c| {
             let names = bootstrap_token::recorded(
                 c.annotations()

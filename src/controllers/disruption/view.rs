@@ -95,9 +95,7 @@ pub fn build_view(index: &ClusterIndex, mut inputs: ViewInputs<'_>) -> ClusterVi
 }
 
 fn condition_true(claim: Option<&NodeClaim>, type_: &str) -> bool {
-    claim
-        .and_then(|c| c.status.as_ref())
-        .is_some_and(|s| s.conditions.is_true(type_))
+    claim.is_some_and(|c| c.condition_is_true(type_))
 }
 
 /// Fills the NodeClaim-derived fields of a state node.

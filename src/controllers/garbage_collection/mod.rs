@@ -18,8 +18,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 
+use crate::apis::NodeClaim;
 use crate::apis::labels::{INSTANCE_NODECLAIM_LABEL, conditions};
-use crate::apis::{ConditionsExt, NodeClaim};
 use crate::cloudprovider::Ownership;
 use crate::state::{ClusterIndex, nodeclaim_provider_id};
 
@@ -151,10 +151,7 @@ pub fn plan(
         let Some(id) = nodeclaim_provider_id(claim) else {
             continue;
         };
-        let registered = claim
-            .status
-            .as_ref()
-            .is_some_and(|s| s.conditions.is_true(conditions::REGISTERED));
+        let registered = claim.condition_is_true(conditions::REGISTERED);
         if !registered || live_ids.contains(id) {
             continue;
         }

@@ -118,10 +118,7 @@ pub fn unregistered_taint_missing(node: &Node) -> bool {
 /// the unregistered taint removed and `karpenter.sh/registered=true`.
 pub fn synced_node(claim: &NodeClaim, node: &Node) -> Node {
     let mut out = node.clone();
-    let registered_before = claim
-        .status
-        .as_ref()
-        .is_some_and(|s| s.conditions.is_true(conditions::REGISTERED));
+    let registered_before = claim.condition_is_true(conditions::REGISTERED);
     let mut labels = out.labels().clone();
     labels.extend(claim.labels().clone());
     labels.insert(NODE_REGISTERED_LABEL.into(), "true".into());
