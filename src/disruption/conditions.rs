@@ -60,7 +60,7 @@ pub fn consolidatable(
         .as_ref()
         .map(to_chrono)
         .unwrap_or_else(|| to_chrono(&initialized.last_transition_time));
-    let ready_at = since + chrono::Duration::from_std(after).unwrap_or(chrono::Duration::MAX);
+    let ready_at = quiet_from(since, after);
     if now >= ready_at {
         Ok(ConditionDecision::SetTrue {
             reason: conditions::CONSOLIDATABLE.into(),
@@ -69,6 +69,25 @@ pub fn consolidatable(
     } else {
         Ok(ConditionDecision::RemoveUntil(ready_at))
     }
+}
+
+/// The instant `consolidateAfter` has passed since `since`.
+fn quiet_from(since: DateTime<Utc>, after: std::time::Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(after)
+        .ok()
+        .and_then(|after| since.checked_add_signed(after))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// Whether `consolidateAfter` has passed since a node's last pod event as this process saw it.
+/// `Consolidatable` is written by a pass every few seconds; disruption checks this too, so a
+/// node emptied since that pass is not chosen only to be dropped by validation.
+pub fn quiet_since_pod_event(
+    last_pod_event: Option<DateTime<Utc>>,
+    after: std::time::Duration,
+    now: DateTime<Utc>,
+) -> bool {
+    last_pod_event.is_none_or(|at| now >= quiet_from(at, after))
 }
 
 /// Why a NodeClaim drifted; the strings are the condition reasons upstream writes.

@@ -12,6 +12,7 @@ use super::balanced::{self, PoolTotals};
 use super::budgets::{BudgetCounts, BudgetMapping, PoolBudget};
 use super::candidates::{Candidate, candidates, sort_by_disruption_cost};
 use super::command::{Command, Method, cheaper_than};
+use super::conditions::quiet_since_pod_event;
 use super::model::ClusterView;
 use super::names;
 use super::simulate::SimulationBase;
@@ -414,10 +415,14 @@ fn should_disrupt(view: &ClusterView, method: Method, c: &Candidate) -> Result<(
         return Err(None);
     }
     let disruption = &pool.nodepool.spec.disruption;
-    let consolidate_after_never = matches!(
-        parse_nillable_duration(&disruption.consolidate_after),
-        Ok(None)
-    );
+    let consolidate_after = parse_nillable_duration(&disruption.consolidate_after);
+    let consolidate_after_never = matches!(consolidate_after, Ok(None));
+    // `Consolidatable` as of the last conditions pass, and still quiet now.
+    let quiet = node.consolidatable
+        && match consolidate_after {
+            Ok(Some(after)) => quiet_since_pod_event(node.last_pod_event, after, view.now),
+            _ => false,
+        };
     match method {
         Method::Drift | Method::StaticDrift => node.drifted_since.map(|_| ()).ok_or(None),
         Method::Emptiness => {
@@ -427,7 +432,7 @@ fn should_disrupt(view: &ClusterView, method: Method, c: &Candidate) -> Result<(
                     c.node_pool
                 )));
             }
-            if !c.is_empty() || !node.consolidatable {
+            if !c.is_empty() || !quiet {
                 return Err(None);
             }
             Ok(())
@@ -468,7 +473,7 @@ fn should_disrupt(view: &ClusterView, method: Method, c: &Candidate) -> Result<(
                     c.node_pool
                 )));
             }
-            if !node.consolidatable {
+            if !quiet {
                 return Err(None);
             }
             Ok(())

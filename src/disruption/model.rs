@@ -152,6 +152,9 @@ pub struct StateNode {
     pub created_at: DateTime<Utc>,
     /// NodeClaim condition `Consolidatable=True`.
     pub consolidatable: bool,
+    /// The later of the NodeClaim's `lastPodEventTime` and the last pod event the cluster
+    /// index saw on the node (which the next conditions pass stamps).
+    pub last_pod_event: Option<DateTime<Utc>>,
     /// NodeClaim condition `Drifted=True` since this instant.
     pub drifted_since: Option<DateTime<Utc>>,
     pub termination_grace_period: Option<Duration>,

@@ -72,6 +72,49 @@ fn empty_node_is_removed_by_emptiness() {
 }
 
 #[test]
+fn a_node_whose_pods_left_within_consolidate_after_is_not_chosen_yet() {
+    // `Consolidatable` is still True from the pass before the pods left; the pod event the
+    // index saw since is what keeps the node out, until consolidateAfter has passed.
+    const AFTER_30S: &str = "{consolidateAfter: 30s, consolidationPolicy: WhenEmptyOrUnderutilized, budgets: [{nodes: \"100%\"}]}";
+    let mut emptied = node("emptied", "default", &large(), vec![], hour_ago());
+    emptied.last_pod_event = Some(now() - chrono::Duration::seconds(5));
+    let mut underused = node(
+        "underused",
+        "default",
+        &large(),
+        vec![pod("a", "500m", "256Mi")],
+        hour_ago(),
+    );
+    underused.last_pod_event = Some(now() - chrono::Duration::seconds(29));
+    let idle = node("idle", "default", &large(), vec![], hour_ago());
+    let mut v = cluster(AFTER_30S, vec![emptied, underused, idle]);
+    let o = run(&v);
+    assert_eq!(
+        o.command.as_ref().map(|c| c.method),
+        Some(Method::Emptiness)
+    );
+    assert_eq!(names(&o), ["idle"]);
+
+    // Without the quiet node, nothing is left to consolidate: the underused node had a pod
+    // event 29 s ago.
+    v.nodes.retain(|n| n.name != "idle");
+    v.nodes.retain(|n| n.name != "emptied");
+    assert!(run(&v).command.is_none());
+
+    // 30 s after their last pod events both are candidates again.
+    let mut later = cluster(
+        AFTER_30S,
+        vec![
+            node("emptied", "default", &large(), vec![], hour_ago()),
+            node("idle", "default", &large(), vec![], hour_ago()),
+        ],
+    );
+    later.nodes[0].last_pod_event = Some(now() - chrono::Duration::seconds(30));
+    let o = run(&later);
+    assert_eq!(names(&o), ["emptied", "idle"]);
+}
+
+#[test]
 fn daemonset_and_mirror_pods_do_not_make_a_node_busy() {
     let mut ds = pod("ds", "100m", "64Mi");
     ds.owner = super::model::PodOwner::DaemonSet;

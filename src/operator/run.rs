@@ -342,7 +342,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
         fence,
     } = runtime;
     let stop = shutdown_signal(shutdown.clone());
-    let cluster = Cluster::new();
+    let cluster = Cluster::with_clock(clock.clone());
     // The one watch of each kind: the cluster index and the Controllers share it.
     let feeds = state::feed(
         client.clone(),

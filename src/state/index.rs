@@ -14,6 +14,7 @@ use crate::apis::labels::{CAPACITY_TYPE_LABEL, NODEPOOL_LABEL};
 use crate::apis::{NodeClaim, NodeOverlay, NodePool, ResourceList};
 
 use super::held_pod::HeldPod as Pod;
+use super::pod_events::{PodEventMarks, counted_on};
 use super::quantity;
 
 /// Kinds the index holds; each must finish its initial list before the index is synced.
@@ -83,6 +84,8 @@ pub struct ClusterIndex {
     stale: BTreeSet<Kind>,
     /// Names seen during a re-list in progress, per kind.
     relisting: BTreeMap<Kind, BTreeSet<String>>,
+    /// When pods last came to or left each node (after the first complete pod list).
+    pod_events: PodEventMarks,
 }
 
 /// Whether the Node's `Ready` condition is True.
@@ -133,6 +136,7 @@ impl ClusterIndex {
     }
     pub fn delete_node(&mut self, name: &str) {
         self.nodes.remove(name);
+        self.pod_events.forget(name);
     }
     /// Takes an owned object or the shared store's `Arc` (one copy for both).
     pub fn apply_nodeclaim(&mut self, claim: impl Into<Arc<NodeClaim>>) {
@@ -157,6 +161,7 @@ impl ClusterIndex {
         let pod: Pod = pod.into();
         let key = namespaced(&pod);
         self.seen(Kind::Pod, &key);
+        self.record_pod_event(&key, Some(&pod));
         self.unbind(&key);
         if let Some(node) = pod_node(&pod) {
             self.pods_by_node
@@ -168,6 +173,7 @@ impl ClusterIndex {
     }
     pub fn delete_pod(&mut self, namespace: &str, name: &str) {
         let key = (namespace.to_string(), name.to_string());
+        self.record_pod_event(&key, None);
         self.unbind(&key);
         self.pods.remove(&key);
     }
@@ -232,6 +238,29 @@ impl ClusterIndex {
         self.required.insert(kind);
     }
 
+    /// Times pod events by the index's clock (operator: the system clock; tests: their own).
+    pub fn set_clock(&mut self, clock: Arc<dyn crate::clock::Clock>) {
+        self.pod_events.set_clock(clock);
+    }
+
+    /// Marks the nodes the pod at `key` comes to or leaves as it becomes `next` (`None`:
+    /// deleted). The first pod list is what was there already, not an event.
+    fn record_pod_event(&mut self, key: &NamespacedName, next: Option<&Pod>) {
+        if !self.listed.contains(&Kind::Pod) {
+            return;
+        }
+        let before = self.pods.get(key).and_then(|p| counted_on(p));
+        let after = next.and_then(counted_on);
+        self.pod_events.moved(before, after);
+    }
+
+    /// When a pod last came to or left `node` as this process saw it (bound, or stopped
+    /// counting: terminating, finished or gone; DaemonSet pods never count). `None` when
+    /// nothing changed since the first pod list.
+    pub fn last_pod_event(&self, node: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.pod_events.last(node)
+    }
+
     fn unbind(&mut self, key: &NamespacedName) {
         if let Some(old) = self.pods.get(key)
             && let Some(node) = pod_node(old)
@@ -269,7 +298,10 @@ impl ClusterIndex {
     pub fn finish_list(&mut self, kind: Kind) {
         let seen = self.relisting.remove(&kind).unwrap_or_default();
         match kind {
-            Kind::Node => self.nodes.retain(|name, _| seen.contains(name)),
+            Kind::Node => {
+                self.nodes.retain(|name, _| seen.contains(name));
+                self.pod_events.retain(|name| seen.contains(name));
+            }
             Kind::NodeClaim => self.nodeclaims.retain(|name, _| seen.contains(name)),
             Kind::NodePool => self.nodepools.retain(|name, _| seen.contains(name)),
             Kind::Pod => {
@@ -524,6 +556,70 @@ impl ClusterIndex {
 mod tests {
     use super::*;
     use crate::state::testing::*;
+
+    #[test]
+    fn pod_events_are_timed_as_the_watch_delivers_them() {
+        use crate::clock::FixedClock;
+        let clock = FixedClock::at(1_000);
+        let mut index = ClusterIndex::default();
+        index.set_clock(Arc::new(clock.clone()));
+        let at = |s: i64| chrono::DateTime::from_timestamp(s, 0);
+        // What the first list finds was there already.
+        index.begin_list(Kind::Pod);
+        index.apply_pod(pod("default", "a", Some("n1")));
+        index.apply_pod(pod("default", "b", Some("n1")));
+        index.finish_list(Kind::Pod);
+        assert_eq!(index.last_pod_event("n1"), None);
+
+        // An arrival is an event on its node.
+        clock.set(1_010);
+        index.apply_pod(pod("default", "c", Some("n2")));
+        assert_eq!(index.last_pod_event("n2"), at(1_010));
+        assert_eq!(index.last_pod_event("n1"), None);
+        // A status change that leaves the pod where it counts is not.
+        clock.set(1_020);
+        let mut running = pod("default", "c", Some("n2"));
+        running.status.get_or_insert_with(Default::default).phase = Some("Running".into());
+        index.apply_pod(running);
+        assert_eq!(index.last_pod_event("n2"), at(1_010));
+
+        // The start of termination is the event; the removal seconds later is not.
+        clock.set(1_030);
+        let mut terminating = pod("default", "a", Some("n1"));
+        terminating.metadata.deletion_timestamp = Some(ts(1_030));
+        index.apply_pod(terminating);
+        assert_eq!(index.last_pod_event("n1"), at(1_030));
+        clock.set(1_040);
+        index.delete_pod("default", "a");
+        assert_eq!(index.last_pod_event("n1"), at(1_030));
+        // A pod deleted outright (or found gone by a re-list) is one.
+        clock.set(1_050);
+        index.begin_list(Kind::Pod);
+        index.apply_pod(pod("default", "c", Some("n2")));
+        index.finish_list(Kind::Pod);
+        assert_eq!(index.last_pod_event("n1"), at(1_050), "b was not re-listed");
+        assert_eq!(
+            index.last_pod_event("n2"),
+            at(1_010),
+            "c was not re-listed as an event"
+        );
+
+        // Finishing counts; DaemonSet pods never do.
+        clock.set(1_060);
+        let mut done = pod("default", "c", Some("n2"));
+        done.status.get_or_insert_with(Default::default).phase = Some("Succeeded".into());
+        index.apply_pod(done);
+        assert_eq!(index.last_pod_event("n2"), at(1_060));
+        clock.set(1_070);
+        index.apply_pod(owned_by_daemonset(pod("kube-system", "ds", Some("n2"))));
+        index.delete_pod("kube-system", "ds");
+        assert_eq!(index.last_pod_event("n2"), at(1_060));
+
+        // A node that goes takes its mark with it.
+        index.apply_node(node("n2", None, &[]));
+        index.delete_node("n2");
+        assert_eq!(index.last_pod_event("n2"), None);
+    }
 
     #[test]
     fn pods_are_indexed_by_node_and_rebound() {

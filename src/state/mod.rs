@@ -6,6 +6,7 @@
 
 pub mod held_pod;
 mod index;
+pub mod pod_events;
 pub mod pod_times;
 pub mod pods;
 pub mod quantity;
@@ -56,6 +57,13 @@ impl Default for Cluster {
 impl Cluster {
     pub fn new() -> Arc<Self> {
         Arc::new(Cluster::default())
+    }
+
+    /// A cluster whose pod events are timed by `clock` (the operator's, or a test's).
+    pub fn with_clock(clock: Arc<dyn crate::clock::Clock>) -> Arc<Self> {
+        let cluster = Cluster::default();
+        cluster.update(|index| index.set_clock(clock));
+        Arc::new(cluster)
     }
 
     /// Read access to the index.

@@ -1,6 +1,7 @@
 //! The disruption conditions controller: keeps `Consolidatable`, `Drifted` and `Empty` on every
 //! NodeClaim (status subresource, optimistic lock) from the pure `disruption::conditions`, and
-//! stamps `lastPodEventTime` when pods arrive on or leave a node.
+//! stamps `lastPodEventTime` with the instant the cluster index saw a pod arrive on or leave
+//! the node (not the instant of the pass).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use crate::disruption::conditions::{
 use crate::operator::events::Severity;
 use crate::scheduling::InstanceType;
 
-use super::decisions::{PodEvents, apply_decision, pod_event_keys, timestamp};
+use super::decisions::{apply_decision, timestamp};
 use super::view::node_pod;
 
 /// NodeClaim status writes of one pass in flight at once.
@@ -39,7 +40,6 @@ pub struct ConditionsController {
     provider_drift_interval: Duration,
     provider_drift: HashMap<String, (Instant, Option<String>)>,
     instance_types: HashMap<String, (Instant, Vec<Arc<InstanceType>>)>,
-    pod_events: PodEvents,
 }
 
 /// The conditions one NodeClaim should carry.
@@ -50,11 +50,11 @@ pub struct Desired {
 }
 
 /// The NodeClaim's conditions with the desired ones applied (and `lastPodEventTime` when a pod
-/// event happened); `None` when nothing changes.
+/// event newer than the stamped one happened); `None` when nothing changes.
 pub fn updated_status(
     claim: &NodeClaim,
     desired: &Desired,
-    pod_event: bool,
+    pod_event: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Option<serde_json::Value> {
     let status = claim.status.clone().unwrap_or_default();
@@ -68,14 +68,25 @@ pub fn updated_status(
     );
     changed |= apply_decision(&mut conds, conditions::DRIFTED, &desired.drifted, now);
     changed |= apply_decision(&mut conds, EMPTY, &desired.empty, now);
-    if !changed && !pod_event {
+    if !changed && pod_event.is_none() {
         return None;
     }
     let mut out = json!({ "conditions": conds });
-    if pod_event {
-        out["lastPodEventTime"] = json!(timestamp(now).to_string());
+    if let Some(at) = pod_event {
+        out["lastPodEventTime"] = json!(timestamp(at).to_string());
     }
     Some(out)
+}
+
+/// The index's last pod event on the claim's node when it is later than the one stamped
+/// (stamps are whole seconds, as the API keeps them).
+fn newer_pod_event(claim: &NodeClaim, seen: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
+    let stamped = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.last_pod_event_time.as_ref())
+        .map(|t| t.0.as_second());
+    seen.filter(|at| stamped.is_none_or(|s| at.timestamp() > s))
 }
 
 impl ConditionsController {
@@ -85,7 +96,6 @@ impl ConditionsController {
             provider_drift_interval,
             provider_drift: HashMap::new(),
             instance_types: HashMap::new(),
-            pod_events: PodEvents::default(),
         }
     }
 
@@ -130,15 +140,6 @@ impl ConditionsController {
                 }
             })
             .await;
-        let nodes: BTreeSet<String> = self
-            .ctx
-            .cluster
-            .read()
-            .nodes()
-            .iter()
-            .map(|n| n.name_any())
-            .collect();
-        self.pod_events.retain(&nodes);
     }
 
     async fn types_of(&mut self, pool: &NodePool) -> Option<Vec<Arc<InstanceType>>> {
@@ -221,26 +222,23 @@ impl ConditionsController {
         let (empty, pod_event) = match node_name {
             Some(node) if self.ctx.cluster.read().node(&node).is_some() => {
                 let pods = self.ctx.cluster.read().pods_on_node(&node);
-                let uids = pod_event_keys(pods.iter().map(|p| p.as_ref()));
                 let reschedulable = pods
                     .iter()
                     .filter_map(|p| node_pod(p))
                     .filter(|p| p.is_reschedulable())
                     .count();
-                (
-                    decide::empty(reschedulable),
-                    self.pod_events.observe(&node, uids),
-                )
+                let last = self.ctx.cluster.read().last_pod_event(&node);
+                (decide::empty(reschedulable), newer_pod_event(claim, last))
             }
-            _ => (ConditionDecision::Remove, false),
+            _ => (ConditionDecision::Remove, None),
         };
         // A pod event restarts the consolidateAfter clock at once.
         let mut seen = claim.clone();
-        if pod_event {
+        if let Some(at) = pod_event {
             seen.status
                 .get_or_insert_with(Default::default)
                 .last_pod_event_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                timestamp(now),
+                timestamp(at),
             ));
         }
         let consolidatable = consolidatable(&seen, &pool, now)
@@ -283,7 +281,7 @@ mod tests {
             drifted: ConditionDecision::Remove,
             empty: ConditionDecision::Remove,
         };
-        let status = updated_status(&claim, &desired, false, at(10)).expect("a new condition");
+        let status = updated_status(&claim, &desired, None, at(10)).expect("a new condition");
         let conds = status["conditions"].as_array().unwrap();
         assert!(
             conds
@@ -299,8 +297,34 @@ mod tests {
         let mut settled = claim.clone();
         settled.status.as_mut().unwrap().conditions =
             serde_json::from_value(status["conditions"].clone()).unwrap();
-        assert!(updated_status(&settled, &desired, false, at(20)).is_none());
-        let with_event = updated_status(&settled, &desired, true, at(20)).unwrap();
-        assert_eq!(with_event["lastPodEventTime"], "2023-11-14T22:13:40Z");
+        assert!(updated_status(&settled, &desired, None, at(20)).is_none());
+        // The event is stamped with when it happened, not when the pass wrote it.
+        let with_event = updated_status(&settled, &desired, Some(at(14)), at(20)).unwrap();
+        assert_eq!(with_event["lastPodEventTime"], "2023-11-14T22:13:34Z");
+    }
+
+    #[test]
+    fn only_a_pod_event_later_than_the_stamped_one_is_written() {
+        let mut claim = testing::registered(testing::nodeclaim("c", "p", Some("exoscale://c")));
+        assert_eq!(newer_pod_event(&claim, None), None);
+        assert_eq!(
+            newer_pod_event(&claim, Some(at(5))),
+            Some(at(5)),
+            "none stamped yet"
+        );
+        claim.status.as_mut().unwrap().last_pod_event_time = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(timestamp(at(5))),
+        );
+        assert_eq!(
+            newer_pod_event(&claim, Some(at(5))),
+            None,
+            "already stamped"
+        );
+        assert_eq!(
+            newer_pod_event(&claim, Some(at(4))),
+            None,
+            "older than the stamp"
+        );
+        assert_eq!(newer_pod_event(&claim, Some(at(6))), Some(at(6)));
     }
 }

@@ -1,7 +1,7 @@
 //! Pure decisions of the disruption controller's I/O shell: the patches an action needs and
 //! what the controller makes of the objects it observes.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 
 use kube::ResourceExt;
 
@@ -137,45 +137,6 @@ pub fn stale_disruptions(
         .collect()
 }
 
-/// Tracks the pods bound to each node between passes, the way upstream's pod-events
-/// controller stamps `lastPodEventTime`: a pod arriving or leaving is an event.
-#[derive(Debug, Default)]
-pub struct PodEvents {
-    seen: std::collections::HashMap<String, BTreeSet<String>>,
-}
-
-/// The pods on a node whose arrival or departure is a pod event, as upstream's podevents
-/// controller sees them: a pod counts while it is bound, not terminating and not finished, so
-/// its start of termination (or its end) is the event, not its final removal seconds later,
-/// which restarted `consolidateAfter` on nodes emptiness had already chosen. DaemonSet pods
-/// never count.
-pub fn pod_event_keys<'a>(
-    pods: impl IntoIterator<Item = &'a crate::state::HeldPod>,
-) -> BTreeSet<String> {
-    use crate::state::pods::{is_daemonset_pod, is_terminal};
-    pods.into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| !is_terminal(p) && !is_daemonset_pod(p))
-        .filter_map(|p| p.metadata.uid.clone())
-        .collect()
-}
-
-impl PodEvents {
-    /// Records the pods on `node`; true when they changed since the last observation (the
-    /// first observation is not an event: the status already holds what happened before).
-    pub fn observe(&mut self, node: &str, pods: BTreeSet<String>) -> bool {
-        match self.seen.insert(node.to_string(), pods.clone()) {
-            Some(previous) => previous != pods,
-            None => false,
-        }
-    }
-
-    /// Forgets nodes that are gone.
-    pub fn retain(&mut self, live: &BTreeSet<String>) {
-        self.seen.retain(|n, _| live.contains(n));
-    }
-}
-
 /// Remembers when an event was last published, to publish repeats only after `ttl`.
 #[derive(Debug, Default)]
 pub struct Dedupe {
@@ -205,36 +166,6 @@ mod tests {
 
     fn at(s: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_700_000_000 + s, 0).unwrap()
-    }
-
-    #[test]
-    fn a_pod_event_is_the_start_of_termination_not_the_removal() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-        let pod = |name: &str| {
-            let mut p = testing::pod("default", name, Some("n1"));
-            p.metadata.uid = Some(format!("uid-{name}"));
-            p
-        };
-        let (a, b) = (pod("a"), pod("b"));
-        let mut events = PodEvents::default();
-        assert!(
-            !events.observe("n1", pod_event_keys([&a, &b])),
-            "first look"
-        );
-        // b starts terminating: the event.
-        let mut terminating = b.clone();
-        terminating.metadata.deletion_timestamp = Some(Time(timestamp(at(0))));
-        assert!(events.observe("n1", pod_event_keys([&a, &terminating])));
-        // b is gone from the API later: nothing new happened on the node.
-        assert!(!events.observe("n1", pod_event_keys([&a])));
-        // a finishes: an event; a DaemonSet pod arriving is none.
-        let mut done = a.clone();
-        done.status.get_or_insert_with(Default::default).phase = Some("Succeeded".into());
-        assert!(events.observe("n1", pod_event_keys([&done])));
-        let daemon = testing::owned_by_daemonset(pod("d"));
-        assert!(!events.observe("n1", pod_event_keys([&done, &daemon])));
-        // A new pod bound to the node is an event.
-        assert!(events.observe("n1", pod_event_keys([&done, &daemon, &pod("c")])));
     }
 
     #[test]
@@ -337,18 +268,6 @@ mod tests {
             stale_disruptions(&index, &held),
             vec![("stale".to_string(), Some("c2".to_string()))]
         );
-    }
-
-    #[test]
-    fn pod_events_are_changes_after_the_first_look() {
-        let mut events = PodEvents::default();
-        let pods = |names: &[&str]| names.iter().map(|s| s.to_string()).collect();
-        assert!(!events.observe("n1", pods(&["a"])));
-        assert!(!events.observe("n1", pods(&["a"])));
-        assert!(events.observe("n1", pods(&["a", "b"])));
-        assert!(events.observe("n1", pods(&[])));
-        events.retain(&BTreeSet::new());
-        assert!(!events.observe("n1", pods(&["a"])));
     }
 
     #[test]

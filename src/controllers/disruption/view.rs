@@ -111,6 +111,9 @@ fn claim_fields(node: &mut StateNode, claim: &NodeClaim, inputs: &ViewInputs<'_>
     node.initialized = status.conditions.is_true(conditions::INITIALIZED);
     node.instance_terminating = status.conditions.is_true(conditions::INSTANCE_TERMINATING);
     node.consolidatable = status.conditions.is_true(conditions::CONSOLIDATABLE);
+    node.last_pod_event = node
+        .last_pod_event
+        .max(status.last_pod_event_time.as_ref().map(to_chrono));
     node.drifted_since = status
         .conditions
         .get_condition(conditions::DRIFTED)
@@ -182,6 +185,7 @@ fn registered_node(
             inputs.now + chrono::Duration::from_std(NOMINATION_WINDOW).unwrap_or_default()
         }),
         created_at: inputs.now,
+        last_pod_event: volumes.last_pod_event(&name),
         pods: node_pods,
         scheduling,
         ..Default::default()
@@ -410,6 +414,35 @@ mod tests {
         assert_eq!(view.pdbs.len(), 1);
         assert!(view.pdbs[0].fully_blocking);
         assert_eq!(view.now, at(100));
+    }
+
+    #[test]
+    fn a_node_s_last_pod_event_is_the_later_of_the_stamp_and_what_the_index_saw() {
+        use crate::clock::FixedClock;
+        let clock = FixedClock::at(1_700_000_000 + 40);
+        let mut index = index();
+        index.set_clock(Arc::new(clock.clone()));
+        index.begin_list(crate::state::Kind::Pod);
+        index.apply_pod(testing::pod("apps", "web", Some("n1")));
+        index.finish_list(crate::state::Kind::Pod);
+        let mut stamped = claim("default-a", "exoscale://1");
+        stamped.status.as_mut().unwrap().last_pod_event_time = Some(testing::ts(30));
+        index.apply_nodeclaim(stamped);
+        let seen = |index: &ClusterIndex| {
+            build_view(index, inputs(&|_| false, &[]))
+                .node("n1")
+                .unwrap()
+                .last_pod_event
+        };
+        assert_eq!(seen(&index), Some(at(30)), "only the stamp");
+        // A pod leaves after the stamp: the view has it before any pass writes it.
+        index.delete_pod("apps", "web");
+        assert_eq!(seen(&index), Some(at(40)));
+        // A later stamp wins over an older sighting.
+        let mut restamped = claim("default-a", "exoscale://1");
+        restamped.status.as_mut().unwrap().last_pod_event_time = Some(testing::ts(50));
+        index.apply_nodeclaim(restamped);
+        assert_eq!(seen(&index), Some(at(50)));
     }
 
     #[test]
