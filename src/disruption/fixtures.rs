@@ -123,6 +123,7 @@ pub fn node(
             pods: bound,
             node_pool: Some(pool.into()),
             initialized: true,
+            settling: false,
         },
         labels,
         annotations: BTreeMap::new(),

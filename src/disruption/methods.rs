@@ -570,7 +570,7 @@ pub fn compute_consolidation(
     method: Method,
     candidates: &[&Candidate],
 ) -> Result<Command, String> {
-    let sim = base.simulate(candidates);
+    let sim = base.simulate_consolidation(candidates);
     if !sim.all_non_pending_pods_scheduled() {
         return Err(format!(
             "not all pods would schedule, {}",

@@ -152,8 +152,9 @@ pub struct StateNode {
     pub created_at: DateTime<Utc>,
     /// NodeClaim condition `Consolidatable=True`.
     pub consolidatable: bool,
-    /// The later of the NodeClaim's `lastPodEventTime` and the last pod event the cluster
-    /// index saw on the node (which the next conditions pass stamps).
+    /// When the node's `consolidateAfter` clock started: the later of the NodeClaim's
+    /// `lastPodEventTime` (its initialization when none) and the last pod event the cluster
+    /// index saw on the node, which the next conditions pass stamps.
     pub last_pod_event: Option<DateTime<Utc>>,
     /// NodeClaim condition `Drifted=True` since this instant.
     pub drifted_since: Option<DateTime<Utc>>,

@@ -28,6 +28,8 @@ pub struct SimulationBase<'a> {
     /// A PreferNoSchedule taint on a node or NodePool: pods may be retried tolerating it.
     prefer_no_schedule: bool,
     uninitialized: HashSet<&'a str>,
+    /// Per node of the view: within its NodePool's `consolidateAfter` of its last pod event.
+    settling: Vec<bool>,
     /// Reschedulable pods of deleting nodes: they need a home too.
     deleting_pods: Vec<Pod>,
     instance_types: HashMap<String, Vec<std::sync::Arc<crate::scheduling::InstanceType>>>,
@@ -63,9 +65,14 @@ impl<'a> SimulationBase<'a> {
                 n.allocatable.saturating_minus(&used)
             })
             .collect();
+        let settling: Vec<bool> = view.nodes.iter().map(|n| is_settling(view, n)).collect();
         let compact = active
             .iter()
-            .map(|&i| compact_node(&view.nodes[i].scheduling))
+            .map(|&i| {
+                let mut node = compact_node(&view.nodes[i].scheduling);
+                node.settling = settling[i];
+                node
+            })
             .collect();
         // Mirrors the scheduler's ordering of existing nodes (see `solve_topology_free`).
         let mut scheduler_order: Vec<usize> = (0..active.len()).collect();
@@ -114,6 +121,7 @@ impl<'a> SimulationBase<'a> {
                 .filter(|n| !n.initialized)
                 .map(|n| n.name.as_str())
                 .collect(),
+            settling,
             deleting_pods,
             instance_types,
             whole_cluster: OnceLock::new(),
@@ -150,9 +158,11 @@ impl<'a> SimulationBase<'a> {
     fn active_nodes_except(&self, removed: &HashSet<&str>) -> Vec<ExistingNode> {
         self.active
             .iter()
-            .map(|&i| &self.view.nodes[i])
-            .filter(|n| !removed.contains(n.name.as_str()))
-            .map(|n| n.scheduling.clone())
+            .filter(|&&i| !removed.contains(self.view.nodes[i].name.as_str()))
+            .map(|&i| ExistingNode {
+                settling: self.settling[i],
+                ..self.view.nodes[i].scheduling.clone()
+            })
             .collect()
     }
 
@@ -202,18 +212,32 @@ impl<'a> SimulationBase<'a> {
     }
 
     /// Schedules pending pods, the candidates' pods and deleting nodes' pods on the cluster
-    /// without the candidates.
+    /// without the candidates (drift: any node may take the candidates' pods).
     pub fn simulate(&self, candidates: &[&Candidate]) -> Simulation {
-        self.simulate_with(candidates, Strategy::Fast)
+        self.simulate_with(candidates, Move::Anywhere, Strategy::Fast)
     }
 
-    fn simulate_with(&self, candidates: &[&Candidate], strategy: Strategy) -> Simulation {
+    /// As [`Self::simulate`], for consolidation: the candidates' pods do not land on settling
+    /// nodes (upstream's consolidation simulation).
+    pub fn simulate_consolidation(&self, candidates: &[&Candidate]) -> Simulation {
+        self.simulate_with(candidates, Move::OffSettlingNodes, Strategy::Fast)
+    }
+
+    fn simulate_with(
+        &self,
+        candidates: &[&Candidate],
+        moves: Move,
+        strategy: Strategy,
+    ) -> Simulation {
         let view = self.view;
         let removed: HashSet<&str> = candidates.iter().map(|c| c.name.as_str()).collect();
         let mut pods: Vec<Pod> = view.pending_pods.clone();
         let pending = pods.len();
         for c in candidates {
-            pods.extend(currently_reschedulable(view, c).map(|p| (*p.pod).clone()));
+            pods.extend(currently_reschedulable(view, c).map(|p| Pod {
+                moved_by_consolidation: moves == Move::OffSettlingNodes,
+                ..(*p.pod).clone()
+            }));
         }
         let from_candidates = pods.len();
         pods.extend(self.deleting_pods.iter().cloned());
@@ -255,6 +279,34 @@ impl<'a> SimulationBase<'a> {
             pending,
             errors,
         }
+    }
+}
+
+/// Where a simulation may put the candidates' pods.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Move {
+    Anywhere,
+    OffSettlingNodes,
+}
+
+/// Whether a pod came or went on `node` within its NodePool's `consolidateAfter` (never for a
+/// zero `consolidateAfter` or an uninitialized node, as upstream).
+fn is_settling(view: &ClusterView, node: &super::model::StateNode) -> bool {
+    let after = node
+        .node_pool()
+        .and_then(|pool| view.pools.get(pool))
+        .and_then(|pool| {
+            crate::apis::duration::parse_nillable_duration(
+                &pool.nodepool.spec.disruption.consolidate_after,
+            )
+            .ok()
+            .flatten()
+        });
+    match after {
+        Some(after) if !after.is_zero() && node.initialized => {
+            !super::conditions::quiet_since_pod_event(node.last_pod_event, after, view.now)
+        }
+        _ => false,
     }
 }
 
@@ -304,6 +356,7 @@ fn compact_node(node: &ExistingNode) -> ExistingNode {
         pods,
         node_pool: node.node_pool.clone(),
         initialized: node.initialized,
+        settling: node.settling,
     }
 }
 
@@ -451,8 +504,8 @@ mod tests {
             let base = SimulationBase::new(&v);
             let (cands, _) = candidates(&v, DisruptionClass::Graceful);
             for c in cands.iter().take(40) {
-                let fast = base.simulate_with(&[c], Strategy::Fast);
-                let full = base.simulate_with(&[c], Strategy::Exhaustive);
+                let fast = base.simulate_with(&[c], Move::OffSettlingNodes, Strategy::Fast);
+                let full = base.simulate_with(&[c], Move::OffSettlingNodes, Strategy::Exhaustive);
                 assert_eq!(
                     summary(&fast),
                     summary(&full),
@@ -463,8 +516,8 @@ mod tests {
             }
             let pair: Vec<&Candidate> = cands.iter().take(3).collect();
             assert_eq!(
-                summary(&base.simulate_with(&pair, Strategy::Fast)),
-                summary(&base.simulate_with(&pair, Strategy::Exhaustive))
+                summary(&base.simulate_with(&pair, Move::OffSettlingNodes, Strategy::Fast)),
+                summary(&base.simulate_with(&pair, Move::OffSettlingNodes, Strategy::Exhaustive))
             );
             if topology {
                 assert!(

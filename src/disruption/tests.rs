@@ -115,6 +115,47 @@ fn a_node_whose_pods_left_within_consolidate_after_is_not_chosen_yet() {
 }
 
 #[test]
+fn consolidation_does_not_move_running_pods_onto_a_node_that_is_settling() {
+    // A scale-down is emptying "emptying" (its last pod left 5 s ago, consolidateAfter 30 s).
+    // Deleting "full" would fit its pod there, refilling a node about to be empty; as
+    // upstream, consolidation leaves settling nodes out as destinations of running pods.
+    const AFTER_30S: &str = "{consolidateAfter: 30s, consolidationPolicy: WhenEmptyOrUnderutilized, budgets: [{nodes: \"100%\"}]}";
+    let full = node(
+        "full",
+        "default",
+        &large(),
+        vec![pod("a", "3", "1Gi")],
+        hour_ago(),
+    );
+    let mut emptying = node("emptying", "default", &large(), vec![], hour_ago());
+    emptying.last_pod_event = Some(now() - chrono::Duration::seconds(5));
+    let v = cluster(AFTER_30S, vec![full.clone(), emptying.clone()]);
+    let o = run(&v);
+    assert!(o.command.is_none(), "got {:?}", names(&o));
+
+    // Drift is not consolidation: a drifted node's pod may go to the settling node.
+    let mut drifted = full.clone();
+    drifted.drifted_since = Some(hour_ago());
+    let o = run(&cluster(AFTER_30S, vec![drifted, emptying.clone()]));
+    let cmd = o.command.as_ref().expect("a drift command");
+    assert_eq!(cmd.method, Method::Drift);
+    assert!(
+        cmd.replacements.is_empty(),
+        "the pod fits on the settling node"
+    );
+
+    // Once quiet, the emptied node is the one removed; the full node keeps its pod.
+    let mut later = v.clone();
+    later.now = now() + chrono::Duration::seconds(25);
+    let o = run(&later);
+    assert_eq!(
+        o.command.as_ref().map(|c| c.method),
+        Some(Method::Emptiness)
+    );
+    assert_eq!(names(&o), ["emptying"]);
+}
+
+#[test]
 fn daemonset_and_mirror_pods_do_not_make_a_node_busy() {
     let mut ds = pod("ds", "100m", "64Mi");
     ds.owner = super::model::PodOwner::DaemonSet;

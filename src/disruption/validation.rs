@@ -66,7 +66,7 @@ pub fn validate(command: &Command, fresh: &ClusterView) -> Result<Command, Valid
     }
     let base = SimulationBase::new(fresh);
     let refs: Vec<&Candidate> = current.iter().collect();
-    let sim = base.simulate(&refs);
+    let sim = base.simulate_consolidation(&refs);
     if !sim.all_non_pending_pods_scheduled() {
         return Err(ValidationError::Scheduling(sim.errors.join("; ")));
     }

@@ -283,6 +283,7 @@ pub fn claim_capacity(claim: &NodeClaim) -> ExistingNode {
         pods: Vec::new(),
         node_pool: claim.labels().get(NODEPOOL_LABEL).cloned(),
         initialized: false,
+        settling: false,
     }
 }
 

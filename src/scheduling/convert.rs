@@ -626,6 +626,7 @@ pub fn pod_from_k8s(pod: &HeldPod) -> Result<Pod, ConvertError> {
             .map(|t| t.0.as_second())
             .unwrap_or_default(),
         labels: labels.into(),
+        moved_by_consolidation: false,
     })
 }
 
@@ -736,6 +737,8 @@ pub fn existing_node_from_k8s<'a>(
             .collect::<Result<Vec<_>, _>>()?,
         node_pool,
         initialized,
+        // Disruption's simulation marks the nodes that are settling.
+        settling: false,
     })
 }
 

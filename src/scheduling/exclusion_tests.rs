@@ -90,6 +90,7 @@ fn random_node(rng: &mut StdRng, i: usize) -> ExistingNode {
         pods,
         node_pool: Some("default".into()),
         initialized: !rng.random_ratio(1, 8),
+        settling: false,
     }
 }
 

@@ -217,6 +217,9 @@ pub struct Pod {
     pub volume_requirements: Option<Requirements>,
     /// Creation time (any monotonic unit, e.g. Unix seconds); orders pods with equal requests.
     pub created_at: i64,
+    /// Running now on a node a consolidation would remove: it does not land on a
+    /// [`ExistingNode::settling`] node.
+    pub moved_by_consolidation: bool,
 }
 
 impl Pod {
@@ -273,6 +276,10 @@ pub struct ExistingNode {
     pub pods: Vec<Arc<BoundPod>>,
     pub node_pool: Option<String>,
     pub initialized: bool,
+    /// A pod came or went within its NodePool's `consolidateAfter`: consolidation does not move
+    /// running pods onto it, as upstream (pending pods and pods of deleting nodes still may).
+    /// During a scale-down this keeps consolidation from refilling nodes that are emptying.
+    pub settling: bool,
 }
 
 impl ExistingNode {

@@ -111,9 +111,18 @@ fn claim_fields(node: &mut StateNode, claim: &NodeClaim, inputs: &ViewInputs<'_>
     node.initialized = status.conditions.is_true(conditions::INITIALIZED);
     node.instance_terminating = status.conditions.is_true(conditions::INSTANCE_TERMINATING);
     node.consolidatable = status.conditions.is_true(conditions::CONSOLIDATABLE);
-    node.last_pod_event = node
-        .last_pod_event
-        .max(status.last_pod_event_time.as_ref().map(to_chrono));
+    // consolidateAfter counts from the last pod event, or from initialization when none.
+    let initialized_at = status
+        .conditions
+        .get_condition(conditions::INITIALIZED)
+        .filter(|c| c.status == crate::apis::ConditionStatus::True)
+        .map(|c| to_chrono(&c.last_transition_time));
+    let stamped = status
+        .last_pod_event_time
+        .as_ref()
+        .map(to_chrono)
+        .or(initialized_at);
+    node.last_pod_event = node.last_pod_event.max(stamped);
     node.drifted_since = status
         .conditions
         .get_condition(conditions::DRIFTED)

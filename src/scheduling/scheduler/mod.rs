@@ -63,6 +63,7 @@ struct NodeBase {
     labels: BTreeMap<String, String>,
     taints: Vec<Taint>,
     available: Resources,
+    settling: bool,
 }
 
 /// Upstream's reason for a pod when no NodePool reached the scheduler.
@@ -259,6 +260,7 @@ impl Scheduler {
                     taints: n.taints.clone(),
                     available: n.allocatable.saturating_minus(&used),
                     reqs,
+                    settling: n.settling,
                 }
             })
             .collect();

@@ -580,6 +580,9 @@ impl<'a> Solve<'a> {
     fn can_add_to_node(&self, ni: usize, c: &Check) -> Option<Option<Requirements>> {
         let (pod, a, topo) = (c.pod, c.a, c.topo);
         let base = &self.s.nodes[ni];
+        if base.settling && pod.moved_by_consolidation {
+            return None;
+        }
         if first_untolerated(&base.taints, &pod.tolerations, a.tolerate_pns).is_some()
             || ports_conflict(&pod.host_ports, &self.s.bound_ports[ni])
         {
