@@ -90,6 +90,24 @@ pub fn quiet_since_pod_event(
     last_pod_event.is_none_or(|at| now >= quiet_from(at, after))
 }
 
+/// Whether a node would be `Consolidatable` now: its dynamic NodePool consolidates, it is
+/// initialized, and `consolidateAfter` has passed since `since` (its last pod event, or its
+/// initialization when none).
+pub fn consolidatable_now(
+    nodepool: &NodePool,
+    initialized: bool,
+    since: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> bool {
+    let after = parse_nillable_duration(&nodepool.spec.disruption.consolidate_after);
+    match after {
+        Ok(Some(after)) if nodepool.spec.replicas.is_none() && initialized => {
+            since.is_some() && quiet_since_pod_event(since, after, now)
+        }
+        _ => false,
+    }
+}
+
 /// Why a NodeClaim drifted; the strings are the condition reasons upstream writes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DriftReason {

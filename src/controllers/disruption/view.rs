@@ -13,6 +13,7 @@ use kube::ResourceExt;
 use crate::apis::duration::{parse_duration, parse_nillable_duration};
 use crate::apis::labels::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION, conditions};
 use crate::apis::{ConditionsExt, NodeClaim, NodePool};
+use crate::disruption::conditions as decide;
 use crate::disruption::model::{
     ClusterView, NOMINATION_WINDOW, NodePod, Pdb, PodOwner, PoolState, StateNode,
 };
@@ -77,6 +78,23 @@ pub fn build_view(index: &ClusterIndex, mut inputs: ViewInputs<'_>) -> ClusterVi
             .iter()
             .map(|claim| unregistered_claim(claim, &inputs)),
     );
+    // `Consolidatable` is written every few seconds; a node that became quiet since counts
+    // now, as the next pass will write. Without this, a node emptied 30 s ago was not yet a
+    // candidate for Emptiness but already a place consolidation could move other pods to.
+    for node in &mut nodes {
+        let pool = node.node_pool().and_then(|p| pools.get(p));
+        if let Some(pool) = pool
+            && node.nodeclaim.is_some()
+            && decide::consolidatable_now(
+                &pool.nodepool,
+                node.initialized,
+                node.last_pod_event,
+                now,
+            )
+        {
+            node.consolidatable = true;
+        }
+    }
 
     // Provisioning ignores pods whose claims no node can satisfy; so does the view.
     let (pending, _invalid) = input::pods_to_place(index, input::provisionable_pods(index));
@@ -452,6 +470,47 @@ mod tests {
         restamped.status.as_mut().unwrap().last_pod_event_time = Some(testing::ts(50));
         index.apply_nodeclaim(restamped);
         assert_eq!(seen(&index), Some(at(50)));
+    }
+
+    #[test]
+    fn a_node_is_consolidatable_as_soon_as_it_is_quiet_not_when_the_condition_is_written() {
+        use crate::clock::FixedClock;
+        let clock = FixedClock::at(1_700_000_000 + 80);
+        let mut index = index();
+        index.set_clock(Arc::new(clock.clone()));
+        index.begin_list(crate::state::Kind::Pod);
+        index.apply_pod(testing::pod("apps", "web", Some("n1")));
+        index.finish_list(crate::state::Kind::Pod);
+        // Initialized at 0, never Consolidatable yet (the pass has not run).
+        let c = testing::registered(testing::nodeclaim(
+            "default-a",
+            "default",
+            Some("exoscale://1"),
+        ));
+        index.apply_nodeclaim(testing::set_condition(
+            c,
+            conditions::INITIALIZED,
+            ConditionStatus::True,
+            0,
+        ));
+        let after_30s = |index: &ClusterIndex| {
+            let pool = Arc::new(fixtures::nodepool("default", "{consolidateAfter: 30s}"));
+            let view = build_view(
+                index,
+                ViewInputs {
+                    pools: vec![(pool, fixtures::instance_types())],
+                    ..inputs(&|_| false, &[])
+                },
+            );
+            view.node("n1").unwrap().consolidatable
+        };
+        assert!(
+            after_30s(&index),
+            "quiet since initialization at 0, now 100"
+        );
+        // A pod left at 80: not quiet until 110.
+        index.delete_pod("apps", "web");
+        assert!(!after_30s(&index));
     }
 
     #[test]
