@@ -90,6 +90,14 @@ pub fn quiet_since_pod_event(
     last_pod_event.is_none_or(|at| now >= quiet_from(at, after))
 }
 
+/// The NodePool's `consolidateAfter`; `None` when it never consolidates (`Never`, or a value
+/// the API should have refused).
+pub fn consolidate_after(nodepool: &NodePool) -> Option<std::time::Duration> {
+    parse_nillable_duration(&nodepool.spec.disruption.consolidate_after)
+        .ok()
+        .flatten()
+}
+
 /// Whether a node would be `Consolidatable` now: its dynamic NodePool consolidates, it is
 /// initialized, and `consolidateAfter` has passed since `since` (its last pod event, or its
 /// initialization when none).
@@ -99,11 +107,25 @@ pub fn consolidatable_now(
     since: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> bool {
-    let after = parse_nillable_duration(&nodepool.spec.disruption.consolidate_after);
-    match after {
-        Ok(Some(after)) if nodepool.spec.replicas.is_none() && initialized => {
+    match consolidate_after(nodepool) {
+        Some(after) if nodepool.spec.replicas.is_none() && initialized => {
             since.is_some() && quiet_since_pod_event(since, after, now)
         }
+        _ => false,
+    }
+}
+
+/// Whether a pod came to or left a node within its NodePool's `consolidateAfter`, so that
+/// consolidation does not move running pods onto it (never for a zero `consolidateAfter` or an
+/// uninitialized node, as upstream).
+pub fn settling_now(
+    nodepool: &NodePool,
+    initialized: bool,
+    since: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> bool {
+    match consolidate_after(nodepool) {
+        Some(after) if !after.is_zero() && initialized => !quiet_since_pod_event(since, after, now),
         _ => false,
     }
 }

@@ -289,25 +289,19 @@ enum Move {
     OffSettlingNodes,
 }
 
-/// Whether a pod came or went on `node` within its NodePool's `consolidateAfter` (never for a
-/// zero `consolidateAfter` or an uninitialized node, as upstream).
+/// [`super::conditions::settling_now`] for a node of the view (a node of no known NodePool
+/// never is).
 fn is_settling(view: &ClusterView, node: &super::model::StateNode) -> bool {
-    let after = node
-        .node_pool()
+    node.node_pool()
         .and_then(|pool| view.pools.get(pool))
-        .and_then(|pool| {
-            crate::apis::duration::parse_nillable_duration(
-                &pool.nodepool.spec.disruption.consolidate_after,
+        .is_some_and(|pool| {
+            super::conditions::settling_now(
+                &pool.nodepool,
+                node.initialized,
+                node.last_pod_event,
+                view.now,
             )
-            .ok()
-            .flatten()
-        });
-    match after {
-        Some(after) if !after.is_zero() && node.initialized => {
-            !super::conditions::quiet_since_pod_event(node.last_pod_event, after, view.now)
-        }
-        _ => false,
-    }
+        })
 }
 
 /// Smallest prefix of nodes tried before falling back to every node.

@@ -13,6 +13,8 @@ use crate::apis::labels::DO_NOT_DISRUPT_ANNOTATION;
 use crate::scheduling::LabelSelector;
 
 const UNDERUTILIZED: &str = "{consolidateAfter: 0s, consolidationPolicy: WhenEmptyOrUnderutilized, budgets: [{nodes: \"100%\"}]}";
+/// As [`UNDERUTILIZED`], with a 30 s quiet period after pod events.
+const AFTER_30S: &str = "{consolidateAfter: 30s, consolidationPolicy: WhenEmptyOrUnderutilized, budgets: [{nodes: \"100%\"}]}";
 
 fn now() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 3, 10, 12, 0, 0).unwrap()
@@ -75,7 +77,6 @@ fn empty_node_is_removed_by_emptiness() {
 fn a_node_whose_pods_left_within_consolidate_after_is_not_chosen_yet() {
     // `Consolidatable` is still True from the pass before the pods left; the pod event the
     // index saw since is what keeps the node out, until consolidateAfter has passed.
-    const AFTER_30S: &str = "{consolidateAfter: 30s, consolidationPolicy: WhenEmptyOrUnderutilized, budgets: [{nodes: \"100%\"}]}";
     let mut emptied = node("emptied", "default", &large(), vec![], hour_ago());
     emptied.last_pod_event = Some(now() - chrono::Duration::seconds(5));
     let mut underused = node(
@@ -119,7 +120,6 @@ fn consolidation_does_not_move_running_pods_onto_a_node_that_is_settling() {
     // A scale-down is emptying "emptying" (its last pod left 5 s ago, consolidateAfter 30 s).
     // Deleting "full" would fit its pod there, refilling a node about to be empty; as
     // upstream, consolidation leaves settling nodes out as destinations of running pods.
-    const AFTER_30S: &str = "{consolidateAfter: 30s, consolidationPolicy: WhenEmptyOrUnderutilized, budgets: [{nodes: \"100%\"}]}";
     let full = node(
         "full",
         "default",

@@ -443,15 +443,20 @@ mod tests {
         assert_eq!(view.now, at(100));
     }
 
-    #[test]
-    fn a_node_s_last_pod_event_is_the_later_of_the_stamp_and_what_the_index_saw() {
-        use crate::clock::FixedClock;
-        let clock = FixedClock::at(1_700_000_000 + 40);
+    /// [`index`] timing pod events at `at(seconds)`, its pod "web" on n1 listed (not an event).
+    fn index_timing_pod_events_at(seconds: i64) -> ClusterIndex {
         let mut index = index();
-        index.set_clock(Arc::new(clock.clone()));
+        let clock = crate::clock::FixedClock::at(1_700_000_000 + seconds);
+        index.set_clock(Arc::new(clock));
         index.begin_list(crate::state::Kind::Pod);
         index.apply_pod(testing::pod("apps", "web", Some("n1")));
         index.finish_list(crate::state::Kind::Pod);
+        index
+    }
+
+    #[test]
+    fn a_node_s_last_pod_event_is_the_later_of_the_stamp_and_what_the_index_saw() {
+        let mut index = index_timing_pod_events_at(40);
         let mut stamped = claim("default-a", "exoscale://1");
         stamped.status.as_mut().unwrap().last_pod_event_time = Some(testing::ts(30));
         index.apply_nodeclaim(stamped);
@@ -474,13 +479,7 @@ mod tests {
 
     #[test]
     fn a_node_is_consolidatable_as_soon_as_it_is_quiet_not_when_the_condition_is_written() {
-        use crate::clock::FixedClock;
-        let clock = FixedClock::at(1_700_000_000 + 80);
-        let mut index = index();
-        index.set_clock(Arc::new(clock.clone()));
-        index.begin_list(crate::state::Kind::Pod);
-        index.apply_pod(testing::pod("apps", "web", Some("n1")));
-        index.finish_list(crate::state::Kind::Pod);
+        let mut index = index_timing_pod_events_at(80);
         // Initialized at 0, never Consolidatable yet (the pass has not run).
         let c = testing::registered(testing::nodeclaim(
             "default-a",
