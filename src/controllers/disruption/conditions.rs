@@ -131,7 +131,9 @@ impl ConditionsController {
                 let api = api.clone();
                 async move {
                     match patch_status(&api, claim.as_ref(), &status).await {
-                        Ok(updated) => ctx.cluster.update(|index| index.apply_nodeclaim(updated)),
+                        Ok(updated) => ctx
+                            .cluster
+                            .update(|index| index.apply_written_nodeclaim(&claim, updated)),
                         // A conflict means a newer NodeClaim: the next pass decides from it.
                         Err(error) => {
                             tracing::debug!(nodeclaim = %claim.name_any(), %error, "disruption conditions not updated")
