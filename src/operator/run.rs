@@ -517,9 +517,6 @@ pub fn main(args: &super::config::RunArgs) -> std::process::ExitCode {
     };
     runtime.block_on(async move {
         let (tx, rx) = watch::channel(false);
-        tokio::spawn(super::memory::release_periodically(
-            super::memory::RELEASE_INTERVAL,
-        ));
         tokio::spawn(async move {
             wait_for_signal().await;
             tracing::info!("shutdown requested");
