@@ -15,8 +15,8 @@ use crate::state::held_pod as held;
 use super::labels::{HOSTNAME, NODE_POOL};
 use super::model::{
     BoundPod, DaemonSetPod, ExistingNode, HostPort, InclusionPolicy, LabelSelector, NamespaceScope,
-    Pod, PodAffinityTerm, SelectorExpression, SelectorOperator, TopologySpreadConstraint,
-    WeightedPodAffinityTerm, WeightedRequirements, WhenUnsatisfiable,
+    Pod, PodAffinityTerm, PodLabels, SelectorExpression, SelectorOperator,
+    TopologySpreadConstraint, WeightedPodAffinityTerm, WeightedRequirements, WhenUnsatisfiable,
 };
 use super::quantity::{PODS, Quantity, QuantityError, Resources};
 use super::requirements::{Operator, Requirement, RequirementError, Requirements};
@@ -532,7 +532,7 @@ pub fn pod_from_k8s(pod: &HeldPod) -> Result<Pod, ConvertError> {
     let object = object_name(&pod.metadata);
     let default_spec = held::PodSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&default_spec);
-    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let labels = pod.shared_labels().clone();
     let affinity = spec.affinity.as_ref();
     let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
     let required_node_affinity = node_affinity
@@ -625,7 +625,7 @@ pub fn pod_from_k8s(pod: &HeldPod) -> Result<Pod, ConvertError> {
             .as_ref()
             .map(|t| t.0.as_second())
             .unwrap_or_default(),
-        labels: labels.into(),
+        labels,
         moved_by_consolidation: false,
     })
 }
@@ -659,14 +659,20 @@ struct SharedReadings {
 static SHARED_READINGS: std::sync::LazyLock<std::sync::Mutex<SharedReadings>> =
     std::sync::LazyLock::new(Default::default);
 
-/// `pod` with its labels and tolerations replaced by the shared copies.
-fn share_parts(pod: &mut Pod) {
-    let mut shared = SHARED_READINGS
+fn shared_readings() -> std::sync::MutexGuard<'static, SharedReadings> {
+    SHARED_READINGS
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    pod.labels = shared
-        .labels
-        .intern_pruning(std::mem::take(&mut pod.labels));
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The shared copy of a pod's labels (held pods keep this one; their readings point at it).
+pub fn shared_labels(labels: BTreeMap<String, String>) -> PodLabels {
+    shared_readings().labels.intern_pruning(labels)
+}
+
+/// `pod` with its tolerations replaced by the shared copy (its labels are the held pod's).
+fn share_parts(pod: &mut Pod) {
+    let mut shared = shared_readings();
     pod.tolerations = shared
         .tolerations
         .intern_pruning(std::mem::take(&mut pod.tolerations));
@@ -835,7 +841,7 @@ mod tests {
             &sibling_reading.pod.tolerations
         ));
         let mut other = held.clone();
-        other.metadata.labels = Some([("app".to_string(), "other".to_string())].into());
+        other.set_labels([("app".to_string(), "other".to_string())].into());
         assert_eq!(converted(&other).unwrap().pod.labels["app"], "other");
 
         // A copy may be edited before it is read: it must not carry the original's reading.

@@ -38,9 +38,9 @@ mod topology;
 pub use labels::WellKnownLabels;
 pub use model::{
     BoundPod, DaemonSetPod, ExistingNode, InclusionPolicy, InstanceType, LabelSelector,
-    NamespaceScope, NodePoolTemplate, Offering, Pod, PodAffinityTerm, SelectorExpression,
-    SelectorOperator, TopologySpreadConstraint, WeightedPodAffinityTerm, WeightedRequirements,
-    WhenUnsatisfiable,
+    NamespaceScope, NodePoolTemplate, Offering, Pod, PodAffinityTerm, PodLabels,
+    SelectorExpression, SelectorOperator, TopologySpreadConstraint, WeightedPodAffinityTerm,
+    WeightedRequirements, WhenUnsatisfiable,
 };
 pub use quantity::{Quantity, QuantityError, Resources};
 pub use requirements::{Incompatibility, Operator, Requirement, RequirementError, Requirements};

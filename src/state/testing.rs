@@ -22,19 +22,18 @@ pub fn ts(seconds: i64) -> Time {
 }
 
 pub fn pod(namespace: &str, name: &str, node: Option<&str>) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            namespace: Some(namespace.into()),
-            name: Some(name.into()),
-            uid: Some(format!("uid-{namespace}-{name}")),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            node_name: node.map(Into::into),
-            ..Default::default()
-        }),
+    let mut pod = Pod::default();
+    pod.metadata = ObjectMeta {
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        uid: Some(format!("uid-{namespace}-{name}")),
         ..Default::default()
-    }
+    };
+    pod.spec = Some(PodSpec {
+        node_name: node.map(Into::into),
+        ..Default::default()
+    });
+    pod
 }
 
 /// `pod`, owned (as its controller) by the DaemonSet `ds`.
