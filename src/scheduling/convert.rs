@@ -532,7 +532,7 @@ pub fn pod_from_k8s(pod: &HeldPod) -> Result<Pod, ConvertError> {
     let object = object_name(&pod.metadata);
     let default_spec = held::PodSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&default_spec);
-    let labels = pod.shared_labels().clone();
+    let labels = pod.labels().clone();
     let affinity = spec.affinity.as_ref();
     let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
     let required_node_affinity = node_affinity

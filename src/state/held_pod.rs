@@ -73,13 +73,8 @@ impl From<HeldPod> for WatchedPod {
 }
 
 impl HeldPod {
-    /// The pod's labels.
-    pub fn labels(&self) -> &BTreeMap<String, String> {
-        &self.labels
-    }
-
-    /// The pod's labels, as the scheduler's reading shares them.
-    pub fn shared_labels(&self) -> &PodLabels {
+    /// The pod's labels: the shared copy, which the scheduler's reading points at too.
+    pub fn labels(&self) -> &PodLabels {
         &self.labels
     }
 
@@ -369,11 +364,8 @@ mod tests {
             .unwrap()
         };
         let (a, b, other) = (read("a", "web"), read("b", "web"), read("c", "api"));
-        assert!(std::sync::Arc::ptr_eq(a.shared_labels(), b.shared_labels()));
-        assert!(!std::sync::Arc::ptr_eq(
-            a.shared_labels(),
-            other.shared_labels()
-        ));
+        assert!(std::sync::Arc::ptr_eq(a.labels(), b.labels()));
+        assert!(!std::sync::Arc::ptr_eq(a.labels(), other.labels()));
         // A full pod (tests, `simulate`) is read the same way.
         let mut full = core::Pod::default();
         full.metadata.labels = Some(
@@ -384,10 +376,7 @@ mod tests {
             .into(),
         );
         let held = HeldPod::from(full);
-        assert!(std::sync::Arc::ptr_eq(
-            a.shared_labels(),
-            held.shared_labels()
-        ));
+        assert!(std::sync::Arc::ptr_eq(a.labels(), held.labels()));
         // An edited copy has its own labels and is read again.
         let mut edited = a.clone();
         edited.set_labels([("app".to_string(), "edited".to_string())].into());

@@ -161,7 +161,7 @@ impl ClusterIndex {
         {
             return;
         }
-        written.metadata.managed_fields = None;
+        super::trim(&mut written);
         self.apply_nodeclaim(written);
     }
     pub fn delete_nodeclaim(&mut self, name: &str) {

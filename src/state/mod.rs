@@ -117,7 +117,7 @@ pub trait Indexed: Watched {
 /// change ring): managedFields (often half an object), a Node's image list (up to 50
 /// entries a node), and most of a pod ([`pods::slim`]). As upstream's cache strips
 /// managedFields.
-fn trim<K: Watched>(object: &mut K) {
+pub(super) fn trim<K: Watched>(object: &mut K) {
     object.meta_mut().managed_fields = None;
     let any = object as &mut dyn std::any::Any;
     if let Some(node) = any.downcast_mut::<Node>()
