@@ -343,7 +343,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
 
     let node_to_claim = {
         let cluster = ctx.cluster.clone();
-        move |node: Node| {
+        move |node: Arc<Node>| {
             let pid = crate::state::node_provider_id(&node).map(str::to_string);
             pid.and_then(|pid| cluster.read().nodeclaim_by_provider_id(&pid))
                 .map(|c| ObjectRef::new(&kube::ResourceExt::name_any(c.as_ref())))
@@ -357,9 +357,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     // behind them. Upstream gives its lifecycle and termination controllers 1 000 slots too.
     let lifecycle_concurrency =
         || kube::runtime::controller::Config::default().concurrency(LIFECYCLE_CONCURRENCY);
-    let nodeclaims = Controller::for_stream(shared.nodeclaims.changes(), shared.nodeclaims.store())
+    let nodeclaims = Controller::for_shared_stream(shared.nodeclaims.changes(), shared.nodeclaims.store())
         .with_config(lifecycle_concurrency())
-        .watches_stream(shared.nodes.changes(), node_to_claim)
+        .watches_shared_stream(shared.nodes.changes(), node_to_claim)
         .graceful_shutdown_on(shutdown.clone())
         .run(
             nodeclaim::reconcile::reconcile,
@@ -369,7 +369,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         .for_each(drain("nodeclaim"));
 
     let termination = Arc::new(node::termination::Termination::default());
-    let nodes = Controller::for_stream(shared.nodes.changes(), shared.nodes.store())
+    let nodes = Controller::for_shared_stream(shared.nodes.changes(), shared.nodes.store())
         .with_config(lifecycle_concurrency())
         .graceful_shutdown_on(shutdown.clone())
         .run(
@@ -379,14 +379,14 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         )
         .for_each(drain("node.termination"));
 
-    let claim_to_pool = |claim: NodeClaim| {
-        kube::ResourceExt::labels(&claim)
+    let claim_to_pool = |claim: Arc<NodeClaim>| {
+        kube::ResourceExt::labels(claim.as_ref())
             .get(crate::apis::labels::NODEPOOL_LABEL)
             .map(|pool| ObjectRef::<NodePool>::new(pool))
     };
-    let nodepools = Controller::for_stream(shared.nodepools.changes(), shared.nodepools.store())
+    let nodepools = Controller::for_shared_stream(shared.nodepools.changes(), shared.nodepools.store())
         .with_config(concurrency())
-        .watches_stream(shared.nodeclaims.changes(), claim_to_pool)
+        .watches_shared_stream(shared.nodeclaims.changes(), claim_to_pool)
         .graceful_shutdown_on(shutdown.clone())
         .run(
             nodepool::reconcile::reconcile,
@@ -398,9 +398,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     // Static NodePools: a second reconciler over the NodePool changes, woken by their NodeClaims.
     let static_pools: BoxFuture<'static, ()> = if ctx.feature_gates.static_capacity {
         Box::pin(
-            Controller::for_stream(shared.nodepools.changes(), shared.nodepools.store())
+            Controller::for_shared_stream(shared.nodepools.changes(), shared.nodepools.store())
                 .with_config(concurrency())
-                .watches_stream(shared.nodeclaims.changes(), claim_to_pool)
+                .watches_shared_stream(shared.nodeclaims.changes(), claim_to_pool)
                 .graceful_shutdown_on(shutdown.clone())
                 .run(
                     static_capacity::reconcile,
@@ -442,7 +442,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     // Repair is a second reconciler over the same Node changes (termination is the first).
     let repair: BoxFuture<'static, ()> = if ctx.feature_gates.node_repair {
         Box::pin(
-            Controller::for_stream(shared.nodes.changes(), shared.nodes.store())
+            Controller::for_shared_stream(shared.nodes.changes(), shared.nodes.store())
                 .with_config(concurrency())
                 .graceful_shutdown_on(shutdown.clone())
                 .run(repair::reconcile, error_policy("node.repair"), ctx.clone())

@@ -276,7 +276,7 @@ pub async fn run(ctx: Arc<Context>, wiring: NodeClassWiring, shutdown: Shutdown)
     });
     let policy = error_policy::<ExoscaleNodeClass>("nodeclass");
     // The reconcile itself skips cloud calls for status-only changes.
-    Controller::for_stream(wiring.nodeclasses.changes(), wiring.nodeclasses.store())
+    Controller::for_shared_stream(wiring.nodeclasses.changes(), wiring.nodeclasses.store())
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown)
         .run(
