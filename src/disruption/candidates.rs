@@ -102,12 +102,7 @@ fn candidate(
     if node.is_nominated(now) {
         return Err(Some("node is nominated for a pending pod".into()));
     }
-    if node
-        .annotations
-        .get(DO_NOT_DISRUPT_ANNOTATION)
-        .map(String::as_str)
-        == Some("true")
-    {
+    if node.do_not_disrupt {
         return Err(Some(format!(
             "disruption is blocked through the {DO_NOT_DISRUPT_ANNOTATION:?} annotation"
         )));

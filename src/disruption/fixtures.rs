@@ -117,7 +117,7 @@ pub fn node(
         scheduling: ExistingNode {
             name: name.into(),
             hostname: name.into(),
-            labels: labels.clone(),
+            labels: Arc::new(labels),
             taints: Vec::new(),
             allocatable: it.allocatable(),
             pods: bound,
@@ -125,8 +125,6 @@ pub fn node(
             initialized: true,
             settling: false,
         },
-        labels,
-        annotations: BTreeMap::new(),
         initialized: true,
         ready: true,
         consolidatable: true,

@@ -136,10 +136,8 @@ pub struct StateNode {
     pub nodeclaim: Option<String>,
     /// A Node object exists.
     pub has_node: bool,
-    /// Labels (Node's when registered, else the NodeClaim's).
-    pub labels: BTreeMap<String, String>,
-    /// Node annotations (checked for do-not-disrupt).
-    pub annotations: BTreeMap<String, String>,
+    /// The Node carries `karpenter.sh/do-not-disrupt: "true"`.
+    pub do_not_disrupt: bool,
     pub initialized: bool,
     pub ready: bool,
     /// Deleting, or marked for deletion by an in-flight command.
@@ -168,12 +166,12 @@ pub struct StateNode {
 
 impl StateNode {
     pub fn node_pool(&self) -> Option<&str> {
-        self.labels
-            .get(crate::apis::labels::NODEPOOL_LABEL)
-            .map(String::as_str)
+        self.label(crate::apis::labels::NODEPOOL_LABEL)
     }
+    /// A label (the Node's when registered, else the NodeClaim's), read from the scheduler's
+    /// reading of the node rather than a copy of its own.
     pub fn label(&self, key: &str) -> Option<&str> {
-        self.labels.get(key).map(String::as_str)
+        self.scheduling.labels.get(key).map(String::as_str)
     }
     pub fn is_nominated(&self, now: DateTime<Utc>) -> bool {
         self.nominated_until.is_some_and(|until| until > now)

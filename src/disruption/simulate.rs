@@ -468,9 +468,7 @@ mod tests {
                 if topology && next(5) == 0 {
                     // A zone only existing nodes are in: it leaves the domains with them.
                     let zone = crate::scheduling::labels::ZONE;
-                    sn.labels.insert(zone.into(), "legacy-zone".into());
-                    sn.scheduling
-                        .labels
+                    Arc::make_mut(&mut sn.scheduling.labels)
                         .insert(zone.into(), "legacy-zone".into());
                 }
                 nodes.push(sn);

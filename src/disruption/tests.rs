@@ -9,7 +9,6 @@ use super::command::{Decision, Method};
 use super::fixtures::{instance_type, instance_types, node, nodepool, pod, pool, view};
 use super::methods::{DisruptionEvent, Outcome, decide};
 use super::model::{ClusterView, Pdb, StateNode};
-use crate::apis::labels::DO_NOT_DISRUPT_ANNOTATION;
 use crate::scheduling::LabelSelector;
 
 const UNDERUTILIZED: &str = "{consolidateAfter: 0s, consolidationPolicy: WhenEmptyOrUnderutilized, budgets: [{nodes: \"100%\"}]}";
@@ -377,8 +376,7 @@ fn not_yet_consolidatable_nodes_wait() {
 #[test]
 fn node_do_not_disrupt_keeps_an_empty_node() {
     let mut idle = node("idle", "default", &large(), vec![], hour_ago());
-    idle.annotations
-        .insert(DO_NOT_DISRUPT_ANNOTATION.into(), "true".into());
+    idle.do_not_disrupt = true;
     let o = run(&cluster(UNDERUTILIZED, vec![idle]));
     assert!(o.command.is_none());
     assert!(o.events.iter().any(|e| matches!(e,
@@ -624,7 +622,7 @@ fn candidate_filters_name_their_reason() {
     n.nominated_until = Some(now() + chrono::Duration::seconds(5));
     assert_eq!(reason(n), "node is nominated for a pending pod");
     let mut n = base();
-    n.labels
+    Arc::make_mut(&mut n.scheduling.labels)
         .insert(crate::apis::labels::NODEPOOL_LABEL.into(), "gone".into());
     assert_eq!(reason(n), "NodePool not found (NodePool=gone)");
     let mut n = base();

@@ -277,7 +277,7 @@ pub fn claim_capacity(claim: &NodeClaim) -> ExistingNode {
     ExistingNode {
         name: claim.name_any(),
         hostname: claim.name_any(),
-        labels: claim.labels().clone(),
+        labels: Arc::new(claim.labels().clone()),
         taints: claim.spec.taints.iter().map(taint).collect(),
         allocatable,
         pods: Vec::new(),

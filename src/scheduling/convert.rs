@@ -15,7 +15,7 @@ use crate::state::held_pod as held;
 use super::labels::{HOSTNAME, NODE_POOL};
 use super::model::{
     BoundPod, DaemonSetPod, ExistingNode, HostPort, InclusionPolicy, LabelSelector, NamespaceScope,
-    Pod, PodAffinityTerm, PodLabels, SelectorExpression, SelectorOperator,
+    NodeLabels, Pod, PodAffinityTerm, PodLabels, SelectorExpression, SelectorOperator,
     TopologySpreadConstraint, WeightedPodAffinityTerm, WeightedRequirements, WhenUnsatisfiable,
 };
 use super::quantity::{PODS, Quantity, QuantityError, Resources};
@@ -707,7 +707,7 @@ pub fn existing_node_from_k8s<'a>(
     startup_taints: &[Taint],
 ) -> Result<ExistingNode, ConvertError> {
     let object = node.metadata.name.clone().unwrap_or_default();
-    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let labels: NodeLabels = Arc::new(node.metadata.labels.clone().unwrap_or_default());
     let node_pool = labels.get(NODE_POOL).cloned();
     let initialized = labels.get("karpenter.sh/initialized").map(String::as_str) == Some("true");
     let mut taints = node

@@ -80,7 +80,7 @@ fn random_node(rng: &mut StdRng, i: usize) -> ExistingNode {
     ExistingNode {
         hostname: name.clone(),
         name,
-        labels,
+        labels: Arc::new(labels),
         taints: if rng.random_ratio(1, 8) {
             vec![Taint::new("dedicated", "db", TaintEffect::NoSchedule)]
         } else {
@@ -266,7 +266,8 @@ fn excluded_nodes_capacity_and_domains_are_gone() {
         labels: [(ZONE, zone), (NODE_POOL, "default"), (HOSTNAME, name)]
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+            .collect::<BTreeMap<_, _>>()
+            .into(),
         allocatable: Resources::from_literals(&[("cpu", "2"), ("memory", "8Gi"), ("pods", "110")]),
         pods: app
             .map(|a| {

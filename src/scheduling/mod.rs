@@ -38,7 +38,7 @@ mod topology;
 pub use labels::WellKnownLabels;
 pub use model::{
     BoundPod, DaemonSetPod, ExistingNode, InclusionPolicy, InstanceType, LabelSelector,
-    NamespaceScope, NodePoolTemplate, Offering, Pod, PodAffinityTerm, PodLabels,
+    NamespaceScope, NodeLabels, NodePoolTemplate, Offering, Pod, PodAffinityTerm, PodLabels,
     SelectorExpression, SelectorOperator, TopologySpreadConstraint, WeightedPodAffinityTerm,
     WeightedRequirements, WhenUnsatisfiable,
 };

@@ -41,7 +41,7 @@ fn existing_node(name: &str, zone: &str, cpu: &str, pool: &str) -> ExistingNode 
     ExistingNode {
         name: name.into(),
         hostname: name.into(),
-        labels: labels(&[(ZONE, zone), (NODE_POOL, pool), (HOSTNAME, name)]),
+        labels: labels(&[(ZONE, zone), (NODE_POOL, pool), (HOSTNAME, name)]).into(),
         allocatable: Resources::from_literals(&[("cpu", cpu), ("memory", "8Gi"), ("pods", "110")]),
         node_pool: Some(pool.into()),
         initialized: true,

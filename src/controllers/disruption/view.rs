@@ -191,9 +191,11 @@ fn registered_node(
         Err(error) => {
             tracing::debug!(node = %name, %error, "node cannot be simulated");
             convertible = false;
+            // Its labels still place it in its NodePool (budgets count it).
             ExistingNode {
                 name: name.clone(),
                 hostname: name.clone(),
+                labels: Arc::new(node.labels().clone()),
                 ..Default::default()
             }
         }
@@ -203,8 +205,10 @@ fn registered_node(
         name: name.clone(),
         provider_id: provider_id.clone(),
         has_node: true,
-        labels: node.labels().clone(),
-        annotations: node.annotations().clone(),
+        do_not_disrupt: node
+            .annotations()
+            .get(DO_NOT_DISRUPT_ANNOTATION)
+            .is_some_and(|v| v == "true"),
         ready,
         marked_for_deletion: node.metadata.deletion_timestamp.is_some()
             || inputs.queued.contains(&provider_id),
@@ -236,7 +240,6 @@ fn unregistered_claim(claim: &NodeClaim, inputs: &ViewInputs<'_>) -> StateNode {
         name: claim.name_any(),
         marked_for_deletion: inputs.queued.contains(&provider_id),
         provider_id,
-        labels: claim.labels().clone(),
         ready: condition_true(Some(claim), conditions::READY),
         scheduling: input::claim_capacity(claim),
         ..Default::default()

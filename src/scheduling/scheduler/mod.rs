@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, WellKnownLabels};
 use super::model::{
-    DaemonSetPod, ExistingNode, HostPort, InstanceType, LabelSelector, NodePoolTemplate, Pod,
+    DaemonSetPod, ExistingNode, HostPort, InstanceType, LabelSelector, NodeLabels,
+    NodePoolTemplate, Pod,
     PodAffinityTerm, TopologySpreadConstraint, WhenUnsatisfiable, ports_conflict,
 };
 use super::quantity::{NODES, Quantity, Resources};
@@ -60,7 +61,7 @@ struct Template {
 struct NodeBase {
     name: String,
     reqs: Requirements,
-    labels: BTreeMap<String, String>,
+    labels: NodeLabels,
     taints: Vec<Taint>,
     available: Resources,
     settling: bool,
