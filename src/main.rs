@@ -6,13 +6,21 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// jemalloc on glibc Linux: see `operator::memory`.
-#[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "system-allocator")))]
+#[cfg(all(
+    target_os = "linux",
+    target_env = "gnu",
+    not(feature = "system-allocator")
+))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc reads its settings from this symbol (its `malloc_conf`, with the crate's `_rjem_`
 /// prefix): a pointer to a NUL-terminated string.
-#[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "system-allocator")))]
+#[cfg(all(
+    target_os = "linux",
+    target_env = "gnu",
+    not(feature = "system-allocator")
+))]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: &u8 = &karpenter_exoscale::operator::memory::MALLOC_CONF[0];
 

@@ -357,16 +357,17 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     // behind them. Upstream gives its lifecycle and termination controllers 1 000 slots too.
     let lifecycle_concurrency =
         || kube::runtime::controller::Config::default().concurrency(LIFECYCLE_CONCURRENCY);
-    let nodeclaims = Controller::for_shared_stream(shared.nodeclaims.changes(), shared.nodeclaims.store())
-        .with_config(lifecycle_concurrency())
-        .watches_shared_stream(shared.nodes.changes(), node_to_claim)
-        .graceful_shutdown_on(shutdown.clone())
-        .run(
-            nodeclaim::reconcile::reconcile,
-            error_policy("nodeclaim"),
-            ctx.clone(),
-        )
-        .for_each(drain("nodeclaim"));
+    let nodeclaims =
+        Controller::for_shared_stream(shared.nodeclaims.changes(), shared.nodeclaims.store())
+            .with_config(lifecycle_concurrency())
+            .watches_shared_stream(shared.nodes.changes(), node_to_claim)
+            .graceful_shutdown_on(shutdown.clone())
+            .run(
+                nodeclaim::reconcile::reconcile,
+                error_policy("nodeclaim"),
+                ctx.clone(),
+            )
+            .for_each(drain("nodeclaim"));
 
     let termination = Arc::new(node::termination::Termination::default());
     let nodes = Controller::for_shared_stream(shared.nodes.changes(), shared.nodes.store())
@@ -384,16 +385,17 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
             .get(crate::apis::labels::NODEPOOL_LABEL)
             .map(|pool| ObjectRef::<NodePool>::new(pool))
     };
-    let nodepools = Controller::for_shared_stream(shared.nodepools.changes(), shared.nodepools.store())
-        .with_config(concurrency())
-        .watches_shared_stream(shared.nodeclaims.changes(), claim_to_pool)
-        .graceful_shutdown_on(shutdown.clone())
-        .run(
-            nodepool::reconcile::reconcile,
-            error_policy("nodepool"),
-            ctx.clone(),
-        )
-        .for_each(drain("nodepool"));
+    let nodepools =
+        Controller::for_shared_stream(shared.nodepools.changes(), shared.nodepools.store())
+            .with_config(concurrency())
+            .watches_shared_stream(shared.nodeclaims.changes(), claim_to_pool)
+            .graceful_shutdown_on(shutdown.clone())
+            .run(
+                nodepool::reconcile::reconcile,
+                error_policy("nodepool"),
+                ctx.clone(),
+            )
+            .for_each(drain("nodepool"));
 
     // Static NodePools: a second reconciler over the NodePool changes, woken by their NodeClaims.
     let static_pools: BoxFuture<'static, ()> = if ctx.feature_gates.static_capacity {

@@ -2,7 +2,7 @@
 //! Pure: the caller copies what it needs out of the index ([`StateInput`], cheap `Arc` clones,
 //! so the read lock is not held while requests are summed), passes the clock, and publishes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -515,14 +515,19 @@ fn transition_seconds(pod: &Pod, kind: &str) -> Option<f64> {
 impl PodTransitions {
     pub fn observe(&mut self, pods: &[Arc<Pod>]) -> Observed {
         let mut observed = Observed::default();
-        let mut present = BTreeSet::new();
+        // Borrowed: at 10 000 pods an owned copy of every uid was ~1 MB each pass.
+        let mut present: HashSet<&str> = HashSet::with_capacity(pods.len());
         for pod in pods {
-            let Some(uid) = pod.uid() else { continue };
-            present.insert(uid.clone());
+            let Some(uid) = pod.metadata.uid.as_deref() else {
+                continue;
+            };
+            present.insert(uid);
             let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
             if !bound {
-                self.unbound.insert(uid.clone());
-            } else if self.unbound.remove(&uid)
+                if !self.unbound.contains(uid) {
+                    self.unbound.insert(uid.to_string());
+                }
+            } else if self.unbound.remove(uid)
                 && let Some(s) = transition_seconds(pod, "PodScheduled")
             {
                 observed.bound.push(s);
@@ -530,17 +535,17 @@ impl PodTransitions {
             if !condition_true(pod, "Ready") {
                 // Only a pod still starting: a running pod failing its readiness probe and
                 // recovering has not started again.
-                if is_pending(pod) {
-                    self.unready.insert(uid);
+                if is_pending(pod) && !self.unready.contains(uid) {
+                    self.unready.insert(uid.to_string());
                 }
-            } else if self.unready.remove(&uid)
+            } else if self.unready.remove(uid)
                 && let Some(s) = transition_seconds(pod, "Ready")
             {
                 observed.started.push(s);
             }
         }
-        self.unbound.retain(|uid| present.contains(uid));
-        self.unready.retain(|uid| present.contains(uid));
+        self.unbound.retain(|uid| present.contains(uid.as_str()));
+        self.unready.retain(|uid| present.contains(uid.as_str()));
         observed
     }
 }

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use super::labels::{CAPACITY_TYPE, HOSTNAME, INSTANCE_TYPE, NODE_POOL, WellKnownLabels};
 use super::model::{
     DaemonSetPod, ExistingNode, HostPort, InstanceType, LabelSelector, NodeLabels,
-    NodePoolTemplate, Pod,
-    PodAffinityTerm, TopologySpreadConstraint, WhenUnsatisfiable, ports_conflict,
+    NodePoolTemplate, Pod, PodAffinityTerm, TopologySpreadConstraint, WhenUnsatisfiable,
+    ports_conflict,
 };
 use super::quantity::{NODES, Quantity, Resources};
 use super::requirements::{Requirement, Requirements};
