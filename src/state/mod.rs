@@ -113,10 +113,10 @@ pub trait Indexed: Watched {
     }
 }
 
-/// Drops what no decision reads before an object is kept (up to three times: index, store,
-/// change ring): managedFields (often half an object), a Node's image list (up to 50
-/// entries a node), and most of a pod ([`pods::slim`]). As upstream's cache strips
-/// managedFields.
+/// Drops what no decision reads before an object is kept: managedFields (often half an
+/// object), a Node's image list (up to 50 entries a node), system info, addresses and daemon
+/// endpoints (about 1 KB a node), and most of a pod ([`pods::slim`]). As upstream's cache
+/// strips managedFields.
 pub(super) fn trim<K: Watched>(object: &mut K) {
     object.meta_mut().managed_fields = None;
     let any = object as &mut dyn std::any::Any;
@@ -124,6 +124,9 @@ pub(super) fn trim<K: Watched>(object: &mut K) {
         && let Some(status) = node.status.as_mut()
     {
         status.images = None;
+        status.node_info = None;
+        status.addresses = None;
+        status.daemon_endpoints = None;
     } else if let Some(pod) = any.downcast_mut::<HeldPod>() {
         pods::slim(pod);
     }
@@ -492,18 +495,29 @@ mod tests {
     }
 
     #[test]
-    fn watched_objects_are_kept_without_managed_fields_or_node_images() {
-        use k8s_openapi::api::core::v1::{ContainerImage, NodeStatus};
+    fn watched_objects_are_kept_without_managed_fields_or_unread_node_status() {
+        use k8s_openapi::api::core::v1::{
+            ContainerImage, NodeAddress, NodeDaemonEndpoints, NodeStatus, NodeSystemInfo,
+        };
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
         let mut n = node("a", None, &[]);
         n.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
         n.status = Some(NodeStatus {
             images: Some(vec![ContainerImage::default()]),
+            node_info: Some(NodeSystemInfo::default()),
+            addresses: Some(vec![NodeAddress::default()]),
+            daemon_endpoints: Some(NodeDaemonEndpoints::default()),
+            conditions: Some(vec![Default::default()]),
+            allocatable: Some(Default::default()),
             ..NodeStatus::default()
         });
         trim(&mut n);
         assert!(n.metadata.managed_fields.is_none());
-        assert!(n.status.unwrap().images.is_none());
+        let status = n.status.unwrap();
+        assert!(status.images.is_none() && status.node_info.is_none());
+        assert!(status.addresses.is_none() && status.daemon_endpoints.is_none());
+        // What decisions read stays.
+        assert!(status.conditions.is_some() && status.allocatable.is_some());
         let mut p = HeldPod::default();
         p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
         trim(&mut p);
