@@ -81,9 +81,84 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
     }
 }
 
+/// One shared copy of each distinct list, for element types that cannot be hashed (the API's
+/// own types): lists are told apart by their JSON. A workload's pods repeat their containers
+/// and tolerations verbatim.
+#[derive(Debug)]
+pub struct ListInterner<T> {
+    by_json: std::collections::HashMap<Box<str>, Arc<[T]>>,
+    prune_at: usize,
+}
+
+impl<T> Default for ListInterner<T> {
+    fn default() -> Self {
+        ListInterner {
+            by_json: Default::default(),
+            prune_at: MIN_PRUNE_AT,
+        }
+    }
+}
+
+impl<T: serde::Serialize> ListInterner<T> {
+    /// The shared copy of `list`; lists no one else holds are forgotten whenever the table
+    /// has doubled, and beyond [`Interner::MAX_VALUES`] lists new ones are not shared.
+    pub fn intern(&mut self, list: Arc<[T]>) -> Arc<[T]> {
+        let Ok(json) = serde_json::to_string(&*list) else {
+            return list;
+        };
+        if let Some(shared) = self.by_json.get(json.as_str()) {
+            return shared.clone();
+        }
+        if self.by_json.len() >= self.prune_at {
+            self.by_json
+                .retain(|_, shared| Arc::strong_count(shared) > 1);
+            self.prune_at = (2 * self.by_json.len()).max(MIN_PRUNE_AT);
+        }
+        if self.by_json.len() < Interner::<()>::MAX_VALUES {
+            self.by_json.insert(json.into(), list.clone());
+        }
+        list
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_json.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_json.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_interner_shares_lists_with_the_same_json_and_forgets_unheld_ones() {
+        #[derive(serde::Serialize)]
+        struct Port(f64);
+        let mut lists = ListInterner::<Port>::default();
+        let a = lists.intern(vec![Port(1.0), Port(2.0)].into());
+        let b = lists.intern(vec![Port(1.0), Port(2.0)].into());
+        assert!(Arc::ptr_eq(&a, &b), "equal lists share one copy");
+        let c = lists.intern(vec![Port(2.0), Port(1.0)].into());
+        assert!(!Arc::ptr_eq(&a, &c), "order matters");
+        drop(c);
+        let held: Vec<_> = (0..MIN_PRUNE_AT * 3)
+            .map(|i| lists.intern(vec![Port(i as f64 + 0.5)].into()))
+            .collect();
+        drop(held);
+        // At most twice what was held at the last prune (3 074 then): unheld lists go.
+        for i in 0..MIN_PRUNE_AT * 8 {
+            lists.intern(vec![Port(-(i as f64))].into());
+            assert!(lists.len() <= 4 * MIN_PRUNE_AT, "{}", lists.len());
+        }
+        assert!(lists.len() < 2 * MIN_PRUNE_AT, "{}", lists.len());
+        assert!(Arc::ptr_eq(
+            &lists.intern(vec![Port(1.0), Port(2.0)].into()),
+            &a
+        ));
+    }
 
     #[test]
     fn an_interner_shares_equal_values_and_forgets_unheld_ones() {

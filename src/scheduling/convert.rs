@@ -314,7 +314,7 @@ fn toleration(object: &str, t: &core::Toleration) -> Result<Toleration, ConvertE
 /// none.
 pub fn untolerated_node_taint(pod: &HeldPod, node: &core::Node) -> Option<Taint> {
     let object = pod.metadata.name.as_deref().unwrap_or_default();
-    let tolerations = tolerations(object, pod.spec.as_ref()?.tolerations.as_ref()).ok()?;
+    let tolerations = tolerations(object, pod.spec.as_ref()?.tolerations.as_deref()).ok()?;
     let taints: Vec<Taint> = node
         .spec
         .as_ref()?
@@ -332,7 +332,7 @@ pub fn tolerated_node_taints(pod: &HeldPod, node: &core::Node) -> Vec<Taint> {
     let Some(tolerations) = pod
         .spec
         .as_ref()
-        .and_then(|s| tolerations(object, s.tolerations.as_ref()).ok())
+        .and_then(|s| tolerations(object, s.tolerations.as_deref()).ok())
     else {
         return Vec::new();
     };
@@ -348,7 +348,7 @@ pub fn tolerated_node_taints(pod: &HeldPod, node: &core::Node) -> Vec<Taint> {
 
 fn tolerations(
     object: &str,
-    list: Option<&Vec<core::Toleration>>,
+    list: Option<&[core::Toleration]>,
 ) -> Result<Vec<Toleration>, ConvertError> {
     list.into_iter()
         .flatten()
@@ -593,7 +593,7 @@ pub fn pod_from_k8s(pod: &HeldPod) -> Result<Pod, ConvertError> {
         node_selector: node_selector(spec.node_selector.as_ref()),
         required_node_affinity,
         preferred_node_affinity,
-        tolerations: tolerations(&object, spec.tolerations.as_ref())?.into(),
+        tolerations: tolerations(&object, spec.tolerations.as_deref())?.into(),
         pod_affinity: terms(pa.and_then(|a| {
             a.required_during_scheduling_ignored_during_execution
                 .as_ref()
@@ -777,7 +777,7 @@ pub fn daemonset_from_k8s(ds: &K8sDaemonSet) -> Result<DaemonSetPod, ConvertErro
     Ok(DaemonSetPod {
         name: ds.metadata.name.clone().unwrap_or_default(),
         requests: pod_requests(&object, spec)?,
-        tolerations: tolerations(&object, spec.tolerations.as_ref())?,
+        tolerations: tolerations(&object, spec.tolerations.as_deref())?,
         node_selector: node_selector(spec.node_selector.as_ref()),
         required_node_affinity,
         host_ports: host_ports(spec),
@@ -846,7 +846,7 @@ mod tests {
 
         // A copy may be edited before it is read: it must not carry the original's reading.
         let mut edited = held.clone();
-        edited.spec.as_mut().unwrap().containers[0].resources =
+        Arc::make_mut(&mut edited.spec.as_mut().unwrap().containers)[0].resources =
             serde_json::from_value(json!({"requests": {"cpu": "300m"}})).unwrap();
         let cpu = |c: &Converted| c.pod.requests.get("cpu");
         assert_eq!(

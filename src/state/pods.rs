@@ -1,9 +1,12 @@
 //! Small facts about pods that several controllers need, in one place.
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaimTemplate;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaimTemplate, Toleration};
 use kube::ResourceExt;
 
-use super::held_pod::{HeldPod as Pod, PodCondition};
+use super::held_pod::{Container, HeldPod as Pod, PodCondition};
+use crate::interner::ListInterner;
 
 /// The kubelet's annotation on static (mirror) pods.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
@@ -22,11 +25,25 @@ const KEPT_ANNOTATIONS: [&str; 3] = [
     MIRROR_ANNOTATION,
 ];
 
+/// The parts of a pod that the pods of one workload repeat verbatim, one copy each.
+#[derive(Default)]
+struct SharedParts {
+    containers: ListInterner<Container>,
+    tolerations: ListInterner<Toleration>,
+}
+
+static SHARED_PARTS: LazyLock<Mutex<SharedParts>> = LazyLock::new(Default::default);
+
+fn shared_parts() -> std::sync::MutexGuard<'static, SharedParts> {
+    SHARED_PARTS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Compacts a held pod further than its type does: only the annotations a decision reads,
 /// only the `PodScheduled` and `Ready` conditions, only the volumes that are claims, no
 /// managed fields or `generateName` (the name is what is read), and every list in an
 /// allocation of its own length (serde grows a list by doubling, so one container sat in room
-/// for four).
+/// for four). Its containers and tolerations become the copy shared with every pod carrying
+/// the same ones.
 pub fn slim(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
@@ -40,16 +57,24 @@ pub fn slim(pod: &mut Pod) {
     meta.owner_references.as_mut().map(Vec::shrink_to_fit);
     meta.finalizers.as_mut().map(Vec::shrink_to_fit);
     if let Some(spec) = pod.spec.as_mut() {
-        for container in spec
-            .containers
-            .iter_mut()
+        // Read fresh from the watch, so the containers are this pod's alone until shared below.
+        for container in Arc::get_mut(&mut spec.containers)
+            .into_iter()
+            .flatten()
             .chain(spec.init_containers.iter_mut().flatten())
         {
             container.ports.as_mut().map(Vec::shrink_to_fit);
         }
-        spec.containers.shrink_to_fit();
         spec.init_containers.as_mut().map(Vec::shrink_to_fit);
-        spec.tolerations.as_mut().map(Vec::shrink_to_fit);
+        let mut shared = shared_parts();
+        spec.containers = shared
+            .containers
+            .intern(std::mem::take(&mut spec.containers));
+        spec.tolerations = spec
+            .tolerations
+            .take()
+            .map(|t| shared.tolerations.intern(t));
+        drop(shared);
         spec.topology_spread_constraints
             .as_mut()
             .map(Vec::shrink_to_fit);
@@ -295,7 +320,7 @@ mod tests {
         let spec = slim_pod.spec.as_ref().unwrap();
         let volumes = spec.volumes.as_ref().unwrap();
         assert_eq!((volumes.len(), volumes.capacity()), (1, 1));
-        assert_eq!(spec.containers.capacity(), 1, "one container, room for one");
+        assert_eq!(spec.containers.len(), 1);
         let conditions = status.conditions.as_ref().unwrap();
         assert_eq!(
             conditions.capacity(),
@@ -333,5 +358,44 @@ mod tests {
         }));
         slim(&mut p);
         assert!(p.spec.unwrap().volumes.is_none());
+    }
+
+    #[test]
+    fn the_pods_of_one_workload_share_their_containers_and_tolerations() {
+        let replica = |name: &str, cpu: &str| {
+            let mut p = pod(json!({
+                "metadata": {"name": name, "namespace": "n"},
+                "spec": {
+                    "containers": [{"name": "web", "ports": [{"containerPort": 80}],
+                        "resources": {"requests": {"cpu": cpu}}}],
+                    "tolerations": [
+                        {"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                            "effect": "NoExecute", "tolerationSeconds": 300},
+                        {"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                            "effect": "NoExecute", "tolerationSeconds": 300}]}
+            }));
+            slim(&mut p);
+            p.spec.unwrap()
+        };
+        let (a, b, other) = (
+            replica("a", "250m"),
+            replica("b", "250m"),
+            replica("c", "1"),
+        );
+        assert!(Arc::ptr_eq(&a.containers, &b.containers));
+        let tolerations = |s: &super::super::held_pod::PodSpec| s.tolerations.clone().unwrap();
+        assert!(Arc::ptr_eq(&tolerations(&a), &tolerations(&b)));
+        assert!(
+            !Arc::ptr_eq(&a.containers, &other.containers),
+            "other requests"
+        );
+        assert!(Arc::ptr_eq(&tolerations(&a), &tolerations(&other)));
+        // The shared copy still reads and writes as the API's.
+        assert_eq!(
+            serde_json::to_value(&*a.containers).unwrap(),
+            json!([{"name": "web", "ports": [{"containerPort": 80}],
+                "resources": {"requests": {"cpu": "250m"}}}])
+        );
+        assert_eq!(tolerations(&a)[1].toleration_seconds, Some(300));
     }
 }

@@ -576,7 +576,8 @@ mod tests {
                 limits: Some(resources(limits).into()),
             }),
             ..Default::default()
-        }];
+        }]
+        .into();
         pod
     }
 

@@ -103,7 +103,7 @@ fn is_critical(pod: &Pod) -> bool {
 fn tolerates_disrupted_taint(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
-        .and_then(|s| s.tolerations.as_ref())
+        .and_then(|s| s.tolerations.as_deref())
         .into_iter()
         .flatten()
         .any(|t| {
@@ -316,11 +316,14 @@ mod tests {
             ..Default::default()
         });
         let mut tolerating = pod("ns", "tolerating", Some("n"));
-        tolerating.spec.as_mut().unwrap().tolerations = Some(vec![Toleration {
-            key: Some(DISRUPTED_TAINT_KEY.into()),
-            operator: Some("Exists".into()),
-            ..Default::default()
-        }]);
+        tolerating.spec.as_mut().unwrap().tolerations = Some(
+            vec![Toleration {
+                key: Some(DISRUPTED_TAINT_KEY.into()),
+                operator: Some("Exists".into()),
+                ..Default::default()
+            }]
+            .into(),
+        );
         let mut stuck = pod("ns", "stuck", Some("n"));
         stuck.metadata.deletion_timestamp = Some(ts(900));
         let mut terminating = pod("ns", "terminating", Some("n"));

@@ -118,11 +118,14 @@ mod tests {
     }
 
     fn tolerating(mut p: Pod) -> Pod {
-        p.spec.as_mut().unwrap().tolerations = Some(vec![Toleration {
-            key: Some(DISRUPTED_TAINT_KEY.into()),
-            operator: Some("Exists".into()),
-            ..Default::default()
-        }]);
+        p.spec.as_mut().unwrap().tolerations = Some(
+            vec![Toleration {
+                key: Some(DISRUPTED_TAINT_KEY.into()),
+                operator: Some("Exists".into()),
+                ..Default::default()
+            }]
+            .into(),
+        );
         p
     }
 
