@@ -2,7 +2,11 @@
 //! builds). jemalloc prints the options in effect when asked to through its environment
 //! variable, which adds to the embedded settings and does not replace them.
 
-#![cfg(all(target_os = "linux", target_env = "gnu"))]
+#![cfg(all(
+    target_os = "linux",
+    target_env = "gnu",
+    not(feature = "system-allocator")
+))]
 
 use std::process::Command;
 
@@ -25,6 +29,7 @@ fn the_binary_runs_on_jemalloc_with_its_settings() {
         "opt.background_thread: true",
         "opt.dirty_decay_ms: 1000",
         "opt.muzzy_decay_ms: 0",
+        "opt.narenas: 1",
     ] {
         assert!(stats.contains(option), "{option} not in effect:\n{stats}");
     }

@@ -17,9 +17,14 @@
 /// overrides them. Dirty pages go back after a second unused (jemalloc's default is 10 s:
 /// a wave's memory then stays through the next pass), in a background thread (otherwise only an
 /// allocating thread purges, so an idle controller keeps its last wave); "muzzy" pages (given
-/// back lazily) are skipped, so RSS shows what is held.
+/// back lazily) are skipped, so RSS shows what is held. One arena instead of jemalloc's four
+/// per CPU: each arena keeps its own partly used pages, and the controller's threads took turns
+/// on all of them; with one, RSS after the 1 000-node launch was 92 MB instead of 103 MB on a
+/// 2-CPU machine, with less CPU (28 s against 37 s). Threads still allocate from their own
+/// caches; the arena is locked only to refill or drain them.
 /// NUL-terminated: jemalloc reads it as a C string.
-pub const MALLOC_CONF: &[u8] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+pub const MALLOC_CONF: &[u8] =
+    b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1\0";
 
 #[cfg(test)]
 mod tests {
