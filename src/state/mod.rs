@@ -193,12 +193,28 @@ fn apply_event<K: Indexed>(cluster: &Cluster, event: Event<K>) {
     })
 }
 
-/// Applies one watcher event to the shared store and then the cluster, the index keeping the
-/// store's copy of each object (at 1 000 nodes a second copy of every Node and NodeClaim was
-/// ~15 MB). A listed object reaches the store only when the list completes: the index holds
-/// its own copy until then and takes the store's at `InitDone`.
+/// Applies one watcher event to the shared store, then the cluster, then announces it to the
+/// Controllers, the index keeping the store's copy of each object (at 1 000 nodes a second copy
+/// of every Node and NodeClaim was ~15 MB). A listed object reaches the store only when the list
+/// completes: the index holds its own copy until then and takes the store's at `InitDone`.
+///
+/// Announced last, so a Controller woken by a change reads an index that has it: a NodeClaim's
+/// registration looks up its Node in the index, and a new Node finds its NodeClaim there. With
+/// the announcement first, both lookups could run before either index update (the feed waiting
+/// for the write lock behind a long read) and the Node waited for the next resync, 60 s.
 fn apply_shared_event<K: Indexed>(cluster: &Cluster, shared: &mut SharedFeed<K>, event: Event<K>) {
-    shared.publish(&event);
+    let announcements = index_shared_event(cluster, shared, event);
+    shared.announce(announcements);
+}
+
+/// [`apply_shared_event`] without the announcement: what to announce once the index has it.
+fn index_shared_event<K: Indexed>(
+    cluster: &Cluster,
+    shared: &mut SharedFeed<K>,
+    event: Event<K>,
+) -> Vec<Change<K>> {
+    shared.writer.apply_watcher_event(&event);
+    let announcements = shared.changes_of(&event);
     let store = shared.writer.as_reader();
     match event {
         Event::Apply(obj) => match store.get(&reflector::ObjectRef::from_obj(&obj)) {
@@ -213,6 +229,7 @@ fn apply_shared_event<K: Indexed>(cluster: &Cluster, shared: &mut SharedFeed<K>,
         }),
         other => apply_event(cluster, other),
     }
+    announcements
 }
 
 /// Server-side watch timeout: a stream that goes silent is noticed (kube's watcher adds a
@@ -283,27 +300,32 @@ impl<K: Watched> SharedFeed<K> {
     /// Applies one watch event to the store and announces what changed.
     pub fn publish(&mut self, event: &Event<K>) {
         self.writer.apply_watcher_event(event);
-        // No receiver is not an error: Controllers only run on the leader.
+        let changes = self.changes_of(event);
+        self.announce(changes);
+    }
+
+    /// What an event applied to the store announces.
+    fn changes_of(&self, event: &Event<K>) -> Vec<Change<K>> {
+        let applied = |obj: &K| Change::Applied(Box::new(reflector::ObjectRef::from_obj(obj)));
         match event {
-            Event::Apply(obj) => {
-                let _ =
-                    self.changes
-                        .send(Change::Applied(Box::new(reflector::ObjectRef::from_obj(
-                            obj,
-                        ))));
-            }
-            Event::Delete(obj) => {
-                let _ = self.changes.send(Change::Deleted(Arc::new(obj.clone())));
-            }
+            Event::Apply(obj) => vec![applied(obj)],
+            Event::Delete(obj) => vec![Change::Deleted(Arc::new(obj.clone()))],
             // Listed objects reach the store only when the list completes: announce them then.
-            Event::InitDone => {
-                for obj in self.writer.as_reader().state() {
-                    let _ = self.changes.send(Change::Applied(Box::new(
-                        reflector::ObjectRef::from_obj(&*obj),
-                    )));
-                }
-            }
-            Event::Init | Event::InitApply(_) => {}
+            Event::InitDone => self
+                .writer
+                .as_reader()
+                .state()
+                .iter()
+                .map(|obj| applied(obj))
+                .collect(),
+            Event::Init | Event::InitApply(_) => Vec::new(),
+        }
+    }
+
+    fn announce(&self, changes: Vec<Change<K>>) {
+        for change in changes {
+            // No receiver is not an error: Controllers only run on the leader.
+            let _ = self.changes.send(change);
         }
     }
 }
@@ -522,6 +544,30 @@ mod tests {
         p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
         trim(&mut p);
         assert!(p.metadata.managed_fields.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_change_is_announced_only_once_the_index_has_it() {
+        use futures::FutureExt;
+        let cluster = Cluster::default();
+        let (shared, mut feed) = Shared::<Node>::new();
+        apply_shared_event(&cluster, &mut feed, Event::Init);
+        apply_shared_event(&cluster, &mut feed, Event::InitDone);
+        let mut changes = Box::pin(shared.changes());
+        let announcements =
+            index_shared_event(&cluster, &mut feed, Event::Apply(labelled("a", "1")));
+        assert_eq!(version(&cluster.read().node("a").unwrap()), "1", "indexed");
+        assert!(changes.next().now_or_never().is_none(), "not announced yet");
+        feed.announce(announcements);
+        let announced = changes.next().await.unwrap();
+        assert_eq!(version(&announced), "1");
+        // A deletion likewise: gone from the index before anyone hears of it.
+        let announcements =
+            index_shared_event(&cluster, &mut feed, Event::Delete(labelled("a", "1")));
+        assert!(cluster.read().node("a").is_none());
+        assert!(changes.next().now_or_never().is_none());
+        feed.announce(announcements);
+        assert_eq!(changes.next().await.unwrap().name_any(), "a");
     }
 
     #[test]
