@@ -13,25 +13,46 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Interner<T: ?Sized> {
     values: HashSet<Arc<T>>,
-    /// [`Interner::intern_pruning`] prunes once the table reaches this size…
-    prune_at: usize,
-    /// …or once it has been called as often as the table had values at the last prune: a
-    /// table full at [`Interner::MAX_VALUES`] cannot grow to `prune_at`, and its values die.
-    calls_since_prune: usize,
+    schedule: PruneSchedule,
 }
 
 impl<T: ?Sized> Default for Interner<T> {
     fn default() -> Self {
         Interner {
             values: HashSet::new(),
-            prune_at: 0,
-            calls_since_prune: 0,
+            schedule: PruneSchedule::default(),
         }
     }
 }
 
-/// [`Interner::intern_pruning`] never prunes a table smaller than this.
+/// A table is never pruned while smaller than this.
 const MIN_PRUNE_AT: usize = 1024;
+
+/// When a table that nothing prunes between rounds forgets the values no one holds: once it
+/// has doubled since it was last pruned (so it stays within twice what is held, and at least
+/// [`MIN_PRUNE_AT`]), and at least once every as many calls as it then held (a table full at
+/// [`Interner::MAX_VALUES`] cannot double, and its values die). One pass over the table, at
+/// most once per that many calls.
+#[derive(Debug, Default)]
+struct PruneSchedule {
+    prune_at: usize,
+    calls_since_prune: usize,
+}
+
+impl PruneSchedule {
+    /// Counts one call on a table of `len` values; true when it is to be pruned now.
+    fn call_is_due(&mut self, len: usize) -> bool {
+        self.calls_since_prune += 1;
+        let limit = self.prune_at.max(MIN_PRUNE_AT);
+        len >= limit || self.calls_since_prune > limit
+    }
+
+    /// The table was pruned down to `len` values.
+    fn pruned(&mut self, len: usize) {
+        self.prune_at = 2 * len;
+        self.calls_since_prune = 0;
+    }
+}
 
 impl<T: ?Sized + Hash + Eq> Interner<T> {
     /// Beyond this many distinct values, new ones are handed out unshared: values come from
@@ -51,18 +72,11 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
     }
 
     /// As [`Interner::intern`], for a table that nothing prunes between rounds: the values
-    /// no one holds any more are forgotten whenever the table has doubled since it was last
-    /// pruned (so it stays within twice what is held, and at least [`MIN_PRUNE_AT`]), and at
-    /// least once every as many calls as it then held (so a full table still sheds its dead
-    /// values). Pruning costs one pass over the table, at most once per that many calls.
+    /// no one holds any more are forgotten on a [`PruneSchedule`].
     pub fn intern_pruning<Q: Borrow<T> + Into<Arc<T>>>(&mut self, value: Q) -> Arc<T> {
-        self.calls_since_prune += 1;
-        let grown = self.values.len() >= self.prune_at.max(MIN_PRUNE_AT);
-        let due = self.calls_since_prune > self.prune_at.max(MIN_PRUNE_AT);
-        if grown || due {
+        if self.schedule.call_is_due(self.values.len()) {
             self.prune();
-            self.prune_at = 2 * self.values.len();
-            self.calls_since_prune = 0;
+            self.schedule.pruned(self.values.len());
         }
         self.intern(value)
     }
@@ -87,32 +101,32 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
 #[derive(Debug)]
 pub struct ListInterner<T> {
     by_json: std::collections::HashMap<Box<str>, Arc<[T]>>,
-    prune_at: usize,
+    schedule: PruneSchedule,
 }
 
 impl<T> Default for ListInterner<T> {
     fn default() -> Self {
         ListInterner {
             by_json: Default::default(),
-            prune_at: MIN_PRUNE_AT,
+            schedule: PruneSchedule::default(),
         }
     }
 }
 
 impl<T: serde::Serialize> ListInterner<T> {
-    /// The shared copy of `list`; lists no one else holds are forgotten whenever the table
-    /// has doubled, and beyond [`Interner::MAX_VALUES`] lists new ones are not shared.
+    /// The shared copy of `list`; lists no one else holds are forgotten on a
+    /// [`PruneSchedule`], and beyond [`Interner::MAX_VALUES`] lists new ones are not shared.
     pub fn intern(&mut self, list: Arc<[T]>) -> Arc<[T]> {
+        if self.schedule.call_is_due(self.by_json.len()) {
+            self.by_json
+                .retain(|_, shared| Arc::strong_count(shared) > 1);
+            self.schedule.pruned(self.by_json.len());
+        }
         let Ok(json) = serde_json::to_string(&*list) else {
             return list;
         };
         if let Some(shared) = self.by_json.get(json.as_str()) {
             return shared.clone();
-        }
-        if self.by_json.len() >= self.prune_at {
-            self.by_json
-                .retain(|_, shared| Arc::strong_count(shared) > 1);
-            self.prune_at = (2 * self.by_json.len()).max(MIN_PRUNE_AT);
         }
         if self.by_json.len() < Interner::<()>::MAX_VALUES {
             self.by_json.insert(json.into(), list.clone());
@@ -158,6 +172,23 @@ mod tests {
             &lists.intern(vec![Port(1.0), Port(2.0)].into()),
             &a
         ));
+    }
+
+    #[test]
+    fn a_full_list_interner_still_sheds_dead_lists() {
+        let mut lists = ListInterner::<u32>::default();
+        let max = Interner::<()>::MAX_VALUES;
+        let mut held: Vec<Arc<[u32]>> = (0..max as u32)
+            .map(|i| lists.intern(vec![i].into()))
+            .collect();
+        assert_eq!(lists.len(), max, "full");
+        held.truncate(10);
+        // No new list can be kept, so the table never doubles; it is pruned all the same.
+        for i in 0..2 * max as u32 + 2 {
+            lists.intern(vec![i, i].into());
+        }
+        assert!(lists.len() < max / 2, "{}", lists.len());
+        assert!(Arc::ptr_eq(&lists.intern(vec![3].into()), &held[3]));
     }
 
     #[test]
