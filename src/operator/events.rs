@@ -175,7 +175,7 @@ struct Series {
 /// Published events still collecting repeats; pure, time passed in. Keys are held as two
 /// independently keyed 64-bit hashes, not their text (a 1 000-node launch's events with their
 /// objects and messages were ~1 MB for the six minutes): two distinct events would have to
-/// collide in both, odds about 10⁻³² among 10 000.
+/// collide in both, odds about 10⁻³¹ (n²/2 over 2¹²⁸) among 10 000.
 #[derive(Debug, Default)]
 struct SeriesCache {
     hashers: (std::hash::RandomState, std::hash::RandomState),

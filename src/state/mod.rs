@@ -214,22 +214,32 @@ fn index_shared_event<K: Indexed>(
     event: Event<K>,
 ) -> Vec<Change<K>> {
     shared.writer.apply_watcher_event(&event);
-    let announcements = shared.changes_of(&event);
     let store = shared.writer.as_reader();
+    if let Event::InitDone = event {
+        // One read of the listed state serves the index and the announcements.
+        let listed = store.state();
+        cluster.update(|index| {
+            index.finish_list(K::KIND);
+            for stored in &listed {
+                K::apply_shared(stored.clone(), index);
+            }
+        });
+        return listed.iter().map(|obj| applied::<K>(obj)).collect();
+    }
+    let announcements = shared.changes_of(&event);
     match event {
         Event::Apply(obj) => match store.get(&reflector::ObjectRef::from_obj(&obj)) {
             Some(stored) => cluster.update(|index| K::apply_shared(stored, index)),
             None => apply_event(cluster, Event::Apply(obj)),
         },
-        Event::InitDone => cluster.update(|index| {
-            index.finish_list(K::KIND);
-            for stored in store.state() {
-                K::apply_shared(stored, index);
-            }
-        }),
         other => apply_event(cluster, other),
     }
     announcements
+}
+
+/// The announcement of an object now in the store: its name, which subscribers look up.
+fn applied<K: Watched>(obj: &K) -> Change<K> {
+    Change::Applied(Box::new(reflector::ObjectRef::from_obj(obj)))
 }
 
 /// Server-side watch timeout: a stream that goes silent is noticed (kube's watcher adds a
@@ -306,7 +316,6 @@ impl<K: Watched> SharedFeed<K> {
 
     /// What an event applied to the store announces.
     fn changes_of(&self, event: &Event<K>) -> Vec<Change<K>> {
-        let applied = |obj: &K| Change::Applied(Box::new(reflector::ObjectRef::from_obj(obj)));
         match event {
             Event::Apply(obj) => vec![applied(obj)],
             Event::Delete(obj) => vec![Change::Deleted(Arc::new(obj.clone()))],
@@ -316,7 +325,7 @@ impl<K: Watched> SharedFeed<K> {
                 .as_reader()
                 .state()
                 .iter()
-                .map(|obj| applied(obj))
+                .map(|obj| applied::<K>(obj))
                 .collect(),
             Event::Init | Event::InitApply(_) => Vec::new(),
         }

@@ -33,22 +33,29 @@ pub const RECENT_LAUNCH_TTL: Duration = Duration::from_secs(60);
 /// later). At 500 launches that was 173 instance lists.
 #[derive(Default)]
 pub struct RecentLaunches {
-    entries: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, NodeClaim)>>,
+    entries: std::sync::Mutex<LaunchResults>,
 }
+
+type LaunchResults = std::collections::HashMap<String, (std::time::Instant, NodeClaim)>;
 
 impl RecentLaunches {
     fn get(&self, uid: &str, now: std::time::Instant) -> Option<NodeClaim> {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.retain(|_, (at, _)| now.saturating_duration_since(*at) < RECENT_LAUNCH_TTL);
+        let entries = self.unexpired(now);
         entries.get(uid).map(|(_, claim)| claim.clone())
     }
 
     /// Keeps only what [`merge_launched`] takes from a launch: a whole NodeClaim (spec,
     /// conditions, owner) was ~1.3 MB after a 1 000-node launch.
     fn insert(&self, uid: &str, launched: &NodeClaim, now: std::time::Instant) {
+        let mut entries = self.unexpired(now);
+        entries.insert(uid.to_string(), (now, launch_result(launched)));
+    }
+
+    /// The results, locked, once those older than [`RECENT_LAUNCH_TTL`] are dropped.
+    fn unexpired(&self, now: std::time::Instant) -> std::sync::MutexGuard<'_, LaunchResults> {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries.retain(|_, (at, _)| now.saturating_duration_since(*at) < RECENT_LAUNCH_TTL);
-        entries.insert(uid.to_string(), (now, launch_result(launched)));
+        entries
     }
 }
 
