@@ -29,8 +29,8 @@ COPY hack/scale ./hack/scale
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     target="$(uname -m)-unknown-linux-musl" \
- && cargo build --release --locked --target "$target" --bin karpenter-exoscale \
- && install -D -m 0555 "target/$target/release/karpenter-exoscale" /out/karpenter-exoscale
+ && cargo build --profile dist --locked --target "$target" --bin karpenter-exoscale \
+ && install -D -m 0555 "target/$target/dist/karpenter-exoscale" /out/karpenter-exoscale
 
 # distroless/static: CA certificates, /etc/passwd with nonroot (65532), no shell, no libc.
 FROM gcr.io/distroless/static-debian12:nonroot@sha256:d093aa3e30dbadd3efe1310db061a14da60299baff8450a17fe0ccc514a16639

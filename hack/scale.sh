@@ -16,7 +16,9 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/karpenter-exoscale/target}"
 KARPENTER_TEST_BIN_DIR="$(bash hack/control-plane.sh)"
 export KARPENTER_TEST_BIN_DIR
-cargo build --release --bin karpenter-exoscale --example scale >&2
+# The controller as the image ships it (Cargo.toml's dist profile); the harness as a release build.
+cargo build --profile dist --bin karpenter-exoscale >&2
+cargo build --release --example scale >&2
 rigs=(${RIGS:-ours upstream})
 upstream=""
 [[ " ${rigs[*]} " == *" upstream "* ]] && upstream="$(bash hack/upstream-kwok.sh)"
@@ -27,7 +29,7 @@ echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for s in "${scenarios[@]}"; do
   for rig in "${rigs[@]}"; do
     case "$rig" in
-      ours) target="$CARGO_TARGET_DIR/release/karpenter-exoscale" ;;
+      ours) target="$CARGO_TARGET_DIR/dist/karpenter-exoscale" ;;
       upstream) target="$upstream" ;;
       *) echo "unknown rig $rig (ours, upstream)" >&2; exit 2 ;;
     esac

@@ -839,6 +839,29 @@ fn image_runs_the_static_binary_as_non_root() {
     assert_eq!(pod["securityContext"]["runAsUser"], 65532);
 }
 
+/// What the image ships is what `hack/scale.sh` measures: both build the `dist` profile, and
+/// that profile is the whole-program-optimized one the measurements name.
+#[test]
+fn the_image_and_the_scale_harness_build_the_same_optimized_profile() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let scale = std::fs::read_to_string(repo().join("hack/scale.sh")).unwrap();
+    for (what, text) in [("Dockerfile", &dockerfile), ("hack/scale.sh", &scale)] {
+        assert!(
+            text.contains("cargo build --profile dist")
+                && text.contains("/dist/karpenter-exoscale"),
+            "{what} builds and runs the dist profile"
+        );
+    }
+    let manifest: toml::Table = std::fs::read_to_string(repo().join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let dist = &manifest["profile"]["dist"];
+    assert_eq!(dist["inherits"].as_str(), Some("release"));
+    assert_eq!(dist["lto"].as_str(), Some("fat"));
+    assert_eq!(dist["codegen-units"].as_integer(), Some(1));
+}
+
 #[test]
 fn every_base_image_is_pinned_by_digest() {
     let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
