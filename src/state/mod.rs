@@ -287,10 +287,11 @@ async fn feed_kind<K: Indexed>(
 /// (its periodic requeue still reconciles every object).
 const CHANGES_CAPACITY: usize = 4096;
 
-/// One announced change. The ring keeps its last [`CHANGES_CAPACITY`] entries whether or not
-/// anyone reads them, so an applied object is announced by its name, read from the store when
-/// received (a copy per entry was tens of megabytes at 1 000 Nodes). A name the store no longer
-/// has was deleted since, and that deletion is announced later with the object.
+/// One announced change. The ring's [`CHANGES_CAPACITY`] slots are allocated up front, and an
+/// entry is kept until every subscriber has read it: one that is behind (or not yet polling)
+/// holds up to the whole ring. So an applied object is announced by its name, read from the
+/// store when received (a copy per entry was tens of megabytes at 1 000 Nodes). A name the
+/// store no longer has was deleted since, and that deletion is announced later with the object.
 #[derive(Clone)]
 enum Change<K: Watched> {
     /// Boxed: the ring's slots are allocated up front, and a name inline made each ~130 bytes
