@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/karpenter-exoscale/target}"
 KARPENTER_TEST_BIN_DIR="$(bash hack/control-plane.sh)"
 export KARPENTER_TEST_BIN_DIR
-# The controller as the image ships it (Cargo.toml's dist profile); the harness as a release build.
+# The controller with the image's profile (Cargo.toml's dist; built for this host, so glibc and
+# jemalloc where the image is musl); the harness as a release build.
 cargo build --profile dist --bin karpenter-exoscale >&2
 cargo build --release --example scale >&2
 rigs=(${RIGS:-ours upstream})

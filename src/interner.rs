@@ -30,9 +30,9 @@ const MIN_PRUNE_AT: usize = 1024;
 
 /// When a table that nothing prunes between rounds forgets the values no one holds: once it
 /// has doubled since it was last pruned (so it stays within twice what is held, and at least
-/// [`MIN_PRUNE_AT`]), and at least once every as many calls as it then held (a table full at
-/// [`Interner::MAX_VALUES`] cannot double, and its values die). One pass over the table, at
-/// most once per that many calls.
+/// [`MIN_PRUNE_AT`]), and at least once every twice as many calls as it then held (a table
+/// full at [`Interner::MAX_VALUES`] cannot double, and its values die). One pass over the
+/// table, at most once per that many calls.
 #[derive(Debug, Default)]
 struct PruneSchedule {
     prune_at: usize,
@@ -182,6 +182,9 @@ mod tests {
             .map(|i| lists.intern(vec![i].into()))
             .collect();
         assert_eq!(lists.len(), max, "full");
+        // One call more while every list is held: that prune keeps them all, so the table
+        // could only be pruned again by doubling, which a full table never does.
+        lists.intern(vec![u32::MAX].into());
         held.truncate(10);
         // No new list can be kept, so the table never doubles; it is pruned all the same.
         for i in 0..2 * max as u32 + 2 {
@@ -232,6 +235,8 @@ mod tests {
             .map(|i| strings.intern_pruning(format!("v{i}").as_str()))
             .collect();
         assert_eq!(strings.len(), Interner::<str>::MAX_VALUES, "full");
+        // As above: a prune that keeps everything leaves only the call count to prune again.
+        strings.intern_pruning("one more");
         held.truncate(10);
         // No new value can be kept, so the table never doubles; it is pruned all the same.
         for i in 0..2 * Interner::<str>::MAX_VALUES + 2 {
