@@ -224,7 +224,7 @@ fn index_shared_event<K: Indexed>(
                 K::apply_shared(stored.clone(), index);
             }
         });
-        return listed.iter().map(|obj| applied::<K>(obj)).collect();
+        return listed_changes(&listed);
     }
     let announcements = shared.changes_of(&event);
     match event {
@@ -240,6 +240,11 @@ fn index_shared_event<K: Indexed>(
 /// The announcement of an object now in the store: its name, which subscribers look up.
 fn applied<K: Watched>(obj: &K) -> Change<K> {
     Change::Applied(Box::new(reflector::ObjectRef::from_obj(obj)))
+}
+
+/// The announcements of a completed list: every object the store now holds.
+fn listed_changes<K: Watched>(listed: &[Arc<K>]) -> Vec<Change<K>> {
+    listed.iter().map(|obj| applied::<K>(obj)).collect()
 }
 
 /// Server-side watch timeout: a stream that goes silent is noticed (kube's watcher adds a
@@ -321,13 +326,7 @@ impl<K: Watched> SharedFeed<K> {
             Event::Apply(obj) => vec![applied(obj)],
             Event::Delete(obj) => vec![Change::Deleted(Arc::new(obj.clone()))],
             // Listed objects reach the store only when the list completes: announce them then.
-            Event::InitDone => self
-                .writer
-                .as_reader()
-                .state()
-                .iter()
-                .map(|obj| applied::<K>(obj))
-                .collect(),
+            Event::InitDone => listed_changes(&self.writer.as_reader().state()),
             Event::Init | Event::InitApply(_) => Vec::new(),
         }
     }
