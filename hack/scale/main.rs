@@ -21,7 +21,7 @@ mod support;
 mod audit;
 mod upstream;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,14 @@ impl Process {
                 / 1024.0
         };
         (kb("VmRSS:"), kb("VmHWM:"))
+    }
+
+    /// Starts VmHWM over from the current RSS, so a phase's peak is its own and not, say, the
+    /// harness's plain-text `/metrics` scrape at the end of the launch.
+    fn reset_peak(&self) {
+        if let Err(error) = std::fs::write(format!("/proc/{}/clear_refs", self.0), "5") {
+            eprintln!("cannot reset the controller's peak RSS: {error}");
+        }
     }
 
     fn cpu_seconds(&self) -> f64 {
@@ -239,6 +247,8 @@ async fn keep_pods_of_nodes(client: &kube::Client, nodes: i32) {
 
 struct Sample {
     names: Vec<String>,
+    /// Bound pods' nodes, by pod name.
+    nodes: HashMap<String, String>,
     claim_names: Vec<String>,
     claims: usize,
     live_claims: usize,
@@ -271,6 +281,15 @@ async fn sample(client: &kube::Client) -> Option<Sample> {
             .iter()
             .filter_map(|p| p.metadata.name.clone())
             .collect(),
+        nodes: pods
+            .iter()
+            .filter_map(|p| {
+                Some((
+                    p.metadata.name.clone()?,
+                    p.spec.as_ref()?.node_name.clone()?,
+                ))
+            })
+            .collect(),
         claim_names: claims
             .iter()
             .filter_map(|c| c.metadata.name.clone())
@@ -290,6 +309,37 @@ async fn sample(client: &kube::Client) -> Option<Sample> {
             .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
             .count(),
     })
+}
+
+/// `placed` (pod → second first seen bound, node) grouped into waves: pods seen within 10 s of
+/// the previous one are one wave, listed with how many landed on each node.
+fn placements(placed: &HashMap<String, (u64, String)>) -> String {
+    let mut seen: Vec<&(u64, String)> = placed.values().collect();
+    seen.sort();
+    let mut waves: Vec<(u64, BTreeMap<&str, usize>)> = Vec::new();
+    let mut last = None;
+    for (at, node) in seen {
+        if last.is_none_or(|l| at - l > 10) {
+            waves.push((*at, BTreeMap::new()));
+        }
+        last = Some(*at);
+        if let Some((_, nodes)) = waves.last_mut() {
+            *nodes.entry(node.as_str()).or_default() += 1;
+        }
+    }
+    waves
+        .iter()
+        .map(|(at, nodes)| {
+            let pods: usize = nodes.values().sum();
+            let each: Vec<String> = nodes.iter().map(|(n, c)| format!("{n}×{c}")).collect();
+            format!(
+                "{at} s: {pods} pods on {} nodes ({})",
+                nodes.len(),
+                each.join(", ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn by_operation(calls: &[String]) -> String {
@@ -490,6 +540,10 @@ async fn run(
     }
     let mut new_claims = HashSet::new();
     let mut moved = HashSet::new();
+    // Where kube-scheduler put the recreated pods, as first seen bound: which nodes are then
+    // inside consolidateAfter (and so neither candidates nor destinations) paces consolidation.
+    let mut placed: HashMap<String, (u64, String)> = HashMap::new();
+    process.reset_peak();
     let scaled = Instant::now();
     Api::<Deployment>::namespaced(client.clone(), "default")
         .patch(
@@ -511,6 +565,11 @@ async fn run(
         // pod the ReplicaSet was removing anyway is not replaced: evictions are counted from
         // the audit log's eviction requests.
         moved.extend(s.names.iter().filter(|n| !before.contains(*n)).cloned());
+        for (pod, node) in &s.nodes {
+            if !before.contains(pod) && !placed.contains_key(pod) {
+                placed.insert(pod.clone(), (scaled.elapsed().as_secs(), node.clone()));
+            }
+        }
         // A NodeClaim created after the scale-down is a replacement.
         new_claims.extend(
             s.claim_names
@@ -529,6 +588,10 @@ async fn run(
         assert!(scaled.elapsed() < LIMIT, "scale-down did not settle");
     }
     let took = last_change.duration_since(scaled);
+    eprintln!(
+        "{scenario} scale-down: recreated pods by when first seen bound (s after the scale-down) and node: {}",
+        placements(&placed)
+    );
     let (rss, peak) = process.rss_mb();
     let requests = Requests::read(audit, rig.agent()).since(&requests_before);
     let cloud = match (&calls_before, rig.cloud_calls()) {
