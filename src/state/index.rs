@@ -370,6 +370,38 @@ impl ClusterIndex {
                 .all(|c| nodeclaim_provider_id(c).is_some())
     }
 
+    /// Why [`Self::synced`] is false, one clause per cause (empty when synced): which kinds
+    /// were never listed or lost their watch, and how many NodeClaims wait for their
+    /// providerID (a large launch queued behind the cloud API's rate limit is the usual one).
+    pub fn unsynced_because(&self) -> Vec<String> {
+        let mut why = Vec::new();
+        let unlisted: Vec<String> = Kind::ALL
+            .iter()
+            .chain(&self.required)
+            .filter(|k| !self.listed.contains(k))
+            .map(|k| format!("{k:?}"))
+            .collect();
+        if !unlisted.is_empty() {
+            why.push(format!("not listed yet: {}", unlisted.join(", ")));
+        }
+        if !self.stale.is_empty() {
+            let stale: Vec<String> = self.stale.iter().map(|k| format!("{k:?}")).collect();
+            why.push(format!(
+                "watch failed, waiting for a new list: {}",
+                stale.join(", ")
+            ));
+        }
+        let launching = self
+            .nodeclaims
+            .values()
+            .filter(|c| nodeclaim_provider_id(c).is_none())
+            .count();
+        if launching > 0 {
+            why.push(format!("{launching} NodeClaim(s) without a providerID yet"));
+        }
+        why
+    }
+
     /// Whether the initial list of `kind` finished (its absence of objects means something).
     pub fn listed(&self, kind: Kind) -> bool {
         self.listed.contains(&kind)
@@ -714,10 +746,30 @@ mod tests {
             index.finish_list(*kind);
         }
         assert!(!index.synced(), "PDB list not finished");
+        assert_eq!(
+            index.unsynced_because(),
+            [
+                "not listed yet: PodDisruptionBudget",
+                "1 NodeClaim(s) without a providerID yet"
+            ]
+        );
         index.finish_list(Kind::PodDisruptionBudget);
         assert!(!index.synced(), "c1 has no provider ID yet");
+        assert_eq!(
+            index.unsynced_because(),
+            ["1 NodeClaim(s) without a providerID yet"]
+        );
+        index.mark_stale(Kind::Pod);
         index.apply_nodeclaim(nodeclaim("c1", "default", Some("exoscale://1")));
+        assert!(!index.synced(), "the pod watch failed");
+        assert_eq!(
+            index.unsynced_because(),
+            ["watch failed, waiting for a new list: Pod"]
+        );
+        index.begin_list(Kind::Pod);
+        index.finish_list(Kind::Pod);
         assert!(index.synced());
+        assert!(index.unsynced_because().is_empty());
     }
 
     #[test]

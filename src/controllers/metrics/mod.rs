@@ -182,8 +182,10 @@ impl Publisher {
         let snapshot = snapshot(&input, now, self.options.pod_series, &mut self.shared);
         let unsynced = self.unsynced.update(snapshot.synced, now);
         if unsynced >= UNSYNCED_ERROR_AFTER.as_secs_f64() {
+            let because = cluster.read().unsynced_because().join("; ");
             tracing::error!(
                 unsynced_seconds = unsynced,
+                %because,
                 "cluster state has not synced; provisioning and disruption are paused"
             );
         }
