@@ -360,14 +360,10 @@ impl ClusterIndex {
     /// Upstream `Synced()`: every kind listed once, and no NodeClaim waiting for its provider ID
     /// (an in-flight launch could otherwise be double-counted or missed by provisioning).
     /// A kind whose watch failed is unsynced until its next complete list.
+    /// One rule with [`Self::unsynced_because`], so the logged cause cannot drift from it; a
+    /// synced index allocates nothing there.
     pub fn synced(&self) -> bool {
-        self.stale.is_empty()
-            && Kind::ALL.iter().all(|k| self.listed.contains(k))
-            && self.required.iter().all(|k| self.listed.contains(k))
-            && self
-                .nodeclaims
-                .values()
-                .all(|c| nodeclaim_provider_id(c).is_some())
+        self.unsynced_because().is_empty()
     }
 
     /// Why [`Self::synced`] is false, one clause per cause (empty when synced): which kinds
