@@ -134,9 +134,17 @@ impl Requests {
                     }
                 },
             );
-            *counts
-                .entry(format!("{} {resource}", event.verb))
-                .or_insert(0) += 1;
+            // A conflict is a request the API server refused for a stale resourceVersion.
+            let conflict = event
+                .response_status
+                .as_ref()
+                .is_some_and(|s| s.code == 409);
+            let key = if conflict {
+                format!("{} {resource} (409)", event.verb)
+            } else {
+                format!("{} {resource}", event.verb)
+            };
+            *counts.entry(key).or_insert(0) += 1;
         }
         Requests(counts)
     }

@@ -19,6 +19,7 @@
 mod support;
 
 mod audit;
+mod machine;
 mod upstream;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -437,6 +438,7 @@ async fn run(
     let calls_before = rig.cloud_calls();
     let requests_before = Requests::read(audit, rig.agent());
 
+    let machine_before = machine::CpuSnapshot::take();
     let started = Instant::now();
     deployment(&client, count, &pod_spec(kind)).await;
     let (mut first_claim, mut all_claims, mut all_bound, mut all_running) =
@@ -468,6 +470,10 @@ async fn run(
             all_running = Some(now);
         }
     }
+    eprintln!(
+        "{scenario} launch: {}",
+        machine_before.report_until(&machine::CpuSnapshot::take(), 8)
+    );
     let nodes = sample(&client).await.map_or(0, |s| s.live_claims);
     let (rss, peak) = process.rss_mb();
     let metrics = reqwest::get(rig.metrics_url())
@@ -513,7 +519,7 @@ async fn run(
     );
     eprintln!(
         "{scenario} launch: apiserver requests by verb and resource: {}",
-        requests.top(12)
+        requests.top(16)
     );
     let registrations = audit::registration_delays(audit, rig.agent());
     eprintln!(
@@ -544,6 +550,7 @@ async fn run(
     // inside consolidateAfter (and so neither candidates nor destinations) paces consolidation.
     let mut placed: HashMap<String, (u64, String)> = HashMap::new();
     process.reset_peak();
+    let machine_before = machine::CpuSnapshot::take();
     let scaled = Instant::now();
     Api::<Deployment>::namespaced(client.clone(), "default")
         .patch(
@@ -589,6 +596,10 @@ async fn run(
     }
     let took = last_change.duration_since(scaled);
     eprintln!(
+        "{scenario} scale-down (with the 3 settled minutes): {}",
+        machine_before.report_until(&machine::CpuSnapshot::take(), 8)
+    );
+    eprintln!(
         "{scenario} scale-down: recreated pods by when first seen bound (s after the scale-down) and node: {}",
         placements(&placed)
     );
@@ -621,6 +632,6 @@ async fn run(
     );
     eprintln!(
         "{scenario} scale-down: apiserver requests by verb and resource: {}",
-        requests.top(12)
+        requests.top(16)
     );
 }

@@ -14,6 +14,7 @@ pub mod nodepool;
 pub mod periodic;
 pub mod repair;
 pub mod static_capacity;
+pub mod superseded;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,6 +104,8 @@ pub struct Context {
     pub recent_launches: nodeclaim::launch::RecentLaunches,
     /// Paces NodePool status writes that only change counts.
     pub nodepool_status_writes: nodepool::reconcile::StatusWrites,
+    /// NodeClaim versions our own writes replaced, until the watch delivers a newer one.
+    pub superseded: superseded::SupersededVersions,
 }
 
 impl Context {

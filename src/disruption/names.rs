@@ -53,6 +53,10 @@ pub const EVENT_CONSOLIDATION_REJECTED: &str = "ConsolidationRejected";
 pub const EVENT_CONSOLIDATION_APPROVED: &str = "ConsolidationApproved";
 /// `Unconsolidatable` events are deduplicated for this long upstream.
 pub const UNCONSOLIDATABLE_EVENT_DEDUPE: std::time::Duration = std::time::Duration::from_secs(900);
+/// Other disruption events about a node or pod: upstream's recorder default.
+pub const EVENT_DEDUPE: std::time::Duration = std::time::Duration::from_secs(120);
+/// A NodePool's `DisruptionBlocked` by its budget, per disruption reason.
+pub const NODEPOOL_BLOCKED_EVENT_DEDUPE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The `DisruptionBlocked` message for a NodePool whose budget allows nothing.
 pub fn blocked_by_budget_message(reason: crate::apis::nodepool::DisruptionReason) -> String {

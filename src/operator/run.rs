@@ -451,6 +451,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                     reconcile_concurrency: config::reconcile_concurrency(config.cpu_requests),
                     recent_launches: Default::default(),
                     nodepool_status_writes: Default::default(),
+                    superseded: Default::default(),
                 });
                 let mut tasks: Vec<BoxFuture<'static, ()>> =
                     vec![Box::pin(controllers::run(ctx.clone(), stop.clone()))];

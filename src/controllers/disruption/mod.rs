@@ -77,8 +77,6 @@ const IN_FLIGHT_POLL: Duration = Duration::from_secs(1);
 /// The orchestration's instants (validation after 15 s, replacement checks every second) are
 /// honoured up to this bound, a guard against a clock step making one far in the future.
 const IN_FLIGHT_MAX_WAIT: Duration = Duration::from_secs(15);
-/// Repeats of other disruption events are held back this long.
-const EVENT_DEDUPE: Duration = Duration::from_secs(120);
 
 /// How long until `at` (zero when it has passed), capped at `IN_FLIGHT_MAX_WAIT`.
 fn until(now: DateTime<Utc>, at: DateTime<Utc>) -> Duration {
@@ -287,24 +285,22 @@ impl Disruption {
     async fn publish(&mut self, outcome: &Outcome, now: DateTime<Utc>) {
         for event in &outcome.events {
             let reason = event.event_reason();
+            let (key, window) = event.dedupe();
+            if !self.events.admit(key, now, window) {
+                continue;
+            }
             match event {
                 DisruptionEvent::Unconsolidatable {
                     node,
                     nodeclaim,
                     message,
                 } => {
-                    if self.events.admit(
-                        format!("{reason}/{node}/{message}"),
-                        now,
-                        names::UNCONSOLIDATABLE_EVENT_DEDUPE,
-                    ) {
-                        self.executor
-                            .event_on_node(node, Severity::Normal, reason, message)
-                            .await;
-                        self.executor
-                            .event_on_nodeclaim(nodeclaim, Severity::Normal, reason, message)
-                            .await;
-                    }
+                    self.executor
+                        .event_on_node(node, Severity::Normal, reason, message)
+                        .await;
+                    self.executor
+                        .event_on_nodeclaim(nodeclaim, Severity::Normal, reason, message)
+                        .await;
                 }
                 DisruptionEvent::Blocked {
                     node,
@@ -321,18 +317,13 @@ impl Disruption {
                     nodeclaim,
                     message,
                 } => {
-                    if self
-                        .events
-                        .admit(format!("{reason}/{node}/{message}"), now, EVENT_DEDUPE)
-                    {
+                    self.executor
+                        .event_on_node(node, Severity::Normal, reason, message)
+                        .await;
+                    if let Some(claim) = nodeclaim {
                         self.executor
-                            .event_on_node(node, Severity::Normal, reason, message)
+                            .event_on_nodeclaim(claim, Severity::Normal, reason, message)
                             .await;
-                        if let Some(claim) = nodeclaim {
-                            self.executor
-                                .event_on_nodeclaim(claim, Severity::Normal, reason, message)
-                                .await;
-                        }
                     }
                 }
                 DisruptionEvent::DoNotDisrupt {
@@ -343,33 +334,27 @@ impl Disruption {
                     message,
                     ..
                 } => {
-                    if self.events.admit(
-                        format!("{reason}/{namespace}/{name}/{message}"),
-                        now,
-                        EVENT_DEDUPE,
-                    ) {
-                        let object = k8s_openapi::api::core::v1::ObjectReference {
-                            api_version: Some("v1".into()),
-                            kind: Some("Pod".into()),
-                            namespace: Some(namespace.clone()),
-                            name: Some(name.clone()),
-                            uid: (!uid.is_empty()).then(|| uid.clone()),
-                            ..Default::default()
-                        };
-                        self.ctx
-                            .events
-                            .publish(crate::operator::events::Recorded {
-                                object,
-                                severity: if *warning {
-                                    Severity::Warning
-                                } else {
-                                    Severity::Normal
-                                },
-                                reason: reason.into(),
-                                message: message.clone(),
-                            })
-                            .await;
-                    }
+                    let object = k8s_openapi::api::core::v1::ObjectReference {
+                        api_version: Some("v1".into()),
+                        kind: Some("Pod".into()),
+                        namespace: Some(namespace.clone()),
+                        name: Some(name.clone()),
+                        uid: (!uid.is_empty()).then(|| uid.clone()),
+                        ..Default::default()
+                    };
+                    self.ctx
+                        .events
+                        .publish(crate::operator::events::Recorded {
+                            object,
+                            severity: if *warning {
+                                Severity::Warning
+                            } else {
+                                Severity::Normal
+                            },
+                            reason: reason.into(),
+                            message: message.clone(),
+                        })
+                        .await;
                 }
                 DisruptionEvent::NodePoolBlocked {
                     node_pool,
@@ -377,12 +362,7 @@ impl Disruption {
                 } => {
                     let message = names::blocked_by_budget_message(*why);
                     let pool = self.ctx.cluster.read().nodepool(node_pool);
-                    if self.events.admit(
-                        format!("{reason}/{node_pool}/{message}"),
-                        now,
-                        EVENT_DEDUPE,
-                    ) && let Some(pool) = pool
-                    {
+                    if let Some(pool) = pool {
                         self.ctx
                             .event(pool.as_ref(), Severity::Normal, reason, message)
                             .await;

@@ -105,7 +105,7 @@ pub async fn launch(pass: &mut Pass<'_>) -> Result<Step> {
             Ok(launched) => {
                 let merged = merge_launched(&pass.claim, &launched);
                 let api: Api<NodeClaim> = Api::all(pass.ctx.client.clone());
-                pass.claim = patch_object(
+                let written = patch_object(
                     &api,
                     &pass.name,
                     serde_json::json!({"metadata": {
@@ -115,6 +115,7 @@ pub async fn launch(pass: &mut Pass<'_>) -> Result<Step> {
                     None,
                 )
                 .await?;
+                pass.wrote(written);
                 let from = merged.status.unwrap_or_default();
                 pass.status.provider_id = from.provider_id;
                 pass.status.image_id = from.image_id;
@@ -198,7 +199,8 @@ async fn failed(pass: &mut Pass<'_>, error: CloudProviderError) -> Result<Action
     let generation = pass.generation();
     set_ready(&mut pass.status, generation, pass.now);
     let api: Api<NodeClaim> = Api::all(ctx.client.clone());
-    patch_status(&api, &pass.claim, &pass.status).await?;
+    let written = patch_status(&api, &pass.claim, &pass.status).await?;
+    pass.wrote(written);
     Ok(Action::requeue(RETRY_LAUNCH))
 }
 

@@ -28,6 +28,10 @@ use super::{consistency, expiration, initialization, launch, liveness, registrat
 /// Resync of a NodeClaim that is waiting for nothing in particular.
 const RESYNC: Duration = Duration::from_secs(60);
 
+/// When a pass that found its copy older than our own last write looks again, should the
+/// watch event that carries the write not trigger it first.
+const STALE_COPY_RECHECK: Duration = Duration::from_secs(2);
+
 /// NodeClaims of a NodeClass kind the provider serves; others belong to another provider.
 pub fn is_managed(claim: &NodeClaim, cloud: &dyn CloudProvider) -> bool {
     cloud.serves(&claim.spec.node_class_ref)
@@ -100,20 +104,38 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
     if !is_managed(&claim, ctx.cloud.as_ref()) {
         return Ok(Action::await_change());
     }
+    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    let version = claim
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default();
+    if ctx
+        .superseded
+        .is_stale(uid, version, std::time::Instant::now())
+    {
+        // Our own newer write is on its way through the watch, which triggers the next pass;
+        // the requeue only covers a lost event.
+        return Ok(Action::requeue(STALE_COPY_RECHECK));
+    }
     if claim.metadata.deletion_timestamp.is_some() {
+        ctx.superseded.forget(uid);
         return finalize(&claim, &ctx).await;
     }
     let api: Api<NodeClaim> = Api::all(ctx.client.clone());
-    // Never launch without the finalizer: it guarantees the instance is deleted with the claim.
-    let claim = add_finalizer(&api, claim.as_ref(), TERMINATION_FINALIZER).await?;
+    let read = claim.as_ref().clone();
     let mut pass = Pass {
         ctx: &ctx,
         name: claim.name_any(),
         status: claim.status.clone().unwrap_or_default(),
-        claim,
+        claim: read,
         now: ctx.now(),
         requeue: RESYNC,
     };
+    // Never launch without the finalizer: it guarantees the instance is deleted with the claim.
+    // (add_finalizer returns the copy unchanged, at the same version, when it has it.)
+    let with_finalizer = add_finalizer(&api, &pass.claim, TERMINATION_FINALIZER).await?;
+    pass.wrote(with_finalizer);
     // Upstream's sub-reconcilers, in order; each may end the pass.
     if let Step::Done(action) = expiration::expire(&mut pass).await? {
         return Ok(action);
@@ -130,7 +152,8 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
     let generation = pass.generation();
     set_ready(&mut pass.status, generation, pass.now);
     if pass.claim.status.clone().unwrap_or_default() != pass.status {
-        patch_status(&api, &pass.claim, &pass.status).await?;
+        let written = patch_status(&api, &pass.claim, &pass.status).await?;
+        pass.wrote(written);
     }
     Ok(Action::requeue(pass.requeue.max(Duration::from_secs(1))))
 }
