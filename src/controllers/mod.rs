@@ -205,6 +205,61 @@ where
         .await?)
 }
 
+/// [`patch_status`] for NodeClaims, which several controllers write (the NodeClaim lifecycle,
+/// Node termination, disruption). A copy that one of our own writes replaced is refused here
+/// with the 409 the API server would answer, without the request, and the caller's conflict
+/// handling applies; a write that succeeds records the version it replaced
+/// ([`superseded::SupersededVersions`]).
+pub async fn patch_nodeclaim_status<S: Serialize>(
+    ctx: &Context,
+    from: &crate::apis::NodeClaim,
+    status: &S,
+) -> Result<crate::apis::NodeClaim> {
+    let uid = from.metadata.uid.as_deref().unwrap_or_default();
+    let read = from
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default();
+    let now = std::time::Instant::now();
+    if let Some(conflict) = superseded_copy_conflict(&ctx.superseded, from, now) {
+        return Err(conflict);
+    }
+    let api: Api<crate::apis::NodeClaim> = Api::all(ctx.client.clone());
+    let written = patch_status(&api, from, status).await?;
+    if let Some(version) = written.metadata.resource_version.as_deref() {
+        ctx.superseded.record(uid, read, version, now);
+    }
+    Ok(written)
+}
+
+/// The 409 the API server would answer a write from `from`, when one of our own writes
+/// replaced that copy; None when it may be current.
+fn superseded_copy_conflict(
+    superseded: &superseded::SupersededVersions,
+    from: &crate::apis::NodeClaim,
+    now: std::time::Instant,
+) -> Option<Error> {
+    let uid = from.metadata.uid.as_deref().unwrap_or_default();
+    let read = from
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default();
+    if !superseded.is_stale(uid, read, now) {
+        return None;
+    }
+    let name = from.metadata.name.as_deref().unwrap_or_default();
+    Some(Error::Kube(kube::Error::Api(
+        kube::core::Status::failure(
+            &format!("NodeClaim {name} at resourceVersion {read} was replaced by our own write"),
+            "Conflict",
+        )
+        .with_code(409)
+        .boxed(),
+    )))
+}
+
 /// Merge-patches metadata/spec (labels, annotations, finalizers, taints...). `resource_version`
 /// makes it conditional so a concurrent writer is never overwritten.
 pub async fn patch_object<K>(
@@ -494,6 +549,23 @@ mod tests {
         assert_eq!(with_finalizer(&list, "a"), None);
         assert_eq!(without_finalizer(&list, "a"), Some(vec![]));
         assert_eq!(without_finalizer(&list, "b"), None);
+    }
+
+    #[test]
+    fn a_superseded_nodeclaim_copy_is_refused_as_a_conflict_without_a_request() {
+        let memo = superseded::SupersededVersions::default();
+        let now = std::time::Instant::now();
+        let mut copy = crate::state::testing::nodeclaim("c", "pool", None);
+        copy.metadata.uid = Some("uid-c".into());
+        copy.metadata.resource_version = Some("10".into());
+        assert!(superseded_copy_conflict(&memo, &copy, now).is_none());
+        memo.record("uid-c", "10", "11", now);
+        let refused = superseded_copy_conflict(&memo, &copy, now).expect("stale copy");
+        // Every caller's conflict handling (requeue, re-read) applies as to the API's own 409.
+        assert!(refused.is_conflict());
+        assert!(refused.to_string().contains("resourceVersion 10"));
+        copy.metadata.resource_version = Some("11".into());
+        assert!(superseded_copy_conflict(&memo, &copy, now).is_none());
     }
 
     #[test]

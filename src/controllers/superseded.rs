@@ -6,8 +6,10 @@
 //! watch instead; the write it would have made is computed from the newer copy.
 //!
 //! Versions are compared only for equality (resourceVersions are opaque): a copy is stale when
-//! its resourceVersion is one we wrote over. Once the watch shows any other version of the
-//! object, ours arrived or a later one did, and the record goes.
+//! its resourceVersion is one we wrote over. An object's versions never repeat, so that verdict
+//! holds for as long as it is kept; records go a minute after the object's last write by us,
+//! which bounds the memory and lets a pass run again should the watch never catch up (its write
+//! is then refused by the API server, as before).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -74,19 +76,13 @@ impl SupersededVersions {
         record.versions.retain(|v| v != written);
     }
 
-    /// True when the copy at `version` is one of our writes replaced; a copy at any other
-    /// version ends the object's record (the watch has caught up).
+    /// True when the copy at `version` is one our own writes replaced.
     pub fn is_stale(&self, uid: &str, version: &str, now: Instant) -> bool {
-        let mut records = self.lock();
-        let Some(record) = records.by_uid.get(uid) else {
-            return false;
-        };
-        let stale = now.saturating_duration_since(record.at) < RECORD_TTL
-            && record.versions.iter().any(|v| v == version);
-        if !stale {
-            records.by_uid.remove(uid);
-        }
-        stale
+        let records = self.lock();
+        records.by_uid.get(uid).is_some_and(|record| {
+            now.saturating_duration_since(record.at) < RECORD_TTL
+                && record.versions.iter().any(|v| v == version)
+        })
     }
 
     /// Forgets an object (deleted).
@@ -112,31 +108,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_copy_older_than_our_write_is_stale_until_the_watch_catches_up() {
+    fn a_copy_older_than_our_write_is_stale() {
         let memo = SupersededVersions::default();
         let t = Instant::now();
         // A pass read version 10, added the finalizer (11), then wrote status (12).
         memo.record("u", "10", "11", t);
         memo.record("u", "11", "12", t);
+        assert!(!memo.is_stale("u", "12", t), "our last write is current");
         assert!(memo.is_stale("u", "10", t), "the copy the pass read");
         assert!(
             memo.is_stale("u", "11", t),
             "the version between its writes"
         );
-        assert!(!memo.is_stale("u", "12", t), "our last write is current");
-        // Seeing the current version ended the record: an old copy now is not ours to judge.
-        assert!(memo.is_empty());
-        assert!(!memo.is_stale("u", "10", t));
+        // Another cache (the cluster index, the Controller's store) can still hold an old copy
+        // after one has caught up: looking at the current version ends nothing.
+        assert!(memo.is_stale("u", "10", t));
     }
 
     #[test]
-    fn another_writer_s_version_ends_the_record() {
+    fn another_writer_s_version_is_not_stale() {
         let memo = SupersededVersions::default();
         let t = Instant::now();
         memo.record("u", "10", "12", t);
-        // The cache moved to a version someone else wrote after ours.
-        assert!(!memo.is_stale("u", "15", t));
-        assert!(!memo.is_stale("u", "10", t));
+        assert!(
+            !memo.is_stale("u", "15", t),
+            "written after ours by someone else"
+        );
+        assert!(memo.is_stale("u", "10", t));
+        // Their write replaced ours; our next pass reads 15 and writes 16.
+        memo.record("u", "15", "16", t);
+        // Our 12, which their 15 replaced, is not known to be old: versions are not ordered
+        // here. A write from a copy at 12 is refused by the API server instead.
+        assert!(!memo.is_stale("u", "12", t));
+        assert!(memo.is_stale("u", "15", t));
+        assert!(!memo.is_stale("u", "16", t));
     }
 
     #[test]
@@ -153,7 +158,7 @@ mod tests {
         );
         memo.forget("b");
         assert!(!memo.is_stale("b", "7", t));
-        assert!(memo.is_empty());
+        assert_eq!(memo.len(), 1, "a's record waits for the next sweep");
     }
 
     #[test]

@@ -10,12 +10,11 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use kube::ResourceExt;
-use kube::api::Api;
 use serde_json::json;
 
 use crate::apis::labels::{NODEPOOL_LABEL, conditions};
 use crate::apis::{NodeClaim, NodePool};
-use crate::controllers::{Context, patch_status};
+use crate::controllers::{Context, patch_nodeclaim_status};
 use crate::disruption::conditions::{
     self as decide, ConditionDecision, DriftInputs, EMPTY, consolidatable, drifted,
 };
@@ -124,13 +123,11 @@ impl ConditionsController {
                 }
             }
         }
-        let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
         let ctx = &self.ctx;
         futures::stream::iter(writes)
             .for_each_concurrent(STATUS_WRITES_IN_FLIGHT, |(claim, status)| {
-                let api = api.clone();
                 async move {
-                    match patch_status(&api, claim.as_ref(), &status).await {
+                    match patch_nodeclaim_status(ctx, claim.as_ref(), &status).await {
                         Ok(updated) => ctx
                             .cluster
                             .update(|index| index.apply_written_nodeclaim(&claim, updated)),

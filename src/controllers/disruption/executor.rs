@@ -12,7 +12,9 @@ use serde_json::json;
 
 use crate::apis::labels::conditions;
 use crate::apis::{Condition, ConditionStatus, ConditionsExt, NodeClaim};
-use crate::controllers::{Context, FIELD_MANAGER, Result, ignore_not_found, patch_status};
+use crate::controllers::{
+    Context, FIELD_MANAGER, Result, ignore_not_found, patch_nodeclaim_status,
+};
 use crate::disruption::orchestration::{Action, EventTarget, Orchestration, ReplacementStatus};
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
@@ -334,7 +336,8 @@ impl Executor {
             if !change(&mut conds, now) {
                 return Ok(());
             }
-            match patch_status(&api, &current, &json!({ "conditions": conds })).await {
+            match patch_nodeclaim_status(&self.ctx, &current, &json!({ "conditions": conds })).await
+            {
                 Ok(updated) => {
                     self.ctx
                         .cluster

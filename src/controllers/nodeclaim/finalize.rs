@@ -13,7 +13,8 @@ use crate::apis::labels::{
 };
 use crate::apis::{ConditionStatus, ConditionsExt, NodeClaim};
 use crate::controllers::{
-    Context, Result, absent_ok, ignore_not_found, patch_object, patch_status, remove_finalizer,
+    Context, Result, absent_ok, ignore_not_found, patch_nodeclaim_status, patch_object,
+    remove_finalizer,
 };
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
@@ -76,7 +77,7 @@ pub async fn finalize(claim: &NodeClaim, ctx: &Context) -> Result<Action> {
                     claim.metadata.generation,
                     ctx.now(),
                 ) {
-                    absent_ok(patch_status(&api, claim, &status).await)?;
+                    absent_ok(patch_nodeclaim_status(ctx, claim, &status).await)?;
                 }
                 return Ok(Action::requeue(INSTANCE_POLL));
             }

@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use crate::apis::labels::conditions;
 use crate::apis::{ConditionStatus, NodeClaim};
 use crate::cloudprovider::CloudProviderError;
-use crate::controllers::{Result, patch_object, patch_status};
+use crate::controllers::{Result, patch_nodeclaim_status, patch_object};
 use crate::operator::events::{Severity, truncate};
 use crate::state::nodeclaim_provider_id;
 
@@ -198,8 +198,7 @@ async fn failed(pass: &mut Pass<'_>, error: CloudProviderError) -> Result<Action
     }
     let generation = pass.generation();
     set_ready(&mut pass.status, generation, pass.now);
-    let api: Api<NodeClaim> = Api::all(ctx.client.clone());
-    let written = patch_status(&api, &pass.claim, &pass.status).await?;
+    let written = patch_nodeclaim_status(ctx, &pass.claim, &pass.status).await?;
     pass.wrote(written);
     Ok(Action::requeue(RETRY_LAUNCH))
 }

@@ -17,7 +17,9 @@ use crate::apis::labels::{
     NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION, NODEPOOL_LABEL, TERMINATION_FINALIZER,
 };
 use crate::cloudprovider::CloudProvider;
-use crate::controllers::{Context, Result, add_finalizer, ignore_not_found, patch_status};
+use crate::controllers::{
+    Context, Result, add_finalizer, ignore_not_found, patch_nodeclaim_status,
+};
 use crate::state::ClusterIndex;
 
 use super::finalize::finalize;
@@ -152,7 +154,7 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
     let generation = pass.generation();
     set_ready(&mut pass.status, generation, pass.now);
     if pass.claim.status.clone().unwrap_or_default() != pass.status {
-        let written = patch_status(&api, &pass.claim, &pass.status).await?;
+        let written = patch_nodeclaim_status(&ctx, &pass.claim, &pass.status).await?;
         pass.wrote(written);
     }
     Ok(Action::requeue(pass.requeue.max(Duration::from_secs(1))))

@@ -22,7 +22,8 @@ use crate::apis::{ConditionStatus, ConditionsExt, NodeClaim};
 use crate::cloudprovider::NodeClassKind;
 use crate::controllers::nodeclaim::reconcile::deadline_annotation;
 use crate::controllers::{
-    Context, Result, absent_ok, ignore_not_found, patch_object, patch_status, remove_finalizer,
+    Context, Result, absent_ok, ignore_not_found, patch_nodeclaim_status, patch_object,
+    remove_finalizer,
 };
 use crate::state::HeldPod as Pod;
 
@@ -340,8 +341,7 @@ async fn set_claim_condition(
         current.metadata.generation,
         ctx.now(),
     ) {
-        let api: Api<NodeClaim> = Api::all(ctx.client.clone());
-        match absent_ok(patch_status(&api, current, &new).await)? {
+        match absent_ok(patch_nodeclaim_status(ctx, current, &new).await)? {
             Some(written) => *current = written,
             None => current.status = Some(new),
         }
