@@ -1,5 +1,4 @@
-//! Object versions this process has itself replaced by a write, until the watch delivers a
-//! newer one. A reconcile triggered by another object (a Node event for its NodeClaim) can run
+//! Object versions this process has itself replaced by a write. A reconcile triggered by another object (a Node event for its NodeClaim) can run
 //! on a cached copy older than our own last write: every status it writes from that copy is
 //! refused with 409, one wasted request each. In a 1 000-node launch that was 1 162 of the
 //! controller's NodeClaim status patches. A pass that finds its copy superseded waits for the
@@ -15,10 +14,14 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// How long a record is kept when the watch never shows a newer version (the object was
-/// deleted, or a record of a write whose event got lost): after that a pass runs on whatever
-/// the cache holds, as it did before, and a stale write is refused by the API server.
+/// How long a record is kept after our last write to its object (a deleted object's record, or
+/// one whose newer version the watch never delivers): after that a pass runs on whatever the
+/// cache holds, as it did before, and a stale write is refused by the API server.
 pub const RECORD_TTL: Duration = Duration::from_secs(60);
+
+/// Superseded versions kept per object, the newest: a cache lags by a write or two, and an
+/// object written every few seconds for hours must not grow its record.
+const MAX_VERSIONS: usize = 8;
 
 /// Records of at most this many objects; more are not recorded (passes then run as before).
 const MAX_OBJECTS: usize = 20_000;
@@ -31,8 +34,7 @@ pub struct SupersededVersions {
 #[derive(Default)]
 struct Records {
     by_uid: HashMap<String, Record>,
-    /// When expired records were last dropped (a deleted object's record is never ended by
-    /// the watch).
+    /// When expired records were last dropped.
     swept: Option<Instant>,
 }
 
@@ -74,6 +76,8 @@ impl SupersededVersions {
         }
         // The last version written is current, not superseded, until a later write.
         record.versions.retain(|v| v != written);
+        let excess = record.versions.len().saturating_sub(MAX_VERSIONS);
+        record.versions.drain(..excess);
     }
 
     /// True when the copy at `version` is one our own writes replaced.
@@ -176,6 +180,19 @@ mod tests {
             "the deleted object's record expired and went"
         );
         assert!(memo.is_stale("other", "5", t + RECORD_TTL));
+    }
+
+    #[test]
+    fn an_object_written_for_hours_keeps_only_its_newest_superseded_versions() {
+        let memo = SupersededVersions::default();
+        let t = Instant::now();
+        for v in 1..=100u32 {
+            memo.record("u", &v.to_string(), &(v + 1).to_string(), t);
+        }
+        assert!(memo.is_stale("u", "100", t));
+        assert!(memo.is_stale("u", &(100 - MAX_VERSIONS as u32 + 1).to_string(), t));
+        assert!(!memo.is_stale("u", &(100 - MAX_VERSIONS as u32).to_string(), t));
+        assert!(!memo.is_stale("u", "101", t), "the current version");
     }
 
     #[test]
