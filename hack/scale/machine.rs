@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 /// Clock ticks per second of `/proc` CPU times (USER_HZ, 100 on Linux).
-const TICKS: f64 = 100.0;
+pub const TICKS: f64 = 100.0;
 
 #[derive(Clone, Default)]
 pub struct CpuSnapshot {
@@ -90,7 +90,7 @@ impl CpuSnapshot {
 }
 
 /// The command name and user + system ticks of `pid`, None when it is gone.
-fn process_ticks(pid: u32) -> Option<(String, u64)> {
+pub fn process_ticks(pid: u32) -> Option<(String, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may hold spaces; fields after it start at state,
     // where utime and stime are the 12th and 13th.

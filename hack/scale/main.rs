@@ -66,18 +66,7 @@ impl Process {
     }
 
     fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0)).unwrap_or_default();
-        // Fields after the command name (which may hold spaces) start at state; utime and stime
-        // are the 14th and 15th fields overall.
-        let after = stat.rsplit_once(") ").map(|(_, rest)| rest).unwrap_or("");
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        (ticks(11) + ticks(12)) / 100.0
+        machine::process_ticks(self.0).map_or(0.0, |(_, ticks)| ticks as f64 / machine::TICKS)
     }
 }
 
