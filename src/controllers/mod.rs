@@ -215,21 +215,14 @@ pub async fn patch_nodeclaim_status<S: Serialize>(
     from: &crate::apis::NodeClaim,
     status: &S,
 ) -> Result<crate::apis::NodeClaim> {
-    let uid = from.metadata.uid.as_deref().unwrap_or_default();
-    let read = from
-        .metadata
-        .resource_version
-        .as_deref()
-        .unwrap_or_default();
     let now = std::time::Instant::now();
     if let Some(conflict) = superseded_copy_conflict(&ctx.superseded, from, now) {
         return Err(conflict);
     }
     let api: Api<crate::apis::NodeClaim> = Api::all(ctx.client.clone());
     let written = patch_status(&api, from, status).await?;
-    if let Some(version) = written.metadata.resource_version.as_deref() {
-        ctx.superseded.record(uid, read, version, now);
-    }
+    ctx.superseded
+        .record_write(&from.metadata, &written.metadata, now);
     Ok(written)
 }
 
@@ -240,15 +233,14 @@ fn superseded_copy_conflict(
     from: &crate::apis::NodeClaim,
     now: std::time::Instant,
 ) -> Option<Error> {
-    let uid = from.metadata.uid.as_deref().unwrap_or_default();
+    if !superseded.is_stale_copy(&from.metadata, now) {
+        return None;
+    }
     let read = from
         .metadata
         .resource_version
         .as_deref()
         .unwrap_or_default();
-    if !superseded.is_stale(uid, read, now) {
-        return None;
-    }
     let name = from.metadata.name.as_deref().unwrap_or_default();
     Some(Error::Kube(kube::Error::Api(
         kube::core::Status::failure(

@@ -14,6 +14,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 /// How long a record is kept after our last write to its object (a deleted object's record, or
 /// one whose newer version the watch never delivers): after that a pass runs on whatever the
 /// cache holds, as it did before, and a stale write is refused by the API server.
@@ -48,7 +50,7 @@ impl SupersededVersions {
     /// After a pass over the copy at `read` wrote the object (its last write returned
     /// `written`): `read` and every version the pass wrote before its last are now stale.
     pub fn record(&self, uid: &str, read: &str, written: &str, now: Instant) {
-        if uid.is_empty() || read.is_empty() || read == written {
+        if uid.is_empty() || read.is_empty() || written.is_empty() || read == written {
             return;
         }
         let mut records = self.lock();
@@ -89,6 +91,18 @@ impl SupersededVersions {
         })
     }
 
+    /// [`Self::is_stale`] of the copy with this metadata.
+    pub fn is_stale_copy(&self, copy: &ObjectMeta, now: Instant) -> bool {
+        let (uid, version) = identity(copy);
+        self.is_stale(uid, version, now)
+    }
+
+    /// [`Self::record`] of a write from the copy `read` that returned `written`.
+    pub fn record_write(&self, read: &ObjectMeta, written: &ObjectMeta, now: Instant) {
+        let (uid, read) = identity(read);
+        self.record(uid, read, identity(written).1, now);
+    }
+
     /// Forgets an object (deleted).
     pub fn forget(&self, uid: &str) {
         self.lock().by_uid.remove(uid);
@@ -105,6 +119,14 @@ impl SupersededVersions {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// An object's uid and resourceVersion ("" when absent: never recorded, never stale).
+fn identity(meta: &ObjectMeta) -> (&str, &str) {
+    (
+        meta.uid.as_deref().unwrap_or_default(),
+        meta.resource_version.as_deref().unwrap_or_default(),
+    )
 }
 
 #[cfg(test)]
@@ -202,6 +224,7 @@ mod tests {
         memo.record("u", "10", "10", t);
         memo.record("", "10", "11", t);
         memo.record("u", "", "11", t);
+        memo.record("u", "10", "", t);
         assert!(memo.is_empty());
     }
 }

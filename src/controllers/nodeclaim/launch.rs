@@ -198,8 +198,7 @@ async fn failed(pass: &mut Pass<'_>, error: CloudProviderError) -> Result<Action
     }
     let generation = pass.generation();
     set_ready(&mut pass.status, generation, pass.now);
-    let written = patch_nodeclaim_status(ctx, &pass.claim, &pass.status).await?;
-    pass.wrote(written);
+    pass.claim = patch_nodeclaim_status(ctx, &pass.claim, &pass.status).await?;
     Ok(Action::requeue(RETRY_LAUNCH))
 }
 

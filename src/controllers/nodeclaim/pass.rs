@@ -71,12 +71,11 @@ impl Pass<'_> {
     /// Takes the NodeClaim as a write of this pass returned it; the version it replaced is
     /// recorded as superseded, so a pass over a cached copy at that version waits for the watch.
     pub fn wrote(&mut self, written: NodeClaim) {
-        let uid = self.claim.metadata.uid.as_deref().unwrap_or_default();
-        let read = self.claim.metadata.resource_version.as_deref();
-        let now = std::time::Instant::now();
-        if let (Some(read), Some(written)) = (read, written.metadata.resource_version.as_deref()) {
-            self.ctx.superseded.record(uid, read, written, now);
-        }
+        self.ctx.superseded.record_write(
+            &self.claim.metadata,
+            &written.metadata,
+            std::time::Instant::now(),
+        );
         self.claim = written;
     }
 

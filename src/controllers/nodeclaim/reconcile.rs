@@ -106,22 +106,17 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
     if !is_managed(&claim, ctx.cloud.as_ref()) {
         return Ok(Action::await_change());
     }
-    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
-    let version = claim
-        .metadata
-        .resource_version
-        .as_deref()
-        .unwrap_or_default();
     if ctx
         .superseded
-        .is_stale(uid, version, std::time::Instant::now())
+        .is_stale_copy(&claim.metadata, std::time::Instant::now())
     {
         // Our own newer write is on its way through the watch, which triggers the next pass;
         // the requeue only covers a lost event.
         return Ok(Action::requeue(STALE_COPY_RECHECK));
     }
     if claim.metadata.deletion_timestamp.is_some() {
-        ctx.superseded.forget(uid);
+        ctx.superseded
+            .forget(claim.metadata.uid.as_deref().unwrap_or_default());
         return finalize(&claim, &ctx).await;
     }
     let api: Api<NodeClaim> = Api::all(ctx.client.clone());
@@ -154,8 +149,8 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
     let generation = pass.generation();
     set_ready(&mut pass.status, generation, pass.now);
     if pass.claim.status.clone().unwrap_or_default() != pass.status {
-        let written = patch_nodeclaim_status(&ctx, &pass.claim, &pass.status).await?;
-        pass.wrote(written);
+        // (patch_nodeclaim_status records the version it replaced.)
+        pass.claim = patch_nodeclaim_status(&ctx, &pass.claim, &pass.status).await?;
     }
     Ok(Action::requeue(pass.requeue.max(Duration::from_secs(1))))
 }
