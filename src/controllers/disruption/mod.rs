@@ -22,7 +22,7 @@ use kube::ResourceExt;
 use crate::apis::NodePool;
 use crate::controllers::{Context, Shutdown};
 use crate::disruption::memo::ConsolidationMemo;
-use crate::disruption::methods::{self, DisruptionEvent, Outcome};
+use crate::disruption::methods::{self, DisruptionEvent, MethodMetrics, Outcome};
 use crate::disruption::model::ClusterView;
 use crate::disruption::names;
 use crate::disruption::orchestration::{Orchestration, Phase};
@@ -388,17 +388,7 @@ impl Disruption {
                     .observe(score.min(1000.0));
             }
         }
-        let reason_of = |method: &str| match method {
-            "emptiness" => ("empty", names::CONSOLIDATION_TYPE_EMPTY),
-            "drift" | "static_drift" => ("drifted", ""),
-            "multi" => ("underutilized", names::CONSOLIDATION_TYPE_MULTI),
-            _ => ("underutilized", names::CONSOLIDATION_TYPE_SINGLE),
-        };
-        // Drift and static drift share the reason: the gauge counts both.
-        let mut eligible_by_reason: BTreeMap<&str, usize> = BTreeMap::new();
-        for (method, m) in &outcome.metrics {
-            *eligible_by_reason.entry(reason_of(method).0).or_default() += m.eligible_nodes;
-        }
+        let eligible_by_reason = eligible_nodes_by_reason(&outcome.metrics);
         for (method, m) in &outcome.metrics {
             let (reason, consolidation_type) = reason_of(method);
             self.metrics
@@ -438,9 +428,65 @@ impl Disruption {
     }
 }
 
+/// The `reason` and `consolidation_type` labels of a method's metrics.
+fn reason_of(method: &str) -> (&'static str, &'static str) {
+    match method {
+        "emptiness" => ("empty", names::CONSOLIDATION_TYPE_EMPTY),
+        "drift" | "static_drift" => ("drifted", ""),
+        "multi" => ("underutilized", names::CONSOLIDATION_TYPE_MULTI),
+        _ => ("underutilized", names::CONSOLIDATION_TYPE_SINGLE),
+    }
+}
+
+/// `karpenter_voluntary_disruption_eligible_nodes` by reason. Drift and static drift look at
+/// different nodes (static NodePools' and the others'), so both add up. Multi- and single-node
+/// consolidation look at the same nodes: the count of the one that ran last (single, when it
+/// ran) stands, as upstream sets the gauge once per method.
+fn eligible_nodes_by_reason(
+    metrics: &BTreeMap<&'static str, MethodMetrics>,
+) -> BTreeMap<&'static str, usize> {
+    let mut by_reason: BTreeMap<&str, usize> = BTreeMap::new();
+    for (method, m) in metrics {
+        let reason = reason_of(method).0;
+        let count = by_reason.entry(reason).or_default();
+        match *method {
+            "multi" if metrics.contains_key("single") => {}
+            "multi" | "single" => *count = m.eligible_nodes,
+            _ => *count += m.eligible_nodes,
+        }
+    }
+    by_reason
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn consolidation_candidates_count_once_and_both_drifts_add_up() {
+        let eligible = |n| MethodMetrics {
+            eligible_nodes: n,
+            ..Default::default()
+        };
+        let metrics = BTreeMap::from([
+            ("emptiness", eligible(4)),
+            ("static_drift", eligible(2)),
+            ("drift", eligible(3)),
+            ("multi", eligible(683)),
+            ("single", eligible(681)),
+        ]);
+        assert_eq!(
+            eligible_nodes_by_reason(&metrics),
+            BTreeMap::from([("drifted", 5), ("empty", 4), ("underutilized", 681)]),
+            "a 1 000-node run reported 1 366 underutilized candidates: multi's and single's, added"
+        );
+        let multi_only = BTreeMap::from([("multi", eligible(683))]);
+        assert_eq!(
+            eligible_nodes_by_reason(&multi_only)["underutilized"],
+            683,
+            "single-node consolidation did not run (multi found a command)"
+        );
+    }
 
     #[test]
     fn waits_until_the_requested_instant_within_bounds() {
