@@ -1,6 +1,11 @@
 //! Batching of provisioning triggers: after the first trigger, a window closes once no new
 //! trigger arrived for `idle` or `max` elapsed since it opened. Pure, with the time passed in,
 //! so the controller's loop and the tests share it.
+//!
+//! A window that closes while provisioning must wait (state not synced, a launch still waiting
+//! for its providerID) is deferred, not dropped: the next window opens as soon as the wait is
+//! over. Otherwise its pods, already triggered, would wait for their 10-s retrigger; at 1 000
+//! nodes that idled ten seconds between every two rounds.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -10,7 +15,12 @@ pub struct Batcher {
     idle: Duration,
     max: Duration,
     window: Option<Window>,
+    /// A window closed but was not provisioned; owed a round once provisioning may run.
+    deferred: bool,
 }
+
+/// The trigger a deferred round reopens its window with (not a pod UID, which is a UUID).
+const DEFERRED_ROUND: &str = "deferred round";
 
 #[derive(Debug)]
 struct Window {
@@ -25,6 +35,7 @@ impl Batcher {
             idle,
             max,
             window: None,
+            deferred: false,
         }
     }
 
@@ -59,6 +70,23 @@ impl Batcher {
 
     pub fn is_open(&self) -> bool {
         self.window.is_some()
+    }
+
+    /// Records that the window just taken could not be provisioned.
+    pub fn defer(&mut self) {
+        self.deferred = true;
+    }
+
+    /// Opens a window for a deferred round once provisioning may run (`ready`, asked only
+    /// while a round is owed); true if it did. The window then closes after the idle time like
+    /// any other, so pods arriving meanwhile join it.
+    pub fn resume(&mut self, ready: impl FnOnce() -> bool, now: Instant) -> bool {
+        if !self.deferred || !ready() {
+            return false;
+        }
+        self.deferred = false;
+        self.trigger(DEFERRED_ROUND, now);
+        true
     }
 }
 
@@ -99,6 +127,37 @@ mod tests {
             "max bounds the window, not the idle timer"
         );
         assert_eq!(b.take_if_ready(t0 + MAX), Some(34));
+    }
+
+    #[test]
+    fn a_deferred_window_reopens_once_provisioning_may_run() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new(IDLE, MAX);
+        b.trigger("a", t0);
+        assert_eq!(b.take_if_ready(t0 + IDLE), Some(1));
+        assert!(
+            !b.resume(|| true, t0 + IDLE),
+            "nothing owed before a deferral"
+        );
+        b.defer();
+        let later = t0 + Duration::from_secs(3);
+        assert!(!b.resume(|| false, later), "still waiting: no window");
+        assert!(!b.is_open());
+        assert!(b.resume(|| true, later), "the wait is over");
+        assert!(
+            b.take_if_ready(later).is_none(),
+            "the idle time still applies"
+        );
+        b.trigger("b", later + Duration::from_millis(200));
+        assert_eq!(
+            b.take_if_ready(later + Duration::from_millis(1200)),
+            Some(2),
+            "a pod arriving meanwhile joins the resumed round"
+        );
+        assert!(
+            !b.resume(|| true, later + Duration::from_secs(2)),
+            "a deferral is owed one round"
+        );
     }
 
     #[test]

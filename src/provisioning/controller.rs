@@ -176,8 +176,12 @@ impl Provisioner {
                     last_trigger.insert(uid, now);
                 }
             }
+            batcher.resume(|| self.deferral().is_none(), now);
             if batcher.take_if_ready(now).is_some() {
-                if let Err(error) = self.provision().await {
+                if let Some(why) = self.deferral() {
+                    tracing::debug!(reason = why, "provisioning round deferred");
+                    batcher.defer();
+                } else if let Err(error) = self.provision().await {
                     tracing::warn!(%error, "provisioning round failed");
                 }
                 let pending: std::collections::HashSet<String> =
@@ -208,13 +212,8 @@ impl Provisioner {
 
     /// One provisioning round. Public for tests.
     pub async fn provision(&self) -> Result<usize, crate::controllers::Error> {
-        if !self.ctx.cluster.synced() || !self.ctx.leadership.is_leader() {
-            return Ok(0);
-        }
-        if self.launch_in_progress() {
-            tracing::debug!(
-                "a NodeClaim is still launching; provisioning waits for its providerID"
-            );
+        if let Some(why) = self.deferral() {
+            tracing::debug!(reason = why, "provisioning round skipped");
             return Ok(0);
         }
         let pools = self.nodepools_with_types().await;
@@ -467,6 +466,20 @@ impl Provisioner {
             self.ctx
                 .event(pod.as_ref(), Severity::Warning, "FailedScheduling", message)
                 .await;
+        }
+    }
+
+    /// Why a round may not run now, if it may not: decisions need synced state and the lease,
+    /// and a launch still in flight has capacity not known yet.
+    fn deferral(&self) -> Option<&'static str> {
+        if !self.ctx.leadership.is_leader() {
+            Some("not the leader")
+        } else if !self.ctx.cluster.synced() {
+            Some("cluster state not synced")
+        } else if self.launch_in_progress() {
+            Some("a NodeClaim is still launching; provisioning waits for its providerID")
+        } else {
+            None
         }
     }
 
