@@ -166,15 +166,26 @@ impl Provisioner {
         let mut last_trigger: HashMap<String, Instant> = HashMap::new();
         let mut revisions = self.ctx.cluster.subscribe();
         loop {
+            // Read before the window's instant: a decision then comes at least the idle time
+            // after the ack of the pod that opened the window.
+            let now_unix = self.ctx.clock.now_unix();
             let now = Instant::now();
-            for uid in self.pending_uids() {
-                let due = last_trigger
-                    .get(&uid)
-                    .is_none_or(|t| now.duration_since(*t) >= RETRIGGER_AFTER);
-                if due {
+            let mut first_seen = Vec::new();
+            for (uid, key) in self.pending_pods() {
+                let last = last_trigger.get(&uid);
+                if last.is_none() {
+                    first_seen.push(key);
+                }
+                if last.is_none_or(|t| now.duration_since(*t) >= RETRIGGER_AFTER) {
                     batcher.trigger(&uid, now);
                     last_trigger.insert(uid, now);
                 }
+            }
+            // A pod's scheduling decision is timed from here, as upstream acks a pod when its
+            // controller first sees it provisionable (not when a round starts).
+            if !first_seen.is_empty() {
+                let keys = first_seen.iter().map(String::as_str);
+                self.ctx.cluster.pod_times.ack(keys, now_unix);
             }
             batcher.resume(|| self.deferral().is_none(), now);
             if batcher.take_if_ready(now).is_some() {
@@ -184,8 +195,11 @@ impl Provisioner {
                 } else if let Err(error) = self.provision().await {
                     tracing::warn!(%error, "provisioning round failed");
                 }
-                let pending: std::collections::HashSet<String> =
-                    self.pending_uids().into_iter().collect();
+                let pending: std::collections::HashSet<String> = self
+                    .pending_pods()
+                    .into_iter()
+                    .map(|(uid, _)| uid)
+                    .collect();
                 last_trigger.retain(|uid, _| pending.contains(uid));
             }
             let wait = batcher
@@ -200,13 +214,17 @@ impl Provisioner {
         }
     }
 
-    fn pending_uids(&self) -> Vec<String> {
+    /// The provisionable pods' UIDs and `namespace/name` keys.
+    fn pending_pods(&self) -> Vec<(String, String)> {
         let index = self.ctx.cluster.read();
         index
             .pods()
             .iter()
             .filter(|p| eligibility::check(p).is_ok())
-            .filter_map(|p| p.metadata.uid.clone())
+            .filter_map(|p| {
+                let uid = p.metadata.uid.clone()?;
+                Some((uid, crate::controllers::metrics::state::pod_key(p)))
+            })
             .collect()
     }
 
@@ -251,6 +269,8 @@ impl Provisioner {
             .map(|p| format!("{}/{}", p.pod.namespace, p.pod.name))
             .collect();
         let unbound = |p: &Pending| p.object.spec.as_ref().is_none_or(|s| s.node_name.is_none());
+        // The run loop acked these pods when it first saw them; this covers a round run
+        // without it (an earlier ack is kept).
         self.ctx.cluster.pod_times.ack(
             pods.iter()
                 .zip(&keys)
@@ -304,11 +324,17 @@ impl Provisioner {
         {
             placed[*i] = true;
         }
+        let decided_unix = self.ctx.clock.now_unix();
         for (i, key) in keys.iter().enumerate() {
             if !unbound(&pods[i]) {
                 continue;
             }
-            if let Some(seconds) = self.ctx.cluster.pod_times.decide(key, placed[i], now_unix) {
+            if let Some(seconds) = self
+                .ctx
+                .cluster
+                .pod_times
+                .decide(key, placed[i], decided_unix)
+            {
                 self.metrics.decision_duration.observe(seconds);
             }
         }
