@@ -258,8 +258,20 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
             .parse()
             .ok()
     };
+    let launches = names.len() as f64;
     eventually("the pods' provisioning metrics are on /metrics", || {
         let exposed = world.replica_metrics("prov-a");
+        // Every launch since the replica started is a transition, also one that happened
+        // between two looks (refreshes are at least 5 s apart).
+        let launched = exposed
+            .lines()
+            .filter(|l| {
+                l.starts_with("operator_nodeclaim_status_condition_transitions_total{")
+                    && l.contains("type=\"Launched\",status=\"True\"")
+                    && l.contains(&format!("karpenter_sh_nodepool=\"{pool_name}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
         async move {
             let decided = counted(&exposed, "karpenter_pods_scheduling_decision_duration_seconds_count")?;
             // Timed from when provisioning first saw each pod: the pod that opened the batch
@@ -281,6 +293,7 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
                 .any(|l| l.starts_with("operator_node_status_condition_current_status_seconds{"));
             (decided >= 5.0
                 && decision_seconds >= 1.0
+                && launched >= launches
                 && bound >= 5.0
                 && zone >= 1.0
                 && ready_claim

@@ -177,6 +177,7 @@ impl Publisher {
         now: Timestamp,
         leading: bool,
     ) {
+        self.conditions.watch_from(now);
         let input = StateInput::from_index(&cluster.read());
         self.shared.prune();
         let snapshot = snapshot(&input, now, self.options.pod_series, &mut self.shared);
