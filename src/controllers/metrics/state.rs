@@ -148,6 +148,11 @@ struct PodTotals {
 
 fn pod_totals(pods: &[Arc<Pod>]) -> PodTotals {
     let mut totals = PodTotals::default();
+    let mut one_pod = Resources::new();
+    one_pod.set(
+        crate::scheduling::quantity::PODS,
+        crate::scheduling::Quantity::from_units(1),
+    );
     for pod in pods.iter().filter(|p| !is_terminal(p)) {
         let Some(spec) = pod.spec.as_ref() else {
             continue;
@@ -155,7 +160,10 @@ fn pod_totals(pods: &[Arc<Pod>]) -> PodTotals {
         let name = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
         // A malformed quantity would have been rejected by the API server; skip defensively.
         let requests = pod_requests(&name, spec).unwrap_or_default();
-        let limits = pod_limits(&name, spec).unwrap_or_default();
+        let mut limits = pod_limits(&name, spec).unwrap_or_default();
+        // Upstream's LimitsForPods counts the pods as its requests do: every node's limits
+        // have a `pods` series, also when no pod sets a limit.
+        limits += &one_pod;
         if is_daemonset_pod(pod) {
             totals.daemon_requests += &requests;
             totals.daemon_limits += &limits;
@@ -648,6 +656,11 @@ mod tests {
         assert_eq!(
             value(gauge(NodeGauge::TotalPodLimits), "n1", "cpu"),
             Some(1.2)
+        );
+        assert_eq!(
+            value(gauge(NodeGauge::TotalPodLimits), "n1", "pods"),
+            Some(2.0),
+            "limits count the pods as upstream's LimitsForPods does"
         );
         assert_eq!(
             value(gauge(NodeGauge::TotalDaemonRequests), "n1", "cpu"),
