@@ -404,6 +404,20 @@ async fn a_node_whose_pods_fit_elsewhere_is_consolidated_and_its_pods_reschedule
         (claims_of(&world, &pool).await.len() == 1).then_some(())
     })
     .await;
+    // The consolidation's simulations are timed beside provisioning's rounds.
+    let exposed = operator.metrics.render();
+    let simulations = exposed
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "karpenter_scheduler_scheduling_duration_seconds_count{controller=\"disruption\"} ",
+            )
+        })
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        simulations.is_some_and(|n| n >= 1.0),
+        "disruption's simulations on /metrics: {simulations:?}"
+    );
     cleanup(world, operator, &pool).await;
 }
 

@@ -165,6 +165,9 @@ pub struct MethodMetrics {
     pub timed_out: bool,
     /// How long the method took to evaluate (`..._decision_evaluation_duration_seconds`).
     pub evaluation: std::time::Duration,
+    /// Each scheduling simulation the method ran
+    /// (`karpenter_scheduler_scheduling_duration_seconds{controller="disruption"}`).
+    pub simulations: Vec<std::time::Duration>,
 }
 
 /// The outcome of one method (or of a whole loop).
@@ -283,7 +286,11 @@ pub fn run_method(
         budgets: budgets.pools.clone(),
         timed_out: false,
         evaluation: std::time::Duration::ZERO,
+        simulations: Vec::new(),
     };
+    // Simulations of an earlier method on this base (none in the controller's order) are not
+    // this method's.
+    base.take_timings();
     let mut moves = Vec::new();
     let command = match method {
         Method::Emptiness => emptiness(eligible, &mut budgets),
@@ -312,6 +319,7 @@ pub fn run_method(
         }
     };
     metrics.evaluation = started.elapsed();
+    metrics.simulations = base.take_timings();
     if let Some(cmd) = &command {
         if matches!(
             method,

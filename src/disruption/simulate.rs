@@ -2,7 +2,8 @@
 //! candidates removed from the cluster.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::scheduling::{
     BoundPod, ExistingNode, NewNodeClaim, Pod, Resources, Results, Scheduler, SchedulerInput,
@@ -36,7 +37,14 @@ pub struct SimulationBase<'a> {
     /// Every active node as it is, built on the first simulation with topology in play and
     /// reused by all of them: each solves with its candidates excluded.
     whole_cluster: OnceLock<Scheduler>,
+    /// How long each simulation took since the last [`Self::take_timings`]
+    /// (`karpenter_scheduler_scheduling_duration_seconds{controller="disruption"}`).
+    timings: Mutex<Vec<Duration>>,
 }
+
+/// Simulations timed per method at most; a pass stops recording beyond (single-node
+/// consolidation tries each candidate once, and a pass has at most a few thousand).
+const MAX_TIMINGS: usize = 10_000;
 
 impl<'a> SimulationBase<'a> {
     pub fn new(view: &'a ClusterView) -> Self {
@@ -125,6 +133,7 @@ impl<'a> SimulationBase<'a> {
             deleting_pods,
             instance_types,
             whole_cluster: OnceLock::new(),
+            timings: Mutex::new(Vec::new()),
         }
     }
 
@@ -223,7 +232,27 @@ impl<'a> SimulationBase<'a> {
         self.simulate_with(candidates, Move::OffSettlingNodes, Strategy::Fast)
     }
 
+    /// The simulations' durations since the last call.
+    pub fn take_timings(&self) -> Vec<Duration> {
+        std::mem::take(&mut *self.timings.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     fn simulate_with(
+        &self,
+        candidates: &[&Candidate],
+        moves: Move,
+        strategy: Strategy,
+    ) -> Simulation {
+        let started = Instant::now();
+        let simulation = self.simulate_untimed(candidates, moves, strategy);
+        let mut timings = self.timings.lock().unwrap_or_else(|p| p.into_inner());
+        if timings.len() < MAX_TIMINGS {
+            timings.push(started.elapsed());
+        }
+        simulation
+    }
+
+    fn simulate_untimed(
         &self,
         candidates: &[&Candidate],
         moves: Move,

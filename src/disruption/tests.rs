@@ -229,6 +229,10 @@ fn node_whose_pods_fit_elsewhere_is_deleted() {
         ],
     );
     let o = run(&v);
+    // Each method reports the simulations it ran (the scheduling-duration histogram of the
+    // disruption controller); emptiness needs none.
+    assert!(o.metrics["emptiness"].simulations.is_empty());
+    assert!(!o.metrics["single"].simulations.is_empty());
     let cmd = o.command.expect("a command");
     assert_eq!(cmd.method, Method::SingleNodeConsolidation);
     assert_eq!(cmd.decision(), Decision::Delete);

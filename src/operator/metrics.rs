@@ -88,6 +88,13 @@ pub fn duration_histogram() -> Histogram {
     Histogram::new(DURATION_BUCKETS)
 }
 
+/// Scheduling simulations: 1 ms to a minute.
+fn scheduling_histogram() -> Histogram {
+    Histogram::new([
+        0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0,
+    ])
+}
+
 /// Builds a label list from `(key, value)` pairs.
 pub fn labels<const N: usize>(pairs: [(&str, &str); N]) -> Labels {
     pairs
@@ -215,6 +222,9 @@ pub struct Metrics {
     pub pods_provisioning_bound_duration: Histogram,
     /// Per-pod waiting gauges, in [`crate::controllers::metrics::WAITING_GAUGES`] order.
     pub pods_waiting: [GaugeFamily; 5],
+    /// One scheduling simulation, by `controller` (provisioner: a round; disruption: one set
+    /// of candidates).
+    pub scheduling_duration: HistogramFamily,
     pub cloudprovider_duration: HistogramFamily,
     pub cloudprovider_errors: CounterFamily,
     pub reconcile_errors: CounterFamily,
@@ -428,6 +438,16 @@ impl Metrics {
                     "Time since provisioning first saw a pod it has not decided about yet: the oldest such pod's, or by name and namespace with POD_METRICS=per-pod.",
                 ),
             ],
+            scheduling_duration: {
+                let family: HistogramFamily =
+                    Family::new_with_constructor(scheduling_histogram as fn() -> Histogram);
+                r.register(
+                    "karpenter_scheduler_scheduling_duration_seconds",
+                    "Duration of one scheduling simulation, by controller (provisioner: a round; disruption: one set of candidates).",
+                    family.clone(),
+                );
+                family
+            },
             cloudprovider_duration: histogram(
                 r,
                 "karpenter_cloudprovider_duration_seconds",

@@ -70,7 +70,6 @@ impl Nominations {
 static ROUND: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 pub struct ProvisioningMetrics {
-    scheduling_duration: Family<Labels, Histogram, fn() -> Histogram>,
     unschedulable_pods: Family<Labels, Gauge>,
     ignored_pods: Gauge,
     queue_depth: Family<Labels, Gauge>,
@@ -83,9 +82,6 @@ impl ProvisioningMetrics {
     /// Creates the metrics and registers them on `metrics`.
     pub fn register(metrics: &Metrics) -> Self {
         let m = ProvisioningMetrics {
-            scheduling_duration: Family::new_with_constructor(
-                scheduling_histogram as fn() -> Histogram,
-            ),
             unschedulable_pods: Family::default(),
             ignored_pods: Gauge::default(),
             queue_depth: Family::default(),
@@ -93,11 +89,6 @@ impl ProvisioningMetrics {
             pending_by_zone: Family::default(),
             decision_duration: crate::operator::metrics::duration_histogram(),
         };
-        metrics.register(
-            "karpenter_scheduler_scheduling_duration_seconds",
-            "Duration of one scheduling simulation.",
-            m.scheduling_duration.clone(),
-        );
         metrics.register(
             "karpenter_scheduler_unschedulable_pods_count",
             "Pods the last simulation could not place.",
@@ -130,12 +121,6 @@ impl ProvisioningMetrics {
         );
         m
     }
-}
-
-fn scheduling_histogram() -> Histogram {
-    Histogram::new([
-        0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0,
-    ])
 }
 
 /// The provisioner; one per process, active while leading.
@@ -338,7 +323,8 @@ impl Provisioner {
                 self.metrics.decision_duration.observe(seconds);
             }
         }
-        self.metrics
+        self.ctx
+            .metrics
             .scheduling_duration
             .get_or_create(&labels([("controller", "provisioner")]))
             .observe(started.elapsed().as_secs_f64());

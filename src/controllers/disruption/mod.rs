@@ -389,6 +389,16 @@ impl Disruption {
             }
         }
         let eligible_by_reason = eligible_nodes_by_reason(&outcome.metrics);
+        {
+            let simulations = self
+                .ctx
+                .metrics
+                .scheduling_duration
+                .get_or_create(&labels([("controller", "disruption")]));
+            for took in outcome.metrics.values().flat_map(|m| &m.simulations) {
+                simulations.observe(took.as_secs_f64());
+            }
+        }
         for (method, m) in &outcome.metrics {
             let (reason, consolidation_type) = reason_of(method);
             self.metrics
