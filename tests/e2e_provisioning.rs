@@ -19,7 +19,7 @@ use karpenter_exoscale::apis::labels::{
 };
 use karpenter_exoscale::sim::kubelet::KubeletBehaviour;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 async fn create_nodepool(world: &World, name: &str) -> NodePool {
@@ -159,6 +159,44 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
         assert!(provider_id.starts_with("exoscale://"), "{provider_id}");
     }
 
+    // As their kubelets would (the simulated ones here do not run pods): Running and Ready,
+    // which times each pod's start-up, once a metrics refresh has seen them bound and still
+    // Pending on our nodes (the pod state gauge comes from the same look).
+    eventually("the bound pods seen Pending", || {
+        let pending_on_ours: f64 = world
+            .replica_metrics("prov-a")
+            .lines()
+            .filter(|l| {
+                l.starts_with("karpenter_pods_state{")
+                    && l.contains("phase=\"Pending\"")
+                    && bound_nodes
+                        .iter()
+                        .any(|n| l.contains(&format!("node=\"{n}\"")))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        async move { (pending_on_ours == 5.0).then_some(()) }
+    })
+    .await;
+    let ready_at = k8s_openapi::jiff::Timestamp::now().to_string();
+    let running = json!({"status": {"phase": "Running", "conditions": [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": ready_at},
+        {"type": "Ready", "status": "True", "lastTransitionTime": ready_at},
+    ]}});
+    for pod in pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+    {
+        pods.patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&running),
+        )
+        .await
+        .expect("pod status");
+    }
+
     // The state gauges describe the new nodes and the bound pods (refreshed every few seconds).
     let exported = eventually("node and pod state metrics exported", || {
         let text = world.replica_metrics("prov-a");
@@ -279,6 +317,10 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
             // decision both read the round's start).
             let decision_seconds = counted(&exposed, "karpenter_pods_scheduling_decision_duration_seconds_sum")?;
             let bound = counted(&exposed, "karpenter_pods_provisioning_bound_duration_seconds_count")?;
+            // A summary as upstream's: quantiles over the last 10 minutes, sum and count.
+            let started = counted(&exposed, "karpenter_pods_startup_duration_seconds_count")?;
+            let p99 = counted(&exposed, "karpenter_pods_startup_duration_seconds{quantile=\"0.99\"}")?;
+            let summary = exposed.contains("# TYPE karpenter_pods_startup_duration_seconds summary\n");
             let zone = counted(
                 &exposed,
                 "karpenter_scheduler_pending_pods_by_effective_zone_count{controller=\"provisioner\",zone=\"flexible\"}",
@@ -295,6 +337,9 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
                 && decision_seconds >= 1.0
                 && launched >= launches
                 && bound >= 5.0
+                && started >= 5.0
+                && p99 > 0.0
+                && summary
                 && zone >= 1.0
                 && ready_claim
                 && node_seen)

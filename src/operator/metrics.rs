@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -87,6 +87,10 @@ const DURATION_BUCKETS: [f64; 16] = [
 pub fn duration_histogram() -> Histogram {
     Histogram::new(DURATION_BUCKETS)
 }
+
+/// The summary prometheus-client cannot register ([`super::summary`]).
+const STARTUP_DURATION: &str = "karpenter_pods_startup_duration_seconds";
+const STARTUP_DURATION_HELP: &str = "Time from pod creation until the pod is Ready.";
 
 /// Scheduling simulations: 1 ms to a minute.
 fn scheduling_histogram() -> Histogram {
@@ -216,7 +220,8 @@ pub struct Metrics {
     /// Per-node resource gauges, in [`NodeGauge`] order.
     pub node_gauges: [NodeGaugeFamily; NodeGauge::ALL.len()],
     pub pods_state: GaugeFamily,
-    pub pods_startup_duration: Histogram,
+    /// A summary, as upstream's (see [`super::summary`]); encoded after the registry.
+    pub pods_startup_duration: super::summary::Summary,
     pub pods_bound_duration: Histogram,
     pub pods_provisioning_startup_duration: Histogram,
     pub pods_provisioning_bound_duration: Histogram,
@@ -391,11 +396,10 @@ impl Metrics {
                 "karpenter_pods_state",
                 "Pods by node, NodePool, zone, phase and readiness (the count), or 1 per pod with its name, namespace and owner with POD_METRICS=per-pod.",
             ),
-            pods_startup_duration: plain_histogram(
-                r,
-                "karpenter_pods_startup_duration_seconds",
-                "Time from pod creation until the pod is Ready.",
-            ),
+            pods_startup_duration: {
+                r.names.push(STARTUP_DURATION.to_string());
+                super::summary::Summary::default()
+            },
             pods_bound_duration: plain_histogram(
                 r,
                 "karpenter_pods_bound_duration_seconds",
@@ -536,7 +540,10 @@ impl Metrics {
     /// Writes the exposition into `out` as it is encoded.
     pub fn render_into(&self, out: &mut impl std::fmt::Write) -> std::fmt::Result {
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-        encode(out, &registry.registry)
+        encode_registry(out, &registry.registry)?;
+        self.pods_startup_duration
+            .encode(out, STARTUP_DURATION, STARTUP_DURATION_HELP)?;
+        encode_eof(out)
     }
 
     /// Records one cloud provider call.

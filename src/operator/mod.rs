@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod rate_limited_client;
 pub mod rbac;
 pub mod scheduler_config;
+pub mod summary;
 
 pub use config::{Config, ConfigError, RunArgs};
 pub mod run;
