@@ -156,14 +156,25 @@ impl Provisioner {
             let now_unix = self.ctx.clock.now_unix();
             let now = Instant::now();
             let mut first_seen = Vec::new();
-            for (uid, key) in self.pending_pods() {
-                let last = last_trigger.get(&uid);
-                if last.is_none() {
-                    first_seen.push(key);
-                }
-                if last.is_none_or(|t| now.duration_since(*t) >= RETRIGGER_AFTER) {
-                    batcher.trigger(&uid, now);
-                    last_trigger.insert(uid, now);
+            {
+                // Runs on every cluster change: only a pod due a trigger costs an allocation.
+                let index = self.ctx.cluster.read();
+                for pod in index.pods_iter().filter(|p| eligibility::check(p).is_ok()) {
+                    let Some(uid) = pod.metadata.uid.as_deref() else {
+                        continue;
+                    };
+                    match last_trigger.get_mut(uid) {
+                        None => {
+                            first_seen.push(crate::controllers::metrics::state::pod_key(pod));
+                            batcher.trigger(uid, now);
+                            last_trigger.insert(uid.to_string(), now);
+                        }
+                        Some(last) if now.duration_since(*last) >= RETRIGGER_AFTER => {
+                            batcher.trigger(uid, now);
+                            *last = now;
+                        }
+                        Some(_) => {}
+                    }
                 }
             }
             // A pod's scheduling decision is timed from here, as upstream acks a pod when its
@@ -180,12 +191,13 @@ impl Provisioner {
                 } else if let Err(error) = self.provision().await {
                     tracing::warn!(%error, "provisioning round failed");
                 }
-                let pending: std::collections::HashSet<String> = self
-                    .pending_pods()
-                    .into_iter()
-                    .map(|(uid, _)| uid)
+                let index = self.ctx.cluster.read();
+                let pending: std::collections::HashSet<&str> = index
+                    .pods_iter()
+                    .filter(|p| eligibility::check(p).is_ok())
+                    .filter_map(|p| p.metadata.uid.as_deref())
                     .collect();
-                last_trigger.retain(|uid, _| pending.contains(uid));
+                last_trigger.retain(|uid, _| pending.contains(uid.as_str()));
             }
             let wait = batcher
                 .deadline()
@@ -197,20 +209,6 @@ impl Provisioner {
                 _ = tokio::time::sleep(wait) => {}
             }
         }
-    }
-
-    /// The provisionable pods' UIDs and `namespace/name` keys.
-    fn pending_pods(&self) -> Vec<(String, String)> {
-        let index = self.ctx.cluster.read();
-        index
-            .pods()
-            .iter()
-            .filter(|p| eligibility::check(p).is_ok())
-            .filter_map(|p| {
-                let uid = p.metadata.uid.clone()?;
-                Some((uid, crate::controllers::metrics::state::pod_key(p)))
-            })
-            .collect()
     }
 
     /// One provisioning round. Public for tests.

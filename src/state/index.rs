@@ -360,10 +360,26 @@ impl ClusterIndex {
     /// Upstream `Synced()`: every kind listed once, and no NodeClaim waiting for its provider ID
     /// (an in-flight launch could otherwise be double-counted or missed by provisioning).
     /// A kind whose watch failed is unsynced until its next complete list.
-    /// One rule with [`Self::unsynced_because`], so the logged cause cannot drift from it; a
-    /// synced index allocates nothing there.
+    /// The same three tests as [`Self::unsynced_because`], so the logged cause cannot drift
+    /// from it.
     pub fn synced(&self) -> bool {
-        self.unsynced_because().is_empty()
+        // Asked on every provisioning wake-up while a round waits: no allocation.
+        self.unlisted().next().is_none() && self.stale.is_empty() && self.launching() == 0
+    }
+
+    fn unlisted(&self) -> impl Iterator<Item = &Kind> {
+        Kind::ALL
+            .iter()
+            .chain(&self.required)
+            .filter(|k| !self.listed.contains(k))
+    }
+
+    /// NodeClaims without a providerID yet.
+    fn launching(&self) -> usize {
+        self.nodeclaims
+            .values()
+            .filter(|c| nodeclaim_provider_id(c).is_none())
+            .count()
     }
 
     /// Why [`Self::synced`] is false, one clause per cause (empty when synced): which kinds
@@ -371,12 +387,7 @@ impl ClusterIndex {
     /// providerID (a large launch queued behind the cloud API's rate limit is the usual one).
     pub fn unsynced_because(&self) -> Vec<String> {
         let mut why = Vec::new();
-        let unlisted: Vec<String> = Kind::ALL
-            .iter()
-            .chain(&self.required)
-            .filter(|k| !self.listed.contains(k))
-            .map(|k| format!("{k:?}"))
-            .collect();
+        let unlisted: Vec<String> = self.unlisted().map(|k| format!("{k:?}")).collect();
         if !unlisted.is_empty() {
             why.push(format!("not listed yet: {}", unlisted.join(", ")));
         }
@@ -387,11 +398,7 @@ impl ClusterIndex {
                 stale.join(", ")
             ));
         }
-        let launching = self
-            .nodeclaims
-            .values()
-            .filter(|c| nodeclaim_provider_id(c).is_none())
-            .count();
+        let launching = self.launching();
         if launching > 0 {
             why.push(format!("{launching} NodeClaim(s) without a providerID yet"));
         }
@@ -427,6 +434,10 @@ impl ClusterIndex {
     }
     pub fn pods(&self) -> Vec<Arc<Pod>> {
         self.pods.values().cloned().collect()
+    }
+    /// Every pod, without copying the list (for scans that keep little of it).
+    pub fn pods_iter(&self) -> impl Iterator<Item = &Arc<Pod>> {
+        self.pods.values()
     }
     pub fn daemonsets(&self) -> Vec<Arc<DaemonSet>> {
         self.daemonsets.values().cloned().collect()
