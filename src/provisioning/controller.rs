@@ -380,7 +380,9 @@ impl Provisioner {
                         .inc();
                     tracing::info!(nodeclaim = %name, nodepool = %claim.node_pool, pods = claim.pods.len(),
                         instance_types = claim.instance_types.len(), "created NodeClaim");
-                    self.ctx.cluster.update(|index| index.apply_nodeclaim(made));
+                    self.ctx
+                        .cluster
+                        .update(|index| index.apply_created_nodeclaim(made));
                     {
                         let mut backoff = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
                         for &i in &claim.pods {
