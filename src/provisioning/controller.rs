@@ -33,8 +33,6 @@ use super::input::{
 
 /// Pods still pending are triggered again after this long (upstream requeues every 10 s).
 const RETRIGGER_AFTER: Duration = Duration::from_secs(10);
-/// A NodeClaim without a providerID this young means a launch is still in progress.
-const LAUNCH_GRACE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -481,35 +479,17 @@ impl Provisioner {
         }
     }
 
-    /// Why a round may not run now, if it may not: decisions need synced state and the lease,
-    /// and a launch still in flight has capacity not known yet.
+    /// Why a round may not run now, if it may not: decisions need the lease and synced state.
+    /// Synced includes every NodeClaim having its providerID: a launch still in flight has
+    /// capacity not known yet, and a new round could launch the same capacity twice.
     fn deferral(&self) -> Option<&'static str> {
         if !self.ctx.leadership.is_leader() {
             Some("not the leader")
         } else if !self.ctx.cluster.synced() {
-            Some("cluster state not synced")
-        } else if self.launch_in_progress() {
-            Some("a NodeClaim is still launching; provisioning waits for its providerID")
+            Some("cluster state not synced (or a NodeClaim without its providerID yet)")
         } else {
             None
         }
-    }
-
-    /// True while a recent NodeClaim has no providerID yet: its capacity is not known, so a new
-    /// round could launch the same capacity twice.
-    fn launch_in_progress(&self) -> bool {
-        let now = self.ctx.now();
-        self.ctx.cluster.read().nodeclaims().iter().any(|c| {
-            let launched = c
-                .status
-                .as_ref()
-                .and_then(|s| s.provider_id.as_ref())
-                .is_some();
-            let young = c.metadata.creation_timestamp.as_ref().is_some_and(|t| {
-                now.duration_since(t.0).as_secs_f64() < LAUNCH_GRACE.as_secs_f64()
-            });
-            !launched && young && c.metadata.deletion_timestamp.is_none()
-        })
     }
 
     async fn nodepools_with_types(&self) -> Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)> {
