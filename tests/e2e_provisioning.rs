@@ -310,6 +310,16 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
             })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>();
+        // Counted from each version the watch delivers: Registered, set Unknown at launch, went
+        // True once the Node registered (periodic looks mostly saw only the True).
+        let registered_timed = exposed
+            .lines()
+            .filter(|l| {
+                l.starts_with("operator_nodeclaim_status_condition_transition_seconds_count{")
+                    && l.contains("type=\"Registered\",status=\"Unknown\",to_status=\"True\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
         async move {
             let decided = counted(&exposed, "karpenter_pods_scheduling_decision_duration_seconds_count")?;
             // Timed from when provisioning first saw each pod: the pod that opened the batch
@@ -336,6 +346,7 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
             (decided >= 5.0
                 && decision_seconds >= 1.0
                 && launched >= launches
+                && registered_timed >= 1.0
                 && bound >= 5.0
                 && started >= 5.0
                 && p99 > 0.0

@@ -415,6 +415,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
     // watcher from releasing (and so renewing) the Lease forever.
     let state_metrics = controllers::metrics::run(
         cluster.clone(),
+        shared.clone(),
         metrics.clone(),
         clock.clone(),
         leadership.clone(),

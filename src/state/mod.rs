@@ -378,6 +378,14 @@ impl<K: Watched> Shared<K> {
     /// store's own copies are handed out: a copy per subscriber of each changed object (three
     /// for a Node) was megabytes in flight at 1 000 nodes.
     pub fn changes(&self) -> impl futures::Stream<Item = Arc<K>> + Send + 'static {
+        self.marked_changes().map(|change| match change {
+            Changed::Applied(obj) | Changed::Deleted(obj) => obj,
+        })
+    }
+
+    /// [`Self::changes`], saying which objects were deleted (the status-condition metrics
+    /// forget those).
+    pub fn marked_changes(&self) -> impl futures::Stream<Item = Changed<K>> + Send + 'static {
         // Subscribed before the snapshot: a change in between is seen twice, never missed.
         let live = self.changes.subscribe();
         let snapshot = self.store.state();
@@ -387,10 +395,10 @@ impl<K: Watched> Shared<K> {
                 match rx.recv().await {
                     Ok(Change::Applied(name)) => {
                         if let Some(obj) = store.get(&name) {
-                            return Some((obj, (rx, store)));
+                            return Some((Changed::Applied(obj), (rx, store)));
                         }
                     }
-                    Ok(Change::Deleted(obj)) => return Some((obj, (rx, store))),
+                    Ok(Change::Deleted(obj)) => return Some((Changed::Deleted(obj), (rx, store))),
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::warn!(kind = %K::kind(&()), missed, "a controller fell behind the cluster watch; its resync catches up");
                     }
@@ -398,8 +406,15 @@ impl<K: Watched> Shared<K> {
                 }
             }
         });
-        futures::stream::iter(snapshot).chain(live)
+        futures::stream::iter(snapshot.into_iter().map(Changed::Applied)).chain(live)
     }
+}
+
+/// One object as [`Shared::marked_changes`] hands it out: as the store now holds it, or as
+/// it was when deleted.
+pub enum Changed<K> {
+    Applied(Arc<K>),
+    Deleted(Arc<K>),
 }
 
 /// The kinds kube-rs Controllers reconcile or watch, shared with the cluster index.

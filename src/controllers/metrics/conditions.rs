@@ -1,9 +1,10 @@
 //! operatorpkg's status-condition metrics, which upstream Karpenter exports for NodeClaims,
 //! NodePools and Nodes: `operator_<kind>_status_condition_count`, `_current_status_seconds`,
 //! `_transitions_total`, `_transition_seconds`, and `operator_<kind>_termination_current_time_seconds`
-//! / `_termination_duration_seconds`. Transitions are what this process saw change between two
-//! looks (as operatorpkg: best effort, a flap between looks is not seen). The deprecated
-//! kind-less `operator_status_condition_*` copies are not exported (they double every series).
+//! / `_termination_duration_seconds`. Transitions are counted from each version the watch
+//! delivers ([`super::transitions`]); the gauges and terminations from periodic looks. The
+//! deprecated kind-less `operator_status_condition_*` copies are not exported (they double
+//! every series).
 //!
 //! [`ConditionTracker::observe`] is pure over the objects and the clock; the publisher registers
 //! the families ([`StatusConditionMetrics`]) and applies the output.
@@ -17,6 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
+use crate::interner::Interner;
 use crate::operator::metrics::{Labels, Metrics, SharedLabels};
 
 /// Labels of one condition series of one object: the object's own (name, NodeClass,
@@ -91,30 +93,25 @@ pub struct ObjectConditions {
 pub struct ConditionOutput {
     pub count: [Vec<ConditionSample>; 3],
     pub current_status_seconds: [Vec<ConditionSample>; 3],
-    pub transitions: [Vec<Labels>; 3],
-    pub transition_seconds: [Vec<(Labels, f64)>; 3],
     pub termination_current: [Vec<(Labels, f64)>; 3],
     pub termination_durations: [Vec<(Labels, f64)>; 3],
 }
 
-type Key = (usize, String, String);
+pub(super) type Key = (usize, String, String);
 
-/// What was seen at the previous look.
+/// The objects terminating at the previous look.
 #[derive(Debug, Default)]
 pub struct ConditionTracker {
-    /// The first look: a condition that changed after it happened while this process watched.
-    watching_since: Option<Timestamp>,
-    observed: HashMap<Key, Vec<ConditionState>>,
     terminating: HashMap<Key, (Timestamp, Labels)>,
 }
 
-fn label(k: &str, v: &str) -> (String, String) {
+pub(super) fn label(k: &str, v: &str) -> (String, String) {
     (k.to_string(), v.to_string())
 }
 
 /// Leaves out empty values (a cluster-scoped object's `namespace`, a label the object does not
 /// have): Prometheus reads them as absent, and at 1 000 nodes they were ~10% of `/metrics`.
-fn compact(mut labels: Labels) -> Labels {
+pub(super) fn compact(mut labels: Labels) -> Labels {
     labels.retain(|(_, v)| !v.is_empty());
     labels
 }
@@ -124,18 +121,11 @@ pub fn prometheus_label(key: &str) -> String {
     key.replace(['/', '.', '-'], "_")
 }
 
-fn seconds(from: Timestamp, to: Timestamp) -> f64 {
+pub(super) fn seconds(from: Timestamp, to: Timestamp) -> f64 {
     to.duration_since(from).as_secs_f64().max(0.0)
 }
 
 impl ConditionTracker {
-    /// Starts the watch at `now` unless it started already: the publisher calls it on its
-    /// first refresh, leading or not, so a follower that takes over does not count the
-    /// conditions set before it started and does count those set after.
-    pub fn watch_from(&mut self, now: Timestamp) {
-        self.watching_since.get_or_insert(now);
-    }
-
     /// The series for one look at `objects`; each object's label set comes from `shared`, so
     /// its series keep one copy from look to look.
     pub fn observe(
@@ -146,11 +136,9 @@ impl ConditionTracker {
     ) -> ConditionOutput {
         let mut out = ConditionOutput::default();
         let mut present = BTreeSet::new();
-        let watching_since = *self.watching_since.get_or_insert(now);
         for o in objects {
             let k = o.kind;
             let key = (k, o.namespace.clone(), o.name.clone());
-            present.insert(key.clone());
             let object_labels = || {
                 let mut l = vec![label("namespace", &o.namespace), label("name", &o.name)];
                 l.extend(o.extra.iter().cloned());
@@ -168,42 +156,12 @@ impl ConditionTracker {
                 let since = c.last_transition.map_or(0.0, |t| seconds(t, now));
                 out.current_status_seconds[k].push((series, since));
             }
-            let previous = self.observed.insert(key.clone(), o.conditions.clone());
-            for c in &o.conditions {
-                let before = previous
-                    .as_ref()
-                    .and_then(|p| p.iter().find(|b| b.type_ == c.type_));
-                if before.is_some_and(|b| b.status == c.status) {
-                    continue;
-                }
-                let mut l = vec![
-                    label("type", &c.type_),
-                    label("status", &c.status),
-                    label("reason", &c.reason),
-                ];
-                l.extend(o.extra.iter().cloned());
-                let l = compact(l);
-                // operatorpkg counts every condition of an object it sees for the first time;
-                // that recounts the whole cluster on each restart. Here a first look counts
-                // the conditions that changed since this process started watching: an object
-                // created and launched between two looks still counts its transitions (at 1 000
-                // NodeClaims only 121 `Launched` were counted before).
-                let changed_while_watching = c.last_transition.is_some_and(|t| t > watching_since);
-                if previous.is_some() || changed_while_watching {
-                    out.transitions[k].push(l);
-                }
-                if let Some(b) = before
-                    && let (Some(from), Some(to)) = (b.last_transition, c.last_transition)
-                {
-                    let mut l = vec![label("type", &b.type_), label("status", &b.status)];
-                    l.extend(o.extra.iter().cloned());
-                    out.transition_seconds[k].push((compact(l), seconds(from, to)));
-                }
-            }
             if let Some(since) = o.deleting_since {
                 out.termination_current[k].push((object_labels(), seconds(since, now)));
-                self.terminating.insert(key, (since, object_labels()));
+                self.terminating
+                    .insert(key.clone(), (since, object_labels()));
             }
+            present.insert(key);
         }
         // Objects gone since the last look: the termination took until now.
         let gone: Vec<Key> = self
@@ -217,7 +175,6 @@ impl ConditionTracker {
                 out.termination_durations[key.0].push((labels, seconds(since, now)));
             }
         }
-        self.observed.retain(|k, _| present.contains(k));
         out
     }
 }
@@ -241,81 +198,105 @@ fn extra_labels(labels: &std::collections::BTreeMap<String, String>, keys: &[&st
         .collect()
 }
 
-/// The NodeClaims, NodePools and Nodes of the index as the tracker reads them, with the object
-/// labels upstream adds (NodeClaims: NodeClass and NodePool; Nodes: also `initialized`).
+/// A NodeClaim's conditions, with the object labels upstream adds (NodeClass and NodePool).
+pub fn of_nodeclaim(
+    claim: &crate::apis::NodeClaim,
+    values: &mut Interner<str>,
+) -> ObjectConditions {
+    use crate::apis::labels::{NODECLASS_LABEL, NODEPOOL_LABEL};
+    use kube::ResourceExt;
+    ObjectConditions {
+        kind: 0,
+        namespace: String::new(),
+        name: claim.name_any(),
+        extra: extra_labels(claim.labels(), &[NODECLASS_LABEL, NODEPOOL_LABEL]),
+        conditions: ours(claim.status.iter().flat_map(|s| &s.conditions), values),
+        deleting_since: deleting(&claim.metadata),
+    }
+}
+
+/// A NodePool's conditions.
+pub fn of_nodepool(pool: &crate::apis::NodePool, values: &mut Interner<str>) -> ObjectConditions {
+    use kube::ResourceExt;
+    ObjectConditions {
+        kind: 1,
+        namespace: String::new(),
+        name: pool.name_any(),
+        extra: Vec::new(),
+        conditions: ours(pool.status.iter().flat_map(|s| &s.conditions), values),
+        deleting_since: deleting(&pool.metadata),
+    }
+}
+
+/// A Node's conditions, with NodeClass, NodePool and `initialized` labels.
+pub fn of_node(
+    node: &k8s_openapi::api::core::v1::Node,
+    values: &mut Interner<str>,
+) -> ObjectConditions {
+    use crate::apis::labels::{NODE_INITIALIZED_LABEL, NODECLASS_LABEL, NODEPOOL_LABEL};
+    use kube::ResourceExt;
+    ObjectConditions {
+        kind: 2,
+        namespace: String::new(),
+        name: node.name_any(),
+        extra: extra_labels(
+            node.labels(),
+            &[NODECLASS_LABEL, NODEPOOL_LABEL, NODE_INITIALIZED_LABEL],
+        ),
+        conditions: node
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .map(|c| ConditionState {
+                type_: values.intern(c.type_.as_str()),
+                status: values.intern(c.status.as_str()),
+                reason: values.intern(c.reason.as_deref().unwrap_or_default()),
+                last_transition: c.last_transition_time.as_ref().map(|t| t.0),
+            })
+            .collect(),
+        deleting_since: deleting(&node.metadata),
+    }
+}
+
+fn ours<'a>(
+    conditions: impl Iterator<Item = &'a crate::apis::Condition>,
+    values: &mut Interner<str>,
+) -> Vec<ConditionState> {
+    conditions
+        .map(|c| ConditionState {
+            type_: values.intern(c.type_.as_str()),
+            status: values.intern(status_str(c.status)),
+            reason: values.intern(c.reason.as_str()),
+            last_transition: Some(c.last_transition_time.0),
+        })
+        .collect()
+}
+
+fn deleting(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<Timestamp> {
+    meta.deletion_timestamp.as_ref().map(|t| t.0)
+}
+
+/// The NodeClaims, NodePools and Nodes of the index as the tracker reads them.
 pub fn objects(
     nodeclaims: &[Arc<crate::apis::NodeClaim>],
     nodepools: &[Arc<crate::apis::NodePool>],
     nodes: &[Arc<k8s_openapi::api::core::v1::Node>],
     shared: &mut SharedLabels,
 ) -> Vec<ObjectConditions> {
-    use crate::apis::labels::{NODE_INITIALIZED_LABEL, NODECLASS_LABEL, NODEPOOL_LABEL};
-    use kube::ResourceExt;
-    let mut ours = |c: &crate::apis::Condition| ConditionState {
-        type_: shared.values.intern(c.type_.as_str()),
-        status: shared.values.intern(status_str(c.status)),
-        reason: shared.values.intern(c.reason.as_str()),
-        last_transition: Some(c.last_transition_time.0),
-    };
-    let deleting = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-        m.deletion_timestamp.as_ref().map(|t| t.0)
-    };
-    let mut out = Vec::new();
-    for c in nodeclaims {
-        out.push(ObjectConditions {
-            kind: 0,
-            namespace: String::new(),
-            name: c.name_any(),
-            extra: extra_labels(c.labels(), &[NODECLASS_LABEL, NODEPOOL_LABEL]),
-            conditions: c
-                .status
-                .iter()
-                .flat_map(|s| &s.conditions)
-                .map(&mut ours)
-                .collect(),
-            deleting_since: deleting(&c.metadata),
-        });
-    }
-    for p in nodepools {
-        out.push(ObjectConditions {
-            kind: 1,
-            namespace: String::new(),
-            name: p.name_any(),
-            extra: Vec::new(),
-            conditions: p
-                .status
-                .iter()
-                .flat_map(|s| &s.conditions)
-                .map(&mut ours)
-                .collect(),
-            deleting_since: deleting(&p.metadata),
-        });
-    }
-    for n in nodes {
-        out.push(ObjectConditions {
-            kind: 2,
-            namespace: String::new(),
-            name: n.name_any(),
-            extra: extra_labels(
-                n.labels(),
-                &[NODECLASS_LABEL, NODEPOOL_LABEL, NODE_INITIALIZED_LABEL],
-            ),
-            conditions: n
-                .status
-                .iter()
-                .flat_map(|s| s.conditions.iter().flatten())
-                .map(|c| ConditionState {
-                    type_: shared.values.intern(c.type_.as_str()),
-                    status: shared.values.intern(c.status.as_str()),
-                    reason: shared
-                        .values
-                        .intern(c.reason.as_deref().unwrap_or_default()),
-                    last_transition: c.last_transition_time.as_ref().map(|t| t.0),
-                })
-                .collect(),
-            deleting_since: deleting(&n.metadata),
-        });
-    }
+    let values = &mut shared.values;
+    let claims = nodeclaims
+        .iter()
+        .map(|c| of_nodeclaim(c, values))
+        .collect::<Vec<_>>();
+    let pools = nodepools
+        .iter()
+        .map(|p| of_nodepool(p, values))
+        .collect::<Vec<_>>();
+    let mut out = claims;
+    out.extend(pools);
+    out.extend(nodes.iter().map(|n| of_node(n, values)));
     out
 }
 
@@ -393,14 +374,18 @@ impl StatusConditionMetrics {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn at(s: i64) -> Timestamp {
+    pub(in crate::controllers::metrics) fn at(s: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + s).unwrap()
     }
 
-    fn object(status: &str, since: i64, deleting: Option<i64>) -> ObjectConditions {
+    pub(in crate::controllers::metrics) fn object(
+        status: &str,
+        since: i64,
+        deleting: Option<i64>,
+    ) -> ObjectConditions {
         ObjectConditions {
             kind: 0,
             namespace: String::new(),
@@ -422,60 +407,26 @@ mod tests {
     }
 
     #[test]
-    fn counts_current_seconds_transitions_and_termination() {
+    fn counts_current_seconds_and_termination() {
         let mut tracker = ConditionTracker::default();
         let mut shared = SharedLabels::default();
         let first = tracker.observe(&[object("False", 0, None)], at(10), &mut shared);
         assert_eq!(first.count[0].len(), 1);
         assert_eq!(first.current_status_seconds[0][0].1, 10.0);
-        assert!(
-            first.transitions[0].is_empty(),
-            "a condition older than the first look is no transition (a restart recounts nothing)"
-        );
-        let mut born_between_looks = object("True", 25, None);
-        born_between_looks.name = "b".into();
-        let seen_late = tracker.observe(
-            &[object("False", 0, None), born_between_looks.clone()],
-            at(30),
-            &mut shared,
-        );
-        assert_eq!(
-            seen_late.transitions[0].len(),
-            1,
-            "an object first seen with a condition set after the watching began counts it"
-        );
-        assert!(
-            seen_late.transition_seconds[0].is_empty(),
-            "no earlier status to time"
-        );
-        let again = tracker.observe(
-            &[object("False", 0, None), born_between_looks],
-            at(35),
-            &mut shared,
-        );
-        assert!(again.transitions[0].is_empty(), "counted once");
-
-        let second = tracker.observe(&[object("True", 30, None)], at(40), &mut shared);
-        assert_eq!(second.transitions[0].len(), 1);
-        assert!(second.transitions[0][0].contains(&label("status", "True")));
-        assert!(second.transitions[0][0].contains(&label("karpenter_sh_nodepool", "default")));
-        assert_eq!(second.transition_seconds[0].len(), 1);
-        assert!(
-            second.transition_seconds[0][0]
-                .0
-                .contains(&label("status", "False"))
-        );
-        assert_eq!(second.transition_seconds[0][0].1, 30.0, "False lasted 30 s");
-        let same = tracker.observe(&[object("True", 30, None)], at(50), &mut shared);
-        assert!(same.transitions[0].is_empty());
-        assert_eq!(same.current_status_seconds[0][0].1, 20.0);
+        let second = tracker.observe(&[object("True", 30, None)], at(50), &mut shared);
+        assert_eq!(second.current_status_seconds[0][0].1, 20.0);
+        assert_eq!(&*second.count[0][0].0.status, "True");
 
         let deleting = tracker.observe(&[object("True", 30, Some(60))], at(65), &mut shared);
         assert_eq!(deleting.termination_current[0][0].1, 5.0);
+        let still = tracker.observe(&[object("True", 30, Some(60))], at(70), &mut shared);
+        assert!(still.termination_durations[0].is_empty());
         let gone = tracker.observe(&[], at(90), &mut shared);
         assert_eq!(gone.termination_durations[0].len(), 1);
         assert_eq!(gone.termination_durations[0][0].1, 30.0);
         assert!(gone.count[0].is_empty());
+        let after = tracker.observe(&[], at(95), &mut shared);
+        assert!(after.termination_durations[0].is_empty(), "timed once");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod conditions;
 pub mod state;
+pub mod transitions;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use self::state::{PodTransitions, StateInput, StateSnapshot, snapshot};
 use crate::clock::Clock;
 use crate::operator::leader::Leadership;
 use crate::operator::metrics::{Labels, Metrics, NodeGauge, NodeSeries, SharedLabels};
-use crate::state::Cluster;
+use crate::state::{Cluster, SharedKinds};
 
 /// Changes are coalesced: at most one refresh per interval (a busy cluster changes constantly).
 const MIN_REFRESH: Duration = Duration::from_secs(5);
@@ -157,12 +158,6 @@ impl Publisher {
             self.condition_gauges[k][1]
                 .replace(&f.current_status_seconds, &out.current_status_seconds[k]);
             self.termination_gauges[k].replace(&f.termination_current, &out.termination_current[k]);
-            for l in &out.transitions[k] {
-                f.transitions.get_or_create(l).inc();
-            }
-            for (l, s) in &out.transition_seconds[k] {
-                f.transition_seconds.get_or_create(l).observe(*s);
-            }
             for (l, s) in &out.termination_durations[k] {
                 f.termination_duration.get_or_create(l).observe(*s);
             }
@@ -177,7 +172,6 @@ impl Publisher {
         now: Timestamp,
         leading: bool,
     ) {
-        self.conditions.watch_from(now);
         let input = StateInput::from_index(&cluster.read());
         self.shared.prune();
         let snapshot = snapshot(&input, now, self.options.pod_series, &mut self.shared);
@@ -231,9 +225,11 @@ impl Publisher {
     }
 }
 
-/// Refreshes the state gauges until dropped. Runs on every replica.
+/// Refreshes the state gauges, and counts status-condition transitions from `kinds`' watch,
+/// until dropped. Runs on every replica.
 pub async fn run(
     cluster: Arc<Cluster>,
+    kinds: SharedKinds,
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
     leadership: Leadership,
@@ -245,14 +241,23 @@ pub async fn run(
         ..Publisher::default()
     };
     let conditions = conditions::StatusConditionMetrics::register(&metrics);
-    loop {
-        let now = Timestamp::from_second(clock.now_unix()).unwrap_or(Timestamp::UNIX_EPOCH);
-        publisher.refresh(&cluster, &metrics, &conditions, now, leadership.is_leader());
-        tokio::time::sleep(MIN_REFRESH).await;
-        // Either the state changed since the last refresh, or it is time anyway.
-        let _ = tokio::time::timeout(MAX_REFRESH - MIN_REFRESH, revisions.changed()).await;
-        revisions.borrow_and_update();
-    }
+    let transitions = async {
+        if options.observability {
+            transitions::count(kinds, conditions.clone(), leadership.clone(), clock.clone()).await;
+        }
+    };
+    let refreshes = async {
+        loop {
+            let now = Timestamp::from_second(clock.now_unix()).unwrap_or(Timestamp::UNIX_EPOCH);
+            publisher.refresh(&cluster, &metrics, &conditions, now, leadership.is_leader());
+            tokio::time::sleep(MIN_REFRESH).await;
+            // Either the state changed since the last refresh, or it is time anyway.
+            let _ = tokio::time::timeout(MAX_REFRESH - MIN_REFRESH, revisions.changed()).await;
+            revisions.borrow_and_update();
+        }
+    };
+    // The refreshes never end; the transitions end only when the watch does.
+    tokio::join!(refreshes, transitions);
 }
 
 #[cfg(test)]
