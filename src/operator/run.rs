@@ -267,6 +267,15 @@ impl Drop for ExoscaleCloud {
 
 /// Builds the Exoscale cloud provider: NodeClasses from a reflector store, tokens and CA from
 /// the cluster, instance types loaded once and refreshed hourly.
+/// A spawned task that is aborted when this is dropped (with the future that owns it).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 pub async fn build_cloud(
     settings: ProviderSettings,
     exo: exoscale::Client,
@@ -410,10 +419,13 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
         (Some(election), leadership)
     };
 
-    // Cache health on every replica; node and pod series only while leading. Not spawned: it
-    // holds a Leadership receiver, and a task outliving an aborted `serve` would keep the Lease
-    // watcher from releasing (and so renewing) the Lease forever.
-    let state_metrics = controllers::metrics::run(
+    // Cache health on every replica; node and pod series only while leading. Its own task: its
+    // refreshes (synchronous passes over the whole index) and the transitions it counts on
+    // every watched change ran inside the task that polls every Controller, each wake-up of
+    // either polling all of them. Aborted with `serve`: it holds a Leadership receiver, and a
+    // task outliving an aborted `serve` would keep the Lease watcher from releasing (and so
+    // renewing) the Lease forever.
+    let mut state_metrics = AbortOnDrop(tokio::spawn(controllers::metrics::run(
         cluster.clone(),
         shared.clone(),
         metrics.clone(),
@@ -423,7 +435,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
             pod_series: config.pod_metrics,
             observability: !config.disable_cluster_state_observability,
         },
-    );
+    )));
     let work = async {
         let mut waiting = leadership.clone();
         let mut stop_wait = stop.clone();
@@ -478,8 +490,9 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
     let result = tokio::select! {
         result = work => result,
         // Never ends; here so that it stops with everything else.
-        _ = state_metrics => Ok(()),
+        _ = &mut state_metrics.0 => Ok(()),
     };
+    drop(state_metrics);
     drop(leadership);
     if let Some(election) = election {
         election.release().await;
