@@ -60,6 +60,8 @@ pub enum RunError {
     SksCluster(String),
     #[error("lost the leader Lease; exiting so a fresh replica can take over")]
     LostLeadership,
+    #[error("the cluster-state metrics task stopped: {0}")]
+    StateMetrics(String),
 }
 
 pub use crate::controllers::ExtraController;
@@ -265,8 +267,6 @@ impl Drop for ExoscaleCloud {
     }
 }
 
-/// Builds the Exoscale cloud provider: NodeClasses from a reflector store, tokens and CA from
-/// the cluster, instance types loaded once and refreshed hourly.
 /// A spawned task that is aborted when this is dropped (with the future that owns it).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -276,6 +276,8 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Builds the Exoscale cloud provider: NodeClasses from a reflector store, tokens and CA from
+/// the cluster, instance types loaded once and refreshed hourly.
 pub async fn build_cloud(
     settings: ProviderSettings,
     exo: exoscale::Client,
@@ -489,8 +491,11 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
     };
     let result = tokio::select! {
         result = work => result,
-        // Never ends; here so that it stops with everything else.
-        _ = &mut state_metrics.0 => Ok(()),
+        // Never ends but by a panic, which stops the replica as it did when not spawned.
+        ended = &mut state_metrics.0 => Err(RunError::StateMetrics(match ended {
+            Err(error) => error.to_string(),
+            Ok(()) => "ended".into(),
+        })),
     };
     drop(state_metrics);
     drop(leadership);
