@@ -299,27 +299,26 @@ async fn pending_pods_get_nodes_and_are_bound_by_the_scheduler() {
     let launches = names.len() as f64;
     eventually("the pods' provisioning metrics are on /metrics", || {
         let exposed = world.replica_metrics("prov-a");
-        // Every launch since the replica started is a transition, also one that happened
-        // between two looks (refreshes are at least 5 s apart).
-        let launched = exposed
-            .lines()
-            .filter(|l| {
-                l.starts_with("operator_nodeclaim_status_condition_transitions_total{")
-                    && l.contains("type=\"Launched\",status=\"True\"")
-                    && l.contains(&format!("karpenter_sh_nodepool=\"{pool_name}\""))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>();
-        // Counted from each version the watch delivers: Registered, set Unknown at launch, went
-        // True once the Node registered (periodic looks mostly saw only the True).
-        let registered_timed = exposed
-            .lines()
-            .filter(|l| {
-                l.starts_with("operator_nodeclaim_status_condition_transition_seconds_count{")
-                    && l.contains("type=\"Registered\",status=\"Unknown\",to_status=\"True\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>();
+        // The sum over the series of `family` whose labels contain every fragment.
+        let summed = |family: &str, fragments: &[&str]| {
+            exposed
+                .lines()
+                .filter(|l| l.starts_with(family) && fragments.iter().all(|f| l.contains(f)))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        };
+        // Transitions are counted from each version the watch delivers: every launch since the
+        // replica started is one, and Registered, set Unknown at launch, went True once the
+        // Node registered (periodic looks mostly saw only the True).
+        let pool_label = format!("karpenter_sh_nodepool=\"{pool_name}\"");
+        let launched = summed(
+            "operator_nodeclaim_status_condition_transitions_total{",
+            &["type=\"Launched\",status=\"True\"", &pool_label],
+        );
+        let registered_timed = summed(
+            "operator_nodeclaim_status_condition_transition_seconds_count{",
+            &["type=\"Registered\",status=\"Unknown\",to_status=\"True\""],
+        );
         async move {
             let decided = counted(&exposed, "karpenter_pods_scheduling_decision_duration_seconds_count")?;
             // Timed from when provisioning first saw each pod: the pod that opened the batch

@@ -286,16 +286,8 @@ pub fn objects(
     shared: &mut SharedLabels,
 ) -> Vec<ObjectConditions> {
     let values = &mut shared.values;
-    let claims = nodeclaims
-        .iter()
-        .map(|c| of_nodeclaim(c, values))
-        .collect::<Vec<_>>();
-    let pools = nodepools
-        .iter()
-        .map(|p| of_nodepool(p, values))
-        .collect::<Vec<_>>();
-    let mut out = claims;
-    out.extend(pools);
+    let mut out: Vec<_> = nodeclaims.iter().map(|c| of_nodeclaim(c, values)).collect();
+    out.extend(nodepools.iter().map(|p| of_nodepool(p, values)));
     out.extend(nodes.iter().map(|n| of_node(n, values)));
     out
 }

@@ -61,10 +61,9 @@ impl TransitionWatch {
     /// The transitions between the object's last delivered version and this one.
     pub fn applied(&mut self, object: ObjectConditions) -> Vec<Transition> {
         let key = (object.kind, object.namespace, object.name);
-        let previous = self.last.insert(key.clone(), object.conditions);
-        let current = &self.last[&key];
+        let previous = self.last.get(&key);
         let mut out = Vec::new();
-        for c in current {
+        for c in &object.conditions {
             let before = previous
                 .as_ref()
                 .and_then(|p| p.iter().find(|b| b.type_ == c.type_));
@@ -99,6 +98,7 @@ impl TransitionWatch {
                 lasted,
             });
         }
+        self.last.insert(key, object.conditions);
         out
     }
 
