@@ -1023,13 +1023,20 @@ async fn the_secret_admission_policy_admits_only_our_bootstrap_tokens() {
     .unwrap();
     // The policy is compiled asynchronously after creation: wait until it denies.
     let started = std::time::Instant::now();
+    let mut rbac_refusal = None;
     let denial = loop {
         match as_controller.create(&pp, &forged).await {
             Err(kube::Error::Api(status)) if status.code == 422 || status.code == 403 => {
                 if status.message.contains("ValidatingAdmissionPolicy") {
                     break status.message;
                 }
-                panic!("refused, but not by the policy: {status:?}");
+                // The RoleBinding created above reaches the RBAC authorizer through its
+                // informer: until it has, RBAC refuses the create (a CI run failed here).
+                if status.code == 403 && status.message.contains("cannot create resource") {
+                    rbac_refusal = Some(status.message);
+                } else {
+                    panic!("refused, but not by the policy: {status:?}");
+                }
             }
             Err(other) => panic!("{other}"),
             Ok(_) => {
@@ -1042,7 +1049,7 @@ async fn the_secret_admission_policy_admits_only_our_bootstrap_tokens() {
         }
         assert!(
             started.elapsed() < std::time::Duration::from_secs(60),
-            "the policy never took effect"
+            "the policy never took effect (last RBAC refusal: {rbac_refusal:?})"
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     };
