@@ -15,7 +15,7 @@ use crate::state::held_pod as held;
 use super::labels::{HOSTNAME, NODE_POOL};
 use super::model::{
     BoundPod, DaemonSetPod, ExistingNode, HostPort, InclusionPolicy, LabelSelector, NamespaceScope,
-    NodeLabels, Pod, PodAffinityTerm, PodLabels, SelectorExpression, SelectorOperator,
+    NodeLabels, Pod, PodAffinityTerm, PodLabels, PodShape, SelectorExpression, SelectorOperator,
     TopologySpreadConstraint, WeightedPodAffinityTerm, WeightedRequirements, WhenUnsatisfiable,
 };
 use super::quantity::{PODS, Quantity, QuantityError, Resources};
@@ -581,14 +581,12 @@ pub fn pod_from_k8s(pod: &HeldPod) -> Result<Pod, ConvertError> {
     };
     let pa = affinity.and_then(|a| a.pod_affinity.as_ref());
     let paa = affinity.and_then(|a| a.pod_anti_affinity.as_ref());
-    Ok(Pod {
-        uid: pod.metadata.uid.clone().unwrap_or_default(),
+    let shape = PodShape {
         namespace: pod
             .metadata
             .namespace
             .clone()
             .unwrap_or_else(|| "default".into()),
-        name: pod.metadata.name.clone().unwrap_or_default(),
         requests: pod_requests(&object, spec)?,
         node_selector: node_selector(spec.node_selector.as_ref()),
         required_node_affinity,
@@ -619,14 +617,19 @@ pub fn pod_from_k8s(pod: &HeldPod) -> Result<Pod, ConvertError> {
             .collect::<Result<Vec<_>, _>>()?,
         host_ports: host_ports(spec),
         volume_requirements: None,
+        labels,
+    };
+    Ok(Pod {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
         created_at: pod
             .metadata
             .creation_timestamp
             .as_ref()
             .map(|t| t.0.as_second())
             .unwrap_or_default(),
-        labels,
         moved_by_consolidation: false,
+        shape: Arc::new(shape),
     })
 }
 
@@ -648,12 +651,14 @@ pub fn converted(pod: &HeldPod) -> Result<&Converted, ConvertError> {
         .map_err(|e| (**e).clone())
 }
 
-/// What held pods' readings share: the pods of one workload carry equal labels, and most pods
-/// the same tolerations.
+/// What held pods' readings share: the pods of one workload carry equal labels and read as
+/// equal shapes and equal bound pods, and most pods carry the same tolerations.
 #[derive(Default)]
 struct SharedReadings {
     labels: Interner<BTreeMap<String, String>>,
     tolerations: Interner<Vec<Toleration>>,
+    shapes: Interner<PodShape>,
+    bound: Interner<BoundPod>,
 }
 
 static SHARED_READINGS: std::sync::LazyLock<std::sync::Mutex<SharedReadings>> =
@@ -670,17 +675,24 @@ pub fn shared_labels(labels: BTreeMap<String, String>) -> PodLabels {
     shared_readings().labels.intern_pruning(labels)
 }
 
-/// `pod` with its tolerations replaced by the shared copy (its labels are the held pod's).
-fn share_parts(pod: &mut Pod) {
+/// A held pod's reading, its shape and tolerations replaced by the copies shared with every
+/// pod alike (its labels are the held pod's, shared already), and its bound reading likewise.
+fn shared_reading(mut pod: Pod, daemonset: Option<String>) -> Converted {
     let mut shared = shared_readings();
+    // The shape is this pod's alone here: the write copies nothing.
     pod.tolerations = shared
         .tolerations
         .intern_pruning(std::mem::take(&mut pod.tolerations));
+    pod.shape = shared.shapes.intern_pruning(std::mem::take(&mut pod.shape));
+    let bound = shared.bound.intern_pruning(BoundPod::of(&pod, daemonset));
+    Converted {
+        pod: Arc::new(pod),
+        bound,
+    }
 }
 
 fn convert(held: &HeldPod) -> Result<Converted, ConvertError> {
-    let mut pod = pod_from_k8s(held)?;
-    share_parts(&mut pod);
+    let pod = pod_from_k8s(held)?;
     let daemonset = held
         .metadata
         .owner_references
@@ -688,10 +700,7 @@ fn convert(held: &HeldPod) -> Result<Converted, ConvertError> {
         .flatten()
         .find(|o| o.kind == DAEMONSET_KIND)
         .map(|o| o.name.clone());
-    Ok(Converted {
-        bound: Arc::new(BoundPod::of(&pod, daemonset)),
-        pod: Arc::new(pod),
-    })
+    Ok(shared_reading(pod, daemonset))
 }
 
 /// A pod running on a node (counted for resources and topology).
@@ -836,9 +845,32 @@ mod tests {
             Arc::ptr_eq(&first.pod.labels, &sibling_reading.pod.labels),
             "pods with equal labels share them"
         );
+        assert!(
+            Arc::ptr_eq(&first.pod.shape, &sibling_reading.pod.shape),
+            "the pods of one workload share one shape"
+        );
+        assert!(Arc::ptr_eq(&first.bound, &sibling_reading.bound));
+        assert_eq!(
+            (first.pod.name.as_str(), sibling_reading.pod.name.as_str()),
+            ("p", "p-2"),
+            "each keeps its name"
+        );
+        // A pod edited through its shape (a volume's zone, a simulation's change) gets a
+        // shape of its own; the workload's shared one is unchanged.
+        let mut edited_copy = (*sibling_reading.pod).clone();
+        edited_copy.volume_requirements = Some(Requirements::new());
+        assert!(!Arc::ptr_eq(&edited_copy.shape, &first.pod.shape));
+        assert!(first.pod.volume_requirements.is_none());
+        assert!(sibling_reading.pod.volume_requirements.is_none());
+        let mut other_shape = held.clone();
+        other_shape.metadata.name = Some("p-3".into());
+        other_shape.metadata.namespace = Some("elsewhere".into());
+        let elsewhere = converted(&other_shape).unwrap();
+        assert!(!Arc::ptr_eq(&first.pod.shape, &elsewhere.pod.shape));
+        assert_eq!(elsewhere.bound.namespace, "elsewhere");
         assert!(Arc::ptr_eq(
             &first.pod.tolerations,
-            &sibling_reading.pod.tolerations
+            &elsewhere.pod.tolerations
         ));
         let mut other = held.clone();
         other.set_labels([("app".to_string(), "other".to_string())].into());

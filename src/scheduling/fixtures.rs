@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use super::WellKnownLabels;
 use super::labels::{ARCH, CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT, HOSTNAME, OS, ZONE};
 use super::model::{
-    InstanceType, LabelSelector, NodePoolTemplate, Offering, Pod, PodAffinityTerm,
+    InstanceType, LabelSelector, NodePoolTemplate, Offering, Pod, PodAffinityTerm, PodShape,
     TopologySpreadConstraint, WeightedPodAffinityTerm, WeightedRequirements,
 };
 use super::quantity::{CPU, MEMORY, PODS, Quantity, Resources};
@@ -136,9 +136,12 @@ pub fn pod(name: &str, cpu: &str, memory: &str) -> Pod {
     requests.set(PODS, Quantity::from_units(1));
     Pod {
         uid: format!("uid-{name}"),
-        namespace: "default".to_string(),
         name: name.to_string(),
-        requests,
+        shape: Arc::new(PodShape {
+            namespace: "default".to_string(),
+            requests,
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }

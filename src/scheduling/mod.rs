@@ -39,8 +39,8 @@ pub use labels::WellKnownLabels;
 pub use model::{
     BoundPod, DaemonSetPod, ExistingNode, InclusionPolicy, InstanceType, LabelSelector,
     NamespaceScope, NodeLabels, NodePoolTemplate, Offering, Pod, PodAffinityTerm, PodLabels,
-    SelectorExpression, SelectorOperator, TopologySpreadConstraint, WeightedPodAffinityTerm,
-    WeightedRequirements, WhenUnsatisfiable,
+    PodShape, SelectorExpression, SelectorOperator, TopologySpreadConstraint,
+    WeightedPodAffinityTerm, WeightedRequirements, WhenUnsatisfiable,
 };
 pub use quantity::{Quantity, QuantityError, Resources};
 pub use requirements::{Incompatibility, Operator, Requirement, RequirementError, Requirements};

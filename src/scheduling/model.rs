@@ -195,12 +195,27 @@ pub type NodeLabels = Arc<BTreeMap<String, String>>;
 /// defaults for `not-ready` and `unreachable`).
 pub type PodTolerations = Arc<Vec<Toleration>>;
 
-/// A pod to place.
+/// A pod to place: who it is, and its [`PodShape`], which it reads as its own fields
+/// (`pod.requests`); a write (`pod.requests = …`) gives it a shape of its own first.
 #[derive(Debug, Clone, Default)]
 pub struct Pod {
     pub uid: String,
-    pub namespace: String,
     pub name: String,
+    /// Creation time (any monotonic unit, e.g. Unix seconds); orders pods with equal requests.
+    pub created_at: i64,
+    /// Running now on a node a consolidation would remove: it does not land on a
+    /// [`ExistingNode::settling`] node.
+    pub moved_by_consolidation: bool,
+    pub shape: Arc<PodShape>,
+}
+
+/// What a pod asks of a node and of its neighbours: all of it but its name, UID and age. The
+/// pods of one workload have equal shapes and the held ones share one copy (`convert`): inline
+/// it is ~400 B, most of it empty lists, and each simulation of a disruption copies every pod
+/// it moves.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct PodShape {
+    pub namespace: String,
     pub labels: PodLabels,
     /// Effective requests (init containers, sidecars, overhead included) plus `pods: 1`.
     pub requests: Resources,
@@ -219,11 +234,21 @@ pub struct Pod {
     /// Node constraints from the pod's volumes (a bound PV's zone…); they narrow the node only,
     /// never the pod's own requirements used for spread counting.
     pub volume_requirements: Option<Requirements>,
-    /// Creation time (any monotonic unit, e.g. Unix seconds); orders pods with equal requests.
-    pub created_at: i64,
-    /// Running now on a node a consolidation would remove: it does not land on a
-    /// [`ExistingNode::settling`] node.
-    pub moved_by_consolidation: bool,
+}
+
+impl std::ops::Deref for Pod {
+    type Target = PodShape;
+    fn deref(&self) -> &PodShape {
+        &self.shape
+    }
+}
+
+impl std::ops::DerefMut for Pod {
+    /// Copy on write: a pod edited (a test's, a volume's zone added) never changes the pods
+    /// it shared its shape with.
+    fn deref_mut(&mut self) -> &mut PodShape {
+        Arc::make_mut(&mut self.shape)
+    }
 }
 
 impl Pod {
@@ -237,8 +262,9 @@ impl Pod {
     }
 }
 
-/// A pod already bound to an existing node: counted for topology and resources.
-#[derive(Debug, Clone, Default)]
+/// A pod already bound to an existing node: counted for topology and resources. The pods of
+/// one workload read alike, and the held ones share one copy (`convert`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct BoundPod {
     pub namespace: String,
     pub labels: PodLabels,

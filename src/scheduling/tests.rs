@@ -254,7 +254,7 @@ fn limits_stop_growth_across_new_node_claims() {
     let pods: Vec<Pod> = (0..6)
         .map(|_| {
             let mut p = generator.anti_affinity(HOSTNAME);
-            p.requests = pod("x", "1500m", "1Gi").requests;
+            p.requests = pod("x", "1500m", "1Gi").requests.clone();
             p
         })
         .collect();
