@@ -579,6 +579,8 @@ async fn a_leader_cut_off_from_the_api_server_stands_down_and_deletes_nothing() 
     .await;
     world.ready_nodeclass().await;
     world.start_replica("replica-b").await;
+    world.create_nodeclass(json!({})).await;
+    world.ready_nodeclass().await;
     let fence = world.replica_fence("replica-a");
     eventually("replica-a renewing", || async {
         fence.allows().then_some(())
@@ -753,6 +755,66 @@ async fn only_the_leader_acts_and_a_standby_takes_over_when_it_stops() {
     .await;
     assert_ne!(second, first);
     let claim = format!("leader-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    world.initialized_node(&claim).await;
+    assert_eq!(instances_of(&world, &claim), 1);
+    world.finish().await;
+}
+
+#[tokio::test]
+async fn a_panicking_controller_stops_its_replica_naming_it_and_a_standby_takes_over() {
+    let Some(world) = World::start("e2e-panic", joins()).await else {
+        return;
+    };
+    // A controller that panics when the test says so, once its replica leads.
+    let (trigger, fault) = tokio::sync::oneshot::channel::<()>();
+    let faulty = karpenter_exoscale::operator::ExtraController {
+        name: "injected",
+        start: Box::new(move |_ctx, _shutdown| {
+            Box::pin(async move {
+                let _ = fault.await;
+                panic!("fault injected by the test");
+            })
+        }),
+    };
+    world
+        .start_replica_with_extra("replica-a", world.client.clone(), vec![faulty])
+        .await;
+    eventually("replica-a leads", || async {
+        world
+            .lease_holder()
+            .await
+            .filter(|holder| holder == "replica-a")
+    })
+    .await;
+    world.start_replica("replica-b").await;
+    world.create_nodeclass(json!({})).await;
+    world.ready_nodeclass().await;
+    let fence = world.replica_fence("replica-a");
+    assert!(fence.allows(), "the leader's writes pass its fence");
+
+    trigger.send(()).expect("the faulty controller is running");
+    let ended = world
+        .replica_outcome("replica-a", Duration::from_secs(30))
+        .await;
+    match ended {
+        Err(karpenter_exoscale::operator::RunError::Controller(panicked)) => {
+            assert_eq!(panicked.name, "injected");
+            assert_eq!(panicked.message, "fault injected by the test");
+        }
+        other => panic!("the replica must stop naming the panicked controller: {other:?}"),
+    }
+    // Its other controllers stopped with it: nothing it holds can write any more.
+    assert!(!fence.allows(), "a stopped replica's fence refuses writes");
+    // It released the Lease, so the standby leads and acts.
+    eventually("the standby leads", || async {
+        world
+            .lease_holder()
+            .await
+            .filter(|holder| holder == "replica-b")
+    })
+    .await;
+    let claim = format!("panic-{}", suffix(&world));
     world.create_nodeclaim(&claim, json!({})).await;
     world.initialized_node(&claim).await;
     assert_eq!(instances_of(&world, &claim), 1);

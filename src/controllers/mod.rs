@@ -37,8 +37,12 @@ use crate::operator::metrics::{Metrics, labels};
 use crate::state::Cluster;
 
 /// A controller started beside the built-in ones, on the leader, with the same [`Context`]
-/// (provisioning and disruption plug in here).
-pub type ExtraController = Box<dyn FnOnce(Arc<Context>, Shutdown) -> BoxFuture<'static, ()> + Send>;
+/// (provisioning and disruption plug in here), in a task of its own.
+pub struct ExtraController {
+    /// Names its task when it stops the replica (a panic).
+    pub name: &'static str,
+    pub start: Box<dyn FnOnce(Arc<Context>, Shutdown) -> BoxFuture<'static, ()> + Send>,
+}
 
 /// Field manager of every write this process makes.
 pub const FIELD_MANAGER: &str = "karpenter-exoscale";
@@ -370,9 +374,10 @@ pub fn shutdown_signal(mut rx: tokio::sync::watch::Receiver<bool>) -> Shutdown {
     .shared()
 }
 
-/// Runs every controller of this module until `shutdown`; call only while leading. The
-/// provisioning controller (and disruption) run beside these with the same [`Context`].
-pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
+/// Spawns every controller of this module into `tasks`, each running until `shutdown`; call
+/// only while leading. The provisioning controller (and disruption) run beside these with the
+/// same [`Context`].
+pub fn spawn(ctx: Arc<Context>, shutdown: Shutdown, tasks: &mut crate::operator::tasks::Tasks) {
     use futures::StreamExt;
     use k8s_openapi::api::core::v1::Node;
     use kube::runtime::Controller;
@@ -407,7 +412,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     // behind them. Upstream gives its lifecycle and termination controllers 1 000 slots too.
     let lifecycle_concurrency =
         || kube::runtime::controller::Config::default().concurrency(LIFECYCLE_CONCURRENCY);
-    let nodeclaims =
+    tasks.spawn(
+        "nodeclaim",
         Controller::for_shared_stream(shared.nodeclaims.changes(), shared.nodeclaims.store())
             .with_config(lifecycle_concurrency())
             .watches_shared_stream(shared.nodes.changes(), node_to_claim)
@@ -417,25 +423,30 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
                 error_policy("nodeclaim"),
                 ctx.clone(),
             )
-            .for_each(drain("nodeclaim"));
+            .for_each(drain("nodeclaim")),
+    );
 
     let termination = Arc::new(node::termination::Termination::default());
-    let nodes = Controller::for_shared_stream(shared.nodes.changes(), shared.nodes.store())
-        .with_config(lifecycle_concurrency())
-        .graceful_shutdown_on(shutdown.clone())
-        .run(
-            move |node, ctx| node::termination::reconcile(node, ctx, termination.clone()),
-            error_policy("node.termination"),
-            ctx.clone(),
-        )
-        .for_each(drain("node.termination"));
+    tasks.spawn(
+        "node.termination",
+        Controller::for_shared_stream(shared.nodes.changes(), shared.nodes.store())
+            .with_config(lifecycle_concurrency())
+            .graceful_shutdown_on(shutdown.clone())
+            .run(
+                move |node, ctx| node::termination::reconcile(node, ctx, termination.clone()),
+                error_policy("node.termination"),
+                ctx.clone(),
+            )
+            .for_each(drain("node.termination")),
+    );
 
     let claim_to_pool = |claim: Arc<NodeClaim>| {
         kube::ResourceExt::labels(claim.as_ref())
             .get(crate::apis::labels::NODEPOOL_LABEL)
             .map(|pool| ObjectRef::<NodePool>::new(pool))
     };
-    let nodepools =
+    tasks.spawn(
+        "nodepool",
         Controller::for_shared_stream(shared.nodepools.changes(), shared.nodepools.store())
             .with_config(concurrency())
             .watches_shared_stream(shared.nodeclaims.changes(), claim_to_pool)
@@ -445,11 +456,13 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
                 error_policy("nodepool"),
                 ctx.clone(),
             )
-            .for_each(drain("nodepool"));
+            .for_each(drain("nodepool")),
+    );
 
     // Static NodePools: a second reconciler over the NodePool changes, woken by their NodeClaims.
-    let static_pools: BoxFuture<'static, ()> = if ctx.feature_gates.static_capacity {
-        Box::pin(
+    if ctx.feature_gates.static_capacity {
+        tasks.spawn(
+            "static.capacity",
             Controller::for_shared_stream(shared.nodepools.changes(), shared.nodepools.store())
                 .with_config(concurrency())
                 .watches_shared_stream(shared.nodeclaims.changes(), claim_to_pool)
@@ -460,12 +473,22 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
                     ctx.clone(),
                 )
                 .for_each(drain("static.capacity")),
-        )
-    } else {
-        Box::pin(std::future::pending())
-    };
+        );
+    }
 
-    // Timers run inside this future (not spawned) so that dropping it stops them too.
+    // Repair is a second reconciler over the same Node changes (termination is the first).
+    if ctx.feature_gates.node_repair {
+        tasks.spawn(
+            "node.repair",
+            Controller::for_shared_stream(shared.nodes.changes(), shared.nodes.store())
+                .with_config(concurrency())
+                .graceful_shutdown_on(shutdown.clone())
+                .run(repair::reconcile, error_policy("node.repair"), ctx.clone())
+                .for_each(drain("node.repair")),
+        );
+    }
+
+    // The timers do not watch `shutdown` themselves.
     let until_shutdown = |work: BoxFuture<'static, ()>| {
         let stop = shutdown.clone();
         async move {
@@ -476,55 +499,38 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         }
     };
     let collector = Arc::new(garbage_collection::Collector::default());
-    let gc = until_shutdown(Box::pin(periodic::every(
-        ctx.clone(),
+    tasks.spawn(
         "instance.garbagecollection",
-        ctx.timings.instance_gc_interval,
-        move |ctx| {
-            let collector = collector.clone();
-            async move { collector.collect(&ctx).await }
-        },
-    )));
-    let tokens = until_shutdown(Box::pin(periodic::every(
-        ctx.clone(),
-        "bootstrap_token.cleanup",
-        bootstrap_token::INTERVAL,
-        |ctx| async move { bootstrap_token::cleanup_once(&ctx).await },
-    )));
-    // Repair is a second reconciler over the same Node changes (termination is the first).
-    let repair: BoxFuture<'static, ()> = if ctx.feature_gates.node_repair {
-        Box::pin(
-            Controller::for_shared_stream(shared.nodes.changes(), shared.nodes.store())
-                .with_config(concurrency())
-                .graceful_shutdown_on(shutdown.clone())
-                .run(repair::reconcile, error_policy("node.repair"), ctx.clone())
-                .for_each(drain("node.repair")),
-        )
-    } else {
-        Box::pin(std::future::pending())
-    };
-    let repair = until_shutdown(repair);
-    let static_pools = until_shutdown(static_pools);
-    let overlays = until_shutdown(if ctx.feature_gates.node_overlay {
-        Box::pin(periodic::every(
+        until_shutdown(Box::pin(periodic::every(
             ctx.clone(),
-            "nodeoverlay.status",
-            nodeoverlay::INTERVAL,
-            |ctx| async move { nodeoverlay::update_once(&ctx).await },
-        ))
-    } else {
-        Box::pin(std::future::pending())
-    });
-    futures::join!(
-        nodeclaims,
-        nodes,
-        nodepools,
-        static_pools,
-        gc,
-        tokens,
-        repair,
-        overlays
+            "instance.garbagecollection",
+            ctx.timings.instance_gc_interval,
+            move |ctx| {
+                let collector = collector.clone();
+                async move { collector.collect(&ctx).await }
+            },
+        ))),
     );
+    tasks.spawn(
+        "bootstrap_token.cleanup",
+        until_shutdown(Box::pin(periodic::every(
+            ctx.clone(),
+            "bootstrap_token.cleanup",
+            bootstrap_token::INTERVAL,
+            |ctx| async move { bootstrap_token::cleanup_once(&ctx).await },
+        ))),
+    );
+    if ctx.feature_gates.node_overlay {
+        tasks.spawn(
+            "nodeoverlay.status",
+            until_shutdown(Box::pin(periodic::every(
+                ctx.clone(),
+                "nodeoverlay.status",
+                nodeoverlay::INTERVAL,
+                |ctx| async move { nodeoverlay::update_once(&ctx).await },
+            ))),
+        );
+    }
 }
 
 #[cfg(test)]

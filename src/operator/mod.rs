@@ -13,6 +13,7 @@ pub mod rate_limited_client;
 pub mod rbac;
 pub mod scheduler_config;
 pub mod summary;
+pub mod tasks;
 
 pub use config::{Config, ConfigError, RunArgs};
 pub mod run;

@@ -6,7 +6,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use kube::runtime::{WatchStreamExt, watcher};
 use thiserror::Error;
 use tokio::sync::watch;
@@ -33,6 +32,7 @@ use super::health::{Readiness, bind_and_serve, health_router, metrics_router};
 use super::leader::{Leadership, LeaseTimings, elect};
 use super::metrics::{Metrics, labels};
 use super::rate_limited_client::rate_limited;
+use super::tasks::Tasks;
 use crate::fence::Fence;
 
 /// The User-Agent of every request to the Kubernetes API.
@@ -62,6 +62,8 @@ pub enum RunError {
     LostLeadership,
     #[error("the cluster-state metrics task stopped: {0}")]
     StateMetrics(String),
+    #[error(transparent)]
+    Controller(#[from] super::tasks::Panicked),
 }
 
 pub use crate::controllers::ExtraController;
@@ -468,23 +470,25 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                     nodepool_status_writes: Default::default(),
                     superseded: Default::default(),
                 });
-                let mut tasks: Vec<BoxFuture<'static, ()>> =
-                    vec![Box::pin(controllers::run(ctx.clone(), stop.clone()))];
+                let mut tasks = Tasks::default();
+                controllers::spawn(ctx.clone(), stop.clone(), &mut tasks);
                 // The provider's own controller, beside the core's.
                 if let Some(wiring) = nodeclasses {
-                    tasks.push(Box::pin(nodeclass_controller::run(ctx.clone(), wiring, stop.clone())));
+                    tasks.spawn("nodeclass", nodeclass_controller::run(ctx.clone(), wiring, stop.clone()));
                 }
                 for extra in extra_controllers {
-                    tasks.push(extra(ctx.clone(), stop.clone()));
+                    tasks.spawn(extra.name, (extra.start)(ctx.clone(), stop.clone()));
                 }
-                let all = futures::future::join_all(tasks);
-                tokio::select! {
-                    _ = all => Ok(()),
+                let result = tokio::select! {
+                    ended = tasks.until_all_end() => ended.map_err(RunError::Controller),
                     _ = leadership.lost() => {
                         tracing::error!("lost leadership");
                         Err(RunError::LostLeadership)
                     }
-                }
+                };
+                // Before the Lease is released: no controller acts past this point.
+                tasks.stop().await;
+                result
             }
             _ = &mut stop_wait => Ok(()),
         }

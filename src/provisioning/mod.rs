@@ -32,10 +32,13 @@ pub fn plugin(
     settings: controller::Settings,
     nominations: Arc<controller::Nominations>,
 ) -> ExtraController {
-    Box::new(move |ctx, shutdown| {
-        Box::pin(async move {
-            let provisioner = controller::Provisioner::new(ctx, settings, nominations);
-            provisioner.run(shutdown).await;
-        })
-    })
+    ExtraController {
+        name: "provisioner",
+        start: Box::new(move |ctx, shutdown| {
+            Box::pin(async move {
+                let provisioner = controller::Provisioner::new(ctx, settings, nominations);
+                provisioner.run(shutdown).await;
+            })
+        }),
+    }
 }

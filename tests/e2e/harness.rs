@@ -228,6 +228,18 @@ impl World {
     /// Starts a replica whose Kubernetes traffic goes through `client` (e.g. via a proxy the
     /// test can cut).
     pub async fn start_replica_with(&self, identity: &str, client: Client) {
+        self.start_replica_with_extra(identity, client, Vec::new())
+            .await
+    }
+
+    /// Starts a replica that also runs `extra` controllers beside the core ones (a test's
+    /// fault injected into a controller).
+    pub async fn start_replica_with_extra(
+        &self,
+        identity: &str,
+        client: Client,
+        extra: Vec<karpenter_exoscale::operator::ExtraController>,
+    ) {
         let mut env = self.env.clone();
         env.insert("POD_NAME".into(), identity.into());
         let mut config =
@@ -236,7 +248,8 @@ impl World {
         config.health_probe_port = 0;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         // Provisioning (and the other core controllers) run as in production.
-        let extra_controllers = karpenter_exoscale::operator::run::core_controllers(&config);
+        let mut extra_controllers = karpenter_exoscale::operator::run::core_controllers(&config);
+        extra_controllers.extend(extra);
         // Writes pass the replica's fence, as in `run`.
         let fence = Fence::closed();
         let metrics = Arc::new(Metrics::new());

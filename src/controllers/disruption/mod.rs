@@ -123,7 +123,10 @@ pub fn plugin(
     settings: Settings,
     nominations: Arc<Nominations>,
 ) -> crate::controllers::ExtraController {
-    Box::new(move |ctx, shutdown| Box::pin(run(ctx, settings, nominations, shutdown)))
+    crate::controllers::ExtraController {
+        name: "disruption",
+        start: Box::new(move |ctx, shutdown| Box::pin(run(ctx, settings, nominations, shutdown))),
+    }
 }
 
 struct Disruption {
