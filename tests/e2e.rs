@@ -579,8 +579,6 @@ async fn a_leader_cut_off_from_the_api_server_stands_down_and_deletes_nothing() 
     .await;
     world.ready_nodeclass().await;
     world.start_replica("replica-b").await;
-    world.create_nodeclass(json!({})).await;
-    world.ready_nodeclass().await;
     let fence = world.replica_fence("replica-a");
     eventually("replica-a renewing", || async {
         fence.allows().then_some(())

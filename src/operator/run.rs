@@ -440,6 +440,9 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
             observability: !config.disable_cluster_state_observability,
         },
     )));
+    // Outside `work`, so that every exit, `work` dropped included, stops them before the
+    // Lease is released.
+    let mut tasks = Tasks::default();
     let work = async {
         let mut waiting = leadership.clone();
         let mut stop_wait = stop.clone();
@@ -470,7 +473,6 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                     nodepool_status_writes: Default::default(),
                     superseded: Default::default(),
                 });
-                let mut tasks = Tasks::default();
                 controllers::spawn(ctx.clone(), stop.clone(), &mut tasks);
                 // The provider's own controller, beside the core's.
                 if let Some(wiring) = nodeclasses {
@@ -486,8 +488,6 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                         Err(RunError::LostLeadership)
                     }
                 };
-                // Before the Lease is released: no controller acts past this point.
-                tasks.stop().await;
                 result
             }
             _ = &mut stop_wait => Ok(()),
@@ -501,6 +501,8 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
             Ok(()) => "ended".into(),
         })),
     };
+    // Before the Lease is released: no controller acts past this point.
+    tasks.stop().await;
     drop(state_metrics);
     drop(leadership);
     if let Some(election) = election {

@@ -5,9 +5,11 @@
 //! over its workers.
 //!
 //! The set keeps what joining them in one future gave: a panic in one stops the replica (named
-//! here, where it would otherwise die silently with its task), and nothing outlives the set:
-//! [`Tasks::stop`] aborts the rest and waits until each has dropped its future (its
-//! `Leadership` receiver, its client), and dropping the set aborts them.
+//! here, where it would otherwise die silently with its task), and [`Tasks::stop`] aborts the
+//! rest and waits until each has dropped its future (its `Leadership` receiver, its client);
+//! `serve` calls it on every exit before it releases the Lease. Dropping the set aborts its
+//! tasks without waiting. A scheduling solve handed to `spawn_blocking` runs to its end either
+//! way; it writes nothing.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -352,7 +352,8 @@ impl Provisioner {
             field_manager: Some(crate::controllers::FIELD_MANAGER.into()),
             ..Default::default()
         };
-        // By position in the results: a future that borrowed its claim would not be `Send`.
+        // By position in the results: a closure taking the claim by reference does not compile
+        // as `Send` for every lifetime the task needs.
         let to_create: Vec<(usize, NodeClaim)> = results
             .new_node_claims
             .iter()

@@ -325,7 +325,10 @@ pub fn pods_to_place(
         let volumes = volumes::volume_requirements(&object, index).map_err(|e| e.to_string());
         match (pod, volumes) {
             (Ok(mut pod), Ok(volume_requirements)) => {
-                pod.volume_requirements = volume_requirements;
+                // Only when there are some: a write gives the pod a shape of its own.
+                if volume_requirements.is_some() {
+                    pod.volume_requirements = volume_requirements;
+                }
                 pods.push(Pending { object, pod });
             }
             (Err(e), _) | (_, Err(e)) => invalid.push((object, e)),
