@@ -38,11 +38,11 @@ const RETRIGGER_AFTER: Duration = Duration::from_secs(10);
 /// NodeClaims of one round created at once (upstream creates all of a round's in parallel).
 /// One at a time, each waiting on the API server's answer, a round of 464 took 82 s on a
 /// loaded control plane (1 000 nodes), and launches followed at that pace. Four keep the
-/// launches fed at the Exoscale client's rate limit (10 a second by default) without a backlog
-/// of launches waiting on it: with 32 at once, each round's NodeClaims were created within a
-/// second, but its launches then all waited on the limit and came in bursts, and at 1 000
-/// nodes Node registration took up to 4-6 s and the controller's RSS peaked at 102-105 MB,
-/// against 1.7 s and 96 MB with four (and the last NodeClaim came at 187 s against 168 s).
+/// launches fed at the Exoscale client's rate limit (10 a second by default); with 32 every
+/// launch of a round waited on that limit at once, and RSS peaked at 102-105 MB against 96-98.
+/// At 1 000 nodes every pod ran 26-46 s sooner; on a 2-core machine running the control plane
+/// too, the slowest Node registration went from ~1 s to 1.7 and 4.8 s in two runs (BENCHMARKS,
+/// fourteenth session).
 const CREATE_CONCURRENCY: usize = 4;
 
 #[derive(Debug, Clone)]
