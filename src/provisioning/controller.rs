@@ -365,8 +365,9 @@ impl Provisioner {
             .collect();
         let mut creations = futures::stream::iter(to_create)
             .map(|(i, object)| {
-                let (api, post) = (&api, &post);
-                async move { (i, api.create(post, &object).await) }
+                let creating = api.clone();
+                let post = post.clone();
+                async move { (i, creating.create(&post, &object).await) }
             })
             .buffer_unordered(CREATE_CONCURRENCY);
         let mut created = 0;
