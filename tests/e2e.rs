@@ -573,10 +573,7 @@ async fn a_leader_cut_off_from_the_api_server_stands_down_and_deletes_nothing() 
 
     world.create_nodeclass(json!({})).await;
     world.start_replica_with("replica-a", partitioned).await;
-    eventually("replica-a leads", || async {
-        (world.lease_holder().await.as_deref() == Some("replica-a")).then_some(())
-    })
-    .await;
+    world.await_leader("replica-a").await;
     world.ready_nodeclass().await;
     world.start_replica("replica-b").await;
     let fence = world.replica_fence("replica-a");
@@ -630,10 +627,7 @@ async fn a_leader_cut_off_from_the_api_server_stands_down_and_deletes_nothing() 
         "{outcome:?}"
     );
 
-    eventually("replica-b leads", || async {
-        (world.lease_holder().await.as_deref() == Some("replica-b")).then_some(())
-    })
-    .await;
+    world.await_leader("replica-b").await;
     let claim = format!("successor-{}", suffix(&world));
     world.create_nodeclaim(&claim, json!({})).await;
     world.initialized_node(&claim).await;
@@ -778,13 +772,7 @@ async fn a_panicking_controller_stops_its_replica_naming_it_and_a_standby_takes_
     world
         .start_replica_with_extra("replica-a", world.client.clone(), vec![faulty])
         .await;
-    eventually("replica-a leads", || async {
-        world
-            .lease_holder()
-            .await
-            .filter(|holder| holder == "replica-a")
-    })
-    .await;
+    world.await_leader("replica-a").await;
     world.start_replica("replica-b").await;
     world.create_nodeclass(json!({})).await;
     world.ready_nodeclass().await;
@@ -805,13 +793,7 @@ async fn a_panicking_controller_stops_its_replica_naming_it_and_a_standby_takes_
     // Its other controllers stopped with it: nothing it holds can write any more.
     assert!(!fence.allows(), "a stopped replica's fence refuses writes");
     // It released the Lease, so the standby leads and acts.
-    eventually("the standby leads", || async {
-        world
-            .lease_holder()
-            .await
-            .filter(|holder| holder == "replica-b")
-    })
-    .await;
+    world.await_leader("replica-b").await;
     let claim = format!("panic-{}", suffix(&world));
     world.create_nodeclaim(&claim, json!({})).await;
     world.initialized_node(&claim).await;

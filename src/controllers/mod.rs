@@ -488,49 +488,60 @@ pub fn spawn(ctx: Arc<Context>, shutdown: Shutdown, tasks: &mut crate::operator:
         );
     }
 
-    // The timers do not watch `shutdown` themselves.
-    let until_shutdown = |work: BoxFuture<'static, ()>| {
-        let stop = shutdown.clone();
-        async move {
-            tokio::select! {
-                _ = work => {}
-                _ = stop => {}
-            }
-        }
-    };
     let collector = Arc::new(garbage_collection::Collector::default());
-    tasks.spawn(
+    spawn_periodic(
+        tasks,
+        &ctx,
+        &shutdown,
         "instance.garbagecollection",
-        until_shutdown(Box::pin(periodic::every(
-            ctx.clone(),
-            "instance.garbagecollection",
-            ctx.timings.instance_gc_interval,
-            move |ctx| {
-                let collector = collector.clone();
-                async move { collector.collect(&ctx).await }
-            },
-        ))),
+        ctx.timings.instance_gc_interval,
+        move |ctx| {
+            let collector = collector.clone();
+            async move { collector.collect(&ctx).await }
+        },
     );
-    tasks.spawn(
+    spawn_periodic(
+        tasks,
+        &ctx,
+        &shutdown,
         "bootstrap_token.cleanup",
-        until_shutdown(Box::pin(periodic::every(
-            ctx.clone(),
-            "bootstrap_token.cleanup",
-            bootstrap_token::INTERVAL,
-            |ctx| async move { bootstrap_token::cleanup_once(&ctx).await },
-        ))),
+        bootstrap_token::INTERVAL,
+        |ctx| async move { bootstrap_token::cleanup_once(&ctx).await },
     );
     if ctx.feature_gates.node_overlay {
-        tasks.spawn(
+        spawn_periodic(
+            tasks,
+            &ctx,
+            &shutdown,
             "nodeoverlay.status",
-            until_shutdown(Box::pin(periodic::every(
-                ctx.clone(),
-                "nodeoverlay.status",
-                nodeoverlay::INTERVAL,
-                |ctx| async move { nodeoverlay::update_once(&ctx).await },
-            ))),
+            nodeoverlay::INTERVAL,
+            |ctx| async move { nodeoverlay::update_once(&ctx).await },
         );
     }
+}
+
+/// A [`periodic::every`] pass as a task of its own, named as its controller; it does not watch
+/// `shutdown` itself, so the task ends there.
+fn spawn_periodic<T, F, Fut>(
+    tasks: &mut crate::operator::tasks::Tasks,
+    ctx: &Arc<Context>,
+    shutdown: &Shutdown,
+    controller: &'static str,
+    interval: Duration,
+    work: F,
+) where
+    T: Send + 'static,
+    F: FnMut(Arc<Context>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+{
+    let passes = periodic::every(ctx.clone(), controller, interval, work);
+    let stop = shutdown.clone();
+    tasks.spawn(controller, async move {
+        tokio::select! {
+            _ = passes => {}
+            _ = stop => {}
+        }
+    });
 }
 
 #[cfg(test)]

@@ -481,14 +481,13 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                 for extra in extra_controllers {
                     tasks.spawn(extra.name, (extra.start)(ctx.clone(), stop.clone()));
                 }
-                let result = tokio::select! {
+                tokio::select! {
                     ended = tasks.until_all_end() => ended.map_err(RunError::Controller),
                     _ = leadership.lost() => {
                         tracing::error!("lost leadership");
                         Err(RunError::LostLeadership)
                     }
-                };
-                result
+                }
             }
             _ = &mut stop_wait => Ok(()),
         }

@@ -429,6 +429,14 @@ impl World {
             .holder_identity
     }
 
+    /// Waits until replica `identity` holds the leader Lease.
+    pub async fn await_leader(&self, identity: &str) {
+        eventually(&format!("{identity} leads"), || async {
+            (self.lease_holder().await.as_deref() == Some(identity)).then_some(())
+        })
+        .await
+    }
+
     /// Creates the test's ExoscaleNodeClass (template of the sim's Kubernetes version).
     pub async fn create_nodeclass(&self, extra_spec: serde_json::Value) -> ExoscaleNodeClass {
         let template = self
