@@ -5,6 +5,7 @@
 
 pub mod bootstrap_token;
 pub mod disruption;
+pub mod field_patch;
 pub mod garbage_collection;
 pub mod metrics;
 pub mod node;

@@ -8,13 +8,23 @@ use kube::api::Api;
 
 use crate::apis::ConditionStatus;
 use crate::apis::labels::{UNREGISTERED_TAINT_KEY, ZONE_LABEL, conditions};
-use crate::controllers::{Result, patch_object};
+use crate::controllers::Result;
+use crate::controllers::field_patch::{Field, patch_fields};
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
 
 use super::lifecycle::{Registration, registration, unregistered_taint_missing};
 use super::pass::{Pass, Step};
 use super::reconcile::{nodepool_of, record_registration};
+
+/// What registration writes to the Node.
+const SYNCED_FIELDS: [Field; 5] = [
+    Field::Keys(&["metadata", "labels"]),
+    Field::Keys(&["metadata", "annotations"]),
+    Field::Items(&["metadata", "finalizers"]),
+    Field::Items(&["metadata", "ownerReferences"]),
+    Field::Items(&["spec", "taints"]),
+];
 
 pub async fn register(pass: &mut Pass<'_>) -> Result<Step> {
     if pass.is_true(conditions::REGISTERED) {
@@ -45,18 +55,10 @@ pub async fn register(pass: &mut Pass<'_>) -> Result<Step> {
             if unregistered_taint_missing(node) {
                 ctx.event(node.as_ref(), Severity::Warning, "UnregisteredTaintMissing", format!("Missing {UNREGISTERED_TAINT_KEY} taint which prevents registration related race conditions on Karpenter-managed nodes")).await;
             }
-            if *synced != **node {
-                let node_api: Api<Node> = Api::all(ctx.client.clone());
-                patch_object(&node_api, &node.name_any(), serde_json::json!({
-                    "metadata": {
-                        "labels": synced.metadata.labels,
-                        "annotations": synced.metadata.annotations,
-                        "finalizers": synced.metadata.finalizers,
-                        "ownerReferences": synced.metadata.owner_references,
-                    },
-                    "spec": {"taints": synced.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default()},
-                }), node.resource_version().as_deref()).await?;
-            }
+            // Conditional on the fields it writes, not on the Node's version: the kubelet's
+            // status updates do not refuse it.
+            let node_api: Api<Node> = Api::all(ctx.client.clone());
+            patch_fields(&node_api, node, &synced, &SYNCED_FIELDS).await?;
             pass.status.node_name = Some(node.name_any());
             pass.set(
                 conditions::REGISTERED,
