@@ -31,6 +31,8 @@ pub const KUBELET_VERSION: &str = "v1.35.4";
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// Pods per node: the kubelet's default `--max-pods`.
 pub const MAX_PODS: u32 = 110;
+/// The annotation a kubelet registers with when volumes are attached by the controller.
+const ATTACH_DETACH_ANNOTATION: &str = "volumes.kubernetes.io/controller-managed-attach-detach";
 /// Taint the node-lifecycle controller keeps on nodes that are not Ready.
 pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 
@@ -322,6 +324,8 @@ pub fn node_for(
         metadata: ObjectMeta {
             name: Some(instance.name.clone()),
             labels: Some(labels_for(instance, settings)),
+            // As a kubelet with its default --enable-controller-attach-detach registers.
+            annotations: Some([(ATTACH_DETACH_ANNOTATION.to_string(), "true".to_string())].into()),
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec {
@@ -939,6 +943,12 @@ memory = "0.5Gi"
         );
         assert_eq!(labels["topology.kubernetes.io/zone"], "ch-gva-2");
         assert_eq!(labels["karpenter.sh/nodepool"], "default");
+        // kube-controller-manager's TTL controller adds its annotation to this map; a Node
+        // without one would have Karpenter's registration write the map whole.
+        assert_eq!(
+            node.metadata.annotations.unwrap()[ATTACH_DETACH_ANNOTATION],
+            "true"
+        );
     }
 
     #[test]
