@@ -226,8 +226,7 @@ pub async fn patch_nodeclaim_status<S: Serialize>(
     }
     let api: Api<crate::apis::NodeClaim> = Api::all(ctx.client.clone());
     let written = patch_status(&api, from, status).await?;
-    ctx.superseded
-        .record_write(&from.metadata, &written.metadata, now);
+    ctx.superseded.record_written(&from.metadata, &written, now);
     Ok(written)
 }
 
@@ -398,11 +397,17 @@ pub fn spawn(ctx: Arc<Context>, shutdown: Shutdown, tasks: &mut crate::operator:
     }
 
     let node_to_claim = {
-        let cluster = ctx.cluster.clone();
+        let ctx = ctx.clone();
         move |node: Arc<Node>| {
-            let pid = crate::state::node_provider_id(&node).map(str::to_string);
-            pid.and_then(|pid| cluster.read().nodeclaim_by_provider_id(&pid))
-                .map(|c| ObjectRef::new(&kube::ResourceExt::name_any(c.as_ref())))
+            let pid = crate::state::node_provider_id(&node)?;
+            let indexed = ctx.cluster.read().nodeclaim_by_provider_id(pid);
+            let name = match indexed {
+                Some(claim) => kube::ResourceExt::name_any(claim.as_ref()),
+                None => ctx
+                    .recent_launches
+                    .claim_launched_as(pid, std::time::Instant::now())?,
+            };
+            Some(ObjectRef::new(&name))
         }
     };
     let shared = &ctx.shared;

@@ -44,6 +44,17 @@ impl RecentLaunches {
         entries.get(uid).map(|(_, claim)| claim.clone())
     }
 
+    /// The name of the NodeClaim launched as `provider_id`. A Node can register before the
+    /// watch brings the launch's status write, when the cluster index does not know the
+    /// provider ID yet: its event would otherwise wake no NodeClaim.
+    pub fn claim_launched_as(&self, provider_id: &str, now: std::time::Instant) -> Option<String> {
+        let entries = self.unexpired(now);
+        entries
+            .values()
+            .find(|(_, launched)| nodeclaim_provider_id(launched) == Some(provider_id))
+            .map(|(_, launched)| launched.name_any())
+    }
+
     /// Keeps only what [`merge_launched`] takes from a launch: a whole NodeClaim (spec,
     /// conditions, owner) was ~1.3 MB after a 1 000-node launch.
     fn insert(&self, uid: &str, launched: &NodeClaim, now: std::time::Instant) {
@@ -217,7 +228,17 @@ mod tests {
             .unwrap();
         assert_eq!(nodeclaim_provider_id(&again), Some("exoscale://i-1"));
         assert!(recent.get("uid-b", start).is_none());
+        // A Node with that provider ID finds the claim before the watch brings its status.
+        assert_eq!(
+            recent.claim_launched_as("exoscale://i-1", start).as_deref(),
+            Some("a")
+        );
+        assert_eq!(recent.claim_launched_as("exoscale://i-2", start), None);
         assert!(recent.get("uid-a", start + RECENT_LAUNCH_TTL).is_none());
+        assert_eq!(
+            recent.claim_launched_as("exoscale://i-1", start + RECENT_LAUNCH_TTL),
+            None
+        );
         assert!(
             recent.entries.lock().unwrap().is_empty(),
             "expired entries are dropped"

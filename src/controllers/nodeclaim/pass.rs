@@ -71,9 +71,9 @@ impl Pass<'_> {
     /// Takes the NodeClaim as a write of this pass returned it; the version it replaced is
     /// recorded as superseded, so a pass over a cached copy at that version waits for the watch.
     pub fn wrote(&mut self, written: NodeClaim) {
-        self.ctx.superseded.record_write(
+        self.ctx.superseded.record_written(
             &self.claim.metadata,
-            &written.metadata,
+            &written,
             std::time::Instant::now(),
         );
         self.claim = written;

@@ -106,14 +106,12 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
     if !is_managed(&claim, ctx.cloud.as_ref()) {
         return Ok(Action::await_change());
     }
-    if ctx
-        .superseded
-        .is_stale_copy(&claim.metadata, std::time::Instant::now())
-    {
-        // Our own newer write is on its way through the watch, which triggers the next pass;
-        // the requeue only covers a lost event.
+    // A copy one of our writes replaced: the pass goes on from that write's answer, kept
+    // until the watch brings it; without it, it waits for the watch, whose event triggers the
+    // next pass (the requeue only covers a lost event).
+    let Some(claim) = ctx.superseded.current(&claim, std::time::Instant::now()) else {
         return Ok(Action::requeue(STALE_COPY_RECHECK));
-    }
+    };
     if claim.metadata.deletion_timestamp.is_some() {
         ctx.superseded
             .forget(claim.metadata.uid.as_deref().unwrap_or_default());
