@@ -57,8 +57,9 @@ fn events(log: &Path) -> impl Iterator<Item = Event> {
 }
 
 /// Seconds from each Node's creation (by the simulated kubelet or kwok, any agent) to the
-/// controller's first write to it (`agent`): its registration (labels synced, the
-/// unregistered taint removed), sorted. Nodes the controller never wrote are left out.
+/// controller's first accepted write to it (`agent`): its registration (labels synced, the
+/// unregistered taint removed), sorted. A write the API server refused (409) registered
+/// nothing and is not counted. Nodes the controller never wrote are left out.
 pub fn registration_delays(log: &Path, agent: &str) -> Vec<f64> {
     let mut created: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
     let mut delays = Vec::new();
@@ -76,6 +77,7 @@ pub fn registration_delays(log: &Path, agent: &str) -> Vec<f64> {
                 created.insert(object.name.clone(), at);
             }
         } else if matches!(event.verb.as_str(), "patch" | "update")
+            && (200..300).contains(&code)
             && event.user_agent.starts_with(agent)
             && let (Some(born), Some(at)) =
                 (created.get(&object.name), event.request_received_timestamp)

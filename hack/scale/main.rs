@@ -512,7 +512,7 @@ async fn run(
     );
     let registrations = audit::registration_delays(audit, rig.agent());
     eprintln!(
-        "{scenario} launch: Node created → the controller's first write to it (registration), p50 / p99 / max: {} over {} Nodes",
+        "{scenario} launch: Node created → the controller's first accepted write to it (registration), p50 / p99 / max: {} over {} Nodes",
         audit::spread(&registrations),
         registrations.len()
     );
