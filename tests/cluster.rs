@@ -1065,3 +1065,114 @@ async fn concurrent_condition_writers_lose_no_condition() {
     eprintln!("{conflicts} stale writes refused and redone");
     let _ = api.delete(&name, &DeleteParams::default()).await;
 }
+
+/// Fault: other writers change the object between our read and our write. A write tested field
+/// by field (`field_patch`, as registration writes a Node) is refused, as a conflict, only by a
+/// change to what it writes; an object recreated under its name refuses it too; and an object
+/// the patch would make invalid is a plain error, not a conflict to retry.
+#[tokio::test]
+async fn a_field_tested_write_is_refused_only_by_a_change_to_what_it_writes() {
+    use karpenter_exoscale::controllers::field_patch::{Field, patch_fields};
+    const FIELDS: [Field; 2] = [
+        Field::Keys(&["metadata", "labels"]),
+        Field::Items(&["metadata", "finalizers"]),
+    ];
+    let Some(plane) = support::shared() else {
+        return;
+    };
+    let client = plane.client().await;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let name = format!("field-patch-{}", random_suffix());
+    let finalizers = |m: &ConfigMap| m.metadata.finalizers.clone().unwrap_or_default();
+    let read: ConfigMap = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {"a": "1"},
+            "finalizers": ["example.com/first", "example.com/second"],
+        },
+        "data": {"k": "v"},
+    }))
+    .unwrap();
+    let read = maps.create(&PostParams::default(), &read).await.unwrap();
+    let mut desired = read.clone();
+    let labels = desired.metadata.labels.get_or_insert_default();
+    labels.insert("b".into(), "2".into());
+    desired.metadata.finalizers =
+        Some(vec!["example.com/second".into(), "example.com/ours".into()]);
+
+    // Another writer changes a field we do not write (as a kubelet's status update does) and
+    // adds a label of its own.
+    let theirs = json!({"data": {"k": "changed"}, "metadata": {"labels": {"c": "3"}}});
+    maps.patch(&name, &PatchParams::default(), &Patch::Merge(&theirs))
+        .await
+        .unwrap();
+    let written = patch_fields(&maps, &read, &desired, &FIELDS)
+        .await
+        .expect("not refused by changes to other fields and keys")
+        .expect("a write");
+    let labels = written.metadata.labels.clone().unwrap();
+    assert_eq!(
+        labels.into_iter().collect::<Vec<_>>(),
+        [("a", "1"), ("b", "2"), ("c", "3")].map(|(k, v)| (k.to_string(), v.to_string()))
+    );
+    assert_eq!(
+        finalizers(&written),
+        ["example.com/second", "example.com/ours"]
+    );
+    assert_eq!(written.data.as_ref().unwrap()["k"], "changed");
+
+    // Another writer puts a finalizer before the one we remove: refused, nothing written.
+    let read = written;
+    let mut desired = read.clone();
+    desired.metadata.finalizers = Some(vec!["example.com/ours".into()]);
+    let moved = json!({"metadata": {"finalizers": ["example.com/theirs", "example.com/second", "example.com/ours"]}});
+    maps.patch(&name, &PatchParams::default(), &Patch::Merge(&moved))
+        .await
+        .unwrap();
+    let refused = patch_fields(&maps, &read, &desired, &FIELDS)
+        .await
+        .expect_err("the item is no longer where it was read");
+    assert!(refused.is_conflict(), "{refused}");
+    let now = maps.get(&name).await.unwrap();
+    assert_eq!(
+        finalizers(&now),
+        [
+            "example.com/theirs",
+            "example.com/second",
+            "example.com/ours"
+        ]
+    );
+
+    // A patch that would make the object invalid is the API server's validation error.
+    let mut invalid = now.clone();
+    invalid.metadata.finalizers = Some(vec!["not a finalizer!".into()]);
+    let error = patch_fields(&maps, &now, &invalid, &FIELDS)
+        .await
+        .expect_err("an invalid finalizer");
+    assert!(
+        matches!(&error, karpenter_exoscale::controllers::Error::Kube(kube::Error::Api(s)) if s.code == 422),
+        "{error}"
+    );
+
+    // The object is deleted and recreated under its name: a write from the old copy is refused.
+    let cleared = json!({"metadata": {"finalizers": null}});
+    maps.patch(&name, &PatchParams::default(), &Patch::Merge(&cleared))
+        .await
+        .unwrap();
+    maps.delete(&name, &DeleteParams::default()).await.unwrap();
+    let mut again = ConfigMap::default();
+    again.metadata.name = Some(name.clone());
+    maps.create(&PostParams::default(), &again).await.unwrap();
+    let mut desired = now.clone();
+    desired
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("d".into(), "4".into());
+    let refused = patch_fields(&maps, &now, &desired, &FIELDS)
+        .await
+        .expect_err("another object under the same name");
+    assert!(refused.is_conflict(), "{refused}");
+    assert_eq!(maps.get(&name).await.unwrap().metadata.labels, None);
+    maps.delete(&name, &DeleteParams::default()).await.unwrap();
+}

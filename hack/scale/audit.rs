@@ -58,7 +58,7 @@ fn events(log: &Path) -> impl Iterator<Item = Event> {
 
 /// Seconds from each Node's creation (by the simulated kubelet or kwok, any agent) to the
 /// controller's first accepted write to it (`agent`): its registration (labels synced, the
-/// unregistered taint removed), sorted. A write the API server refused (409) registered
+/// unregistered taint removed), sorted. A write the API server refused (409, 422) registered
 /// nothing and is not counted. Nodes the controller never wrote are left out.
 pub fn registration_delays(log: &Path, agent: &str) -> Vec<f64> {
     let mut created: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();

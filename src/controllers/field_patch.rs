@@ -1,12 +1,14 @@
 //! Writes that are conditional on exactly the fields they change: a JSON patch (RFC 6902) in
-//! which every change is preceded by a `test` of the value it was computed from.
+//! which every replacement and removal is preceded by a `test` of the value it was computed
+//! from, and the object's uid is tested first.
 //!
 //! A merge patch replaces a list whole (taints, finalizers, owner references), so our Node
 //! writes carried the resourceVersion they were computed from, and every kubelet status update
 //! in between had them refused with 409: 880–1 840 refused registrations in a 1 000-node
 //! launch, each a wasted request to a loaded API server and a retry. Here only a change to one
-//! of the fields being written refuses the write. The API server answers a failed `test` with
-//! 422; it is reported as the 409 every caller already handles (re-read, recompute).
+//! of the fields being written refuses the write. The API server answers a patch it cannot
+//! apply (a failed `test`, a member gone) with a bare 422; it is reported as the 409 every
+//! caller already handles (re-read, recompute).
 
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
@@ -26,14 +28,17 @@ pub enum Field {
     Whole(&'static [&'static str]),
     /// A list written item by item, as a set (taints, finalizers, owner references): an item
     /// is removed where it was read, after a test that it is still there, and an item added
-    /// is appended. Another writer's items, added or removed meanwhile, are kept; a list
-    /// another writer reordered around an item being removed refuses the write.
+    /// is appended, untested (JSON patch cannot test that a list lacks an item: should another
+    /// writer have appended the same one, the list holds it twice, or the API server's
+    /// validation refuses a duplicate taint). Another writer's items, added or removed
+    /// meanwhile, are kept; a list another writer reordered around an item being removed
+    /// refuses the write.
     Items(&'static [&'static str]),
 }
 
-/// The operations that turn `current`'s `fields` into `desired`'s, each change preceded by a
-/// test of what it replaces (`null` for an absent member, which the API server's JSON patch
-/// accepts as absent). Empty when the fields are equal.
+/// The operations that turn `current`'s `fields` into `desired`'s, each replacement and
+/// removal preceded by a test of what it replaces (`null` for an absent member, which the API
+/// server's JSON patch accepts as absent). Empty when the fields are equal.
 pub fn field_ops(current: &Value, desired: &Value, fields: &[Field]) -> Vec<Value> {
     let mut ops = Vec::new();
     for field in fields {
@@ -110,8 +115,18 @@ fn whole_ops(ops: &mut Vec<Value>, current: &Value, path: &[&str], wanted: Optio
         return;
     };
     if !parent.is_empty() && at(current, parent).is_none_or(Value::is_null) {
-        // `add` needs the parent: add it, holding just this member.
         let Some(wanted) = wanted else { return };
+        let parent_pointer = pointer(parent);
+        if ops
+            .iter()
+            .any(|op| op["op"] == "add" && op["path"] == parent_pointer.as_str())
+        {
+            // An earlier field of this patch added the parent (tested absent), holding only
+            // what it wrote: this member is absent there.
+            ops.push(json!({"op": "add", "path": pointer(path), "value": wanted}));
+            return;
+        }
+        // `add` needs the parent: add it, holding just this member.
         let mut holder = serde_json::Map::new();
         holder.insert((*last).to_string(), wanted.clone());
         return whole_ops(ops, current, parent, Some(&Value::Object(holder)));
@@ -156,7 +171,9 @@ where
     if ops.is_empty() {
         return Ok(None);
     }
-    let name = current.meta().name.clone().unwrap_or_default();
+    let meta = current.meta();
+    let name = meta.name.clone().unwrap_or_default();
+    let ops = with_uid_test(ops, meta.uid.as_deref());
     let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).map_err(invalid)?;
     match api
         .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
@@ -168,9 +185,32 @@ where
     }
 }
 
-/// The API server's answer to a JSON patch whose `test` failed (422, "testing value … failed").
+/// `ops` preceded by a test of the object's uid: a write computed from one object never lands
+/// on another recreated under its name (the resourceVersion condition guaranteed that too).
+fn with_uid_test(mut ops: Vec<Value>, uid: Option<&str>) -> Vec<Value> {
+    if let Some(uid) = uid {
+        ops.insert(
+            0,
+            json!({"op": "test", "path": "/metadata/uid", "value": uid}),
+        );
+    }
+    ops
+}
+
+/// The message of the API server's 422 for a JSON patch it could not apply to the object (a
+/// failed `test`, a member to remove that is gone): fixed, without the library's reason, and
+/// without causes. A patched object that fails validation is a 422 too, but names the object
+/// ("Node \"x\" is invalid: …") and lists its causes.
+const UNAPPLICABLE_PATCH: &str = "the server rejected our request due to an error in our request";
+
+/// The API server's answer to a JSON patch that no longer applies to the object as it is.
 fn failed_test(status: &kube::core::Status) -> bool {
-    status.code == 422 && status.message.contains("testing value")
+    status.code == 422
+        && status.message == UNAPPLICABLE_PATCH
+        && status
+            .details
+            .as_ref()
+            .is_none_or(|d| d.causes.is_empty() && d.name.is_empty())
 }
 
 fn conflict(name: &str, status: &kube::core::Status) -> Error {
@@ -201,9 +241,10 @@ mod tests {
     const WHOLE_TAINTS: Field = Field::Whole(&["spec", "taints"]);
 
     /// Applies `ops` by the API server's JSON patch rules (gopkg.in/evanphx/json-patch.v4):
-    /// `test` against `null` passes for an absent member; `add` needs the parent and replaces a
-    /// present member; `remove` needs the member. Err names the failed operation. (The
-    /// json-patch crate differs on the first rule; the e2e registration tests run the real one.)
+    /// `test` needs the parent, and against `null` passes for an absent member (not for an
+    /// index past a list's end); `add` needs the parent and replaces a present member; `remove`
+    /// needs the member. Err names the failed operation. (The json-patch crate differs on the
+    /// `null` rule; `tests/cluster.rs` runs the real one.)
     fn apply(doc: &Value, ops: Vec<Value>) -> std::result::Result<Value, String> {
         // Every op must also parse as the crate's type, which is what is sent.
         let _: json_patch::Patch = serde_json::from_value(Value::Array(ops.clone())).unwrap();
@@ -214,7 +255,16 @@ mod tests {
             let last = last.replace("~1", "/").replace("~0", "~");
             match op["op"].as_str().unwrap() {
                 "test" => {
-                    let found = doc.pointer(path).unwrap_or(&Value::Null);
+                    // The parent must exist, and a list index be within it.
+                    let found = match doc.pointer(parent) {
+                        Some(Value::Object(holder)) => holder.get(&last).unwrap_or(&Value::Null),
+                        Some(Value::Array(list)) => last
+                            .parse::<usize>()
+                            .ok()
+                            .and_then(|i| list.get(i))
+                            .ok_or(format!("error in test for path {path}: invalid index"))?,
+                        _ => return Err(format!("test {path}: missing path")),
+                    };
                     if *found != op["value"] {
                         return Err(format!("testing value {path} failed"));
                     }
@@ -396,17 +446,48 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_test_is_a_conflict_and_other_422s_are_not() {
-        let failed = kube::core::Status::failure(
-            "the server rejected our request: testing value /spec/taints failed: test failed",
-            "",
-        )
-        .with_code(422);
-        assert!(failed_test(&failed));
-        assert!(conflict("n", &failed).is_conflict());
-        let invalid =
-            kube::core::Status::failure("spec.taints[0].effect: Unsupported value", "Invalid")
-                .with_code(422);
+    fn a_patch_that_no_longer_applies_is_a_conflict_and_an_invalid_object_is_not() {
+        // The bodies kube-apiserver 1.35 sends: a JSON patch it cannot apply, then a patched
+        // object that fails validation.
+        let unapplicable: kube::core::Status = serde_json::from_value(json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "the server rejected our request due to an error in our request",
+            "reason": "Invalid", "details": {}, "code": 422,
+        }))
+        .unwrap();
+        assert!(failed_test(&unapplicable));
+        assert!(conflict("n", &unapplicable).is_conflict());
+        let invalid: kube::core::Status = serde_json::from_value(json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "Node \"n\" is invalid: spec.taints[1]: Duplicate value: \"t:NoSchedule\"",
+            "reason": "Invalid",
+            "details": {"name": "n", "kind": "Node", "causes": [{
+                "reason": "FieldValueDuplicate", "field": "spec.taints[1]",
+                "message": "Duplicate value: \"t:NoSchedule\"",
+            }]},
+            "code": 422,
+        }))
+        .unwrap();
         assert!(!failed_test(&invalid));
+    }
+
+    #[test]
+    fn a_write_tests_the_uid_first_and_a_parent_added_once_holds_every_member() {
+        let ops = with_uid_test(
+            vec![json!({"op": "add", "path": "/a", "value": 1})],
+            Some("u"),
+        );
+        assert_eq!(
+            ops[0],
+            json!({"op": "test", "path": "/metadata/uid", "value": "u"})
+        );
+        // Two fields under a parent the object lacks: the second goes into the parent the
+        // first added, instead of testing it absent against this patch's own add.
+        let read = json!({"metadata": {"name": "n"}});
+        let mut desired = read.clone();
+        desired["spec"] = json!({"taints": [{"key": "t"}], "podCIDR": "10.0.0.0/24"});
+        let fields = [TAINTS, Field::Whole(&["spec", "podCIDR"])];
+        let written = apply(&read, field_ops(&read, &desired, &fields)).unwrap();
+        assert_eq!(written["spec"], desired["spec"]);
     }
 }
