@@ -61,6 +61,20 @@ impl SupersededVersions {
     /// After a pass over the copy at `read` wrote the object (its last write returned
     /// `written`): `read` and every version the pass wrote before its last are now stale.
     pub fn record(&self, uid: &str, read: &str, written: &str, now: Instant) {
+        self.record_answer(uid, read, written, None, now);
+    }
+
+    /// [`Self::record`], keeping `answer` (the object at `written`) for [`Self::current`]
+    /// unless a later write of ours was recorded first: two controllers' writes of one object
+    /// can finish in one order and be recorded in the other, and then the later answer stays.
+    fn record_answer(
+        &self,
+        uid: &str,
+        read: &str,
+        written: &str,
+        answer: Option<&NodeClaim>,
+        now: Instant,
+    ) {
         if uid.is_empty() || read.is_empty() || written.is_empty() || read == written {
             return;
         }
@@ -82,16 +96,24 @@ impl SupersededVersions {
             versions: Vec::new(),
             written: None,
         });
-        // A copy of an earlier write; the caller of a later one supplies its own.
-        record.written = None;
         record.at = now;
+        // A later write of ours, recorded first, read the version this one wrote.
+        let outdated = record.versions.iter().any(|v| v == written);
         for version in [read, written] {
             if !record.versions.iter().any(|v| v == version) {
                 record.versions.push(version.to_string());
             }
         }
-        // The last version written is current, not superseded, until a later write.
-        record.versions.retain(|v| v != written);
+        if !outdated {
+            // The last version written is current, not superseded, until a later write.
+            record.versions.retain(|v| v != written);
+            record.written = answer.map(|answer| {
+                let mut kept = answer.clone();
+                // The answer carries managed fields; nothing a pass reads is in them.
+                kept.metadata.managed_fields = None;
+                Arc::new(kept)
+            });
+        }
         let excess = record.versions.len().saturating_sub(MAX_VERSIONS);
         record.versions.drain(..excess);
     }
@@ -122,19 +144,7 @@ impl SupersededVersions {
     pub fn record_written(&self, read: &ObjectMeta, written: &NodeClaim, now: Instant) {
         let (uid, read_version) = identity(read);
         let written_version = identity(&written.metadata).1;
-        if read_version == written_version {
-            return;
-        }
-        self.record(uid, read_version, written_version, now);
-        let mut records = self.lock();
-        if let Some(record) = records.by_uid.get_mut(uid)
-            && !written_version.is_empty()
-        {
-            let mut kept = written.clone();
-            // The answer carries managed fields; nothing a pass reads is in them.
-            kept.metadata.managed_fields = None;
-            record.written = Some(Arc::new(kept));
-        }
+        self.record_answer(uid, read_version, written_version, Some(written), now);
     }
 
     /// The copy a pass decides from, given the cache's `copy`: the copy itself unless one of
@@ -276,6 +286,28 @@ mod tests {
         claim.metadata.uid = Some(uid.into());
         claim.metadata.resource_version = Some(version.into());
         Arc::new(claim)
+    }
+
+    #[test]
+    fn writes_recorded_out_of_order_keep_the_later_answer() {
+        let memo = SupersededVersions::default();
+        let t = Instant::now();
+        // Termination wrote 10 → 11, then the lifecycle 11 → 12; the second was recorded first.
+        let later = claim("u", "12");
+        memo.record_written(&claim("u", "11").metadata, &later, t);
+        memo.record_written(&claim("u", "10").metadata, &claim("u", "11"), t);
+        for stale in ["10", "11"] {
+            let current = memo
+                .current(&claim("u", stale), t)
+                .expect("an answer is kept");
+            assert_eq!(
+                current.metadata.resource_version.as_deref(),
+                Some("12"),
+                "a copy at {stale}"
+            );
+        }
+        let echoed = claim("u", "12");
+        assert!(Arc::ptr_eq(&memo.current(&echoed, t).unwrap(), &echoed));
     }
 
     #[test]
