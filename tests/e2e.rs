@@ -36,6 +36,7 @@ use karpenter_exoscale::cloudprovider::CloudProvider;
 use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
 use karpenter_exoscale::exoscale::{Clock, SystemClock};
 use karpenter_exoscale::operator::run::build_cloud;
+use karpenter_exoscale::operator::tasks::TaskError;
 use karpenter_exoscale::sim::kubelet::{Join, KubeletBehaviour};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -784,7 +785,7 @@ async fn a_panicking_controller_stops_its_replica_naming_it_and_a_standby_takes_
         .replica_outcome("replica-a", Duration::from_secs(30))
         .await;
     match ended {
-        Err(karpenter_exoscale::operator::RunError::Controller(panicked)) => {
+        Err(karpenter_exoscale::operator::RunError::Controller(TaskError::Panicked(panicked))) => {
             assert_eq!(panicked.name, "injected");
             assert_eq!(panicked.message, "fault injected by the test");
         }
@@ -798,6 +799,44 @@ async fn a_panicking_controller_stops_its_replica_naming_it_and_a_standby_takes_
     world.create_nodeclaim(&claim, json!({})).await;
     world.initialized_node(&claim).await;
     assert_eq!(instances_of(&world, &claim), 1);
+    world.finish().await;
+}
+
+#[tokio::test]
+async fn a_controller_that_ends_while_its_replica_leads_stops_the_replica() {
+    let Some(world) = World::start("e2e-ended", joins()).await else {
+        return;
+    };
+    // A controller whose work ends (as one whose watch stream closed would), once told to.
+    let (trigger, end) = tokio::sync::oneshot::channel::<()>();
+    let ending = karpenter_exoscale::operator::ExtraController {
+        name: "injected",
+        start: Box::new(move |_ctx, _shutdown| {
+            Box::pin(async move {
+                let _ = end.await;
+            })
+        }),
+    };
+    world
+        .start_replica_with_extra("replica-a", world.client.clone(), vec![ending])
+        .await;
+    world.await_leader("replica-a").await;
+    let fence = world.replica_fence("replica-a");
+    assert!(fence.allows(), "the leader's writes pass its fence");
+    trigger.send(()).expect("the controller is running");
+    let ended = world
+        .replica_outcome("replica-a", Duration::from_secs(30))
+        .await;
+    assert!(
+        matches!(
+            ended,
+            Err(karpenter_exoscale::operator::RunError::Controller(
+                TaskError::Ended("injected")
+            ))
+        ),
+        "the replica must stop naming the controller that ended: {ended:?}"
+    );
+    assert!(!fence.allows(), "a stopped replica's fence refuses writes");
     world.finish().await;
 }
 

@@ -63,7 +63,7 @@ pub enum RunError {
     #[error("the cluster-state metrics task stopped: {0}")]
     StateMetrics(String),
     #[error(transparent)]
-    Controller(#[from] super::tasks::Panicked),
+    Controller(#[from] super::tasks::TaskError),
 }
 
 pub use crate::controllers::ExtraController;
@@ -482,7 +482,9 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                     tasks.spawn(extra.name, (extra.start)(ctx.clone(), stop.clone()));
                 }
                 tokio::select! {
-                    ended = tasks.until_all_end() => ended.map_err(RunError::Controller),
+                    // A task ending before shutdown stops the replica: its work would stop
+                    // while the replica goes on holding the Lease.
+                    ended = tasks.until_all_end(|| stop.peek().is_some()) => ended.map_err(RunError::Controller),
                     _ = leadership.lost() => {
                         tracing::error!("lost leadership");
                         Err(RunError::LostLeadership)

@@ -25,6 +25,17 @@ pub struct Panicked {
     pub message: String,
 }
 
+/// Why the wait on the set ended early.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum TaskError {
+    #[error(transparent)]
+    Panicked(#[from] Panicked),
+    /// A task whose work lasts as long as the replica leads ended (a Controller whose watch
+    /// stream closed, say): the leader would go on holding the Lease without doing that work.
+    #[error("the {0} task ended while its replica leads")]
+    Ended(&'static str),
+}
+
 /// Named tasks that run until they end, one panics, or the set is stopped or dropped.
 #[derive(Default)]
 pub struct Tasks {
@@ -38,13 +49,19 @@ impl Tasks {
         self.names.insert(id, name);
     }
 
-    /// Waits until every task has ended, or until one panics: the others keep running then,
-    /// until [`Tasks::stop`] or the set is dropped.
-    pub async fn until_all_end(&mut self) -> Result<(), Panicked> {
+    /// Waits until every task has ended, or until one panics or ends while `shutting_down`
+    /// says no: the others keep running then, until [`Tasks::stop`] or the set is dropped.
+    pub async fn until_all_end(
+        &mut self,
+        shutting_down: impl Fn() -> bool,
+    ) -> Result<(), TaskError> {
         while let Some(ended) = self.running.join_next_with_id().await {
             let error = match ended {
                 Ok((id, ())) => {
-                    self.names.remove(&id);
+                    let name = self.names.remove(&id).unwrap_or("unnamed");
+                    if !shutting_down() {
+                        return Err(TaskError::Ended(name));
+                    }
                     continue;
                 }
                 Err(error) => error,
@@ -52,10 +69,10 @@ impl Tasks {
             let name = self.names.remove(&error.id()).unwrap_or("unnamed");
             // Cancelled only by `stop`, which does not come through here.
             if error.is_panic() {
-                return Err(Panicked {
+                return Err(TaskError::Panicked(Panicked {
                     name,
                     message: panic_message(error.into_panic()),
-                });
+                }));
             }
         }
         Ok(())
@@ -111,8 +128,34 @@ mod tests {
             let _ = rx.await;
         });
         tx.send(()).unwrap();
-        assert_eq!(tasks.until_all_end().await, Ok(()));
+        assert_eq!(tasks.until_all_end(|| true).await, Ok(()));
         assert!(tasks.names.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_task_that_ends_before_shutdown_is_named() {
+        let mut tasks = Tasks::default();
+        let other = Arc::new(AtomicBool::new(false));
+        tasks.spawn("steady", never_ending(&other));
+        tasks.spawn("watcher", async {});
+        let shutting_down = AtomicBool::new(false);
+        let ended = tasks
+            .until_all_end(|| shutting_down.load(Ordering::SeqCst))
+            .await;
+        assert_eq!(ended, Err(TaskError::Ended("watcher")));
+        assert!(
+            ended
+                .unwrap_err()
+                .to_string()
+                .contains("the watcher task ended"),
+            "names it"
+        );
+        assert!(!other.load(Ordering::SeqCst), "the others keep running");
+        // Once shutting down, an end is the graceful one.
+        tasks.spawn("draining", async {});
+        shutting_down.store(true, Ordering::SeqCst);
+        tasks.stop().await;
+        assert!(other.load(Ordering::SeqCst));
     }
 
     #[tokio::test]
@@ -122,8 +165,12 @@ mod tests {
         tasks.spawn("steady", never_ending(&other));
         tasks.spawn("faulty", async { panic!("injected fault {}", 7) });
         tasks.spawn("quiet", async { std::panic::panic_any(42_u8) });
-        let first = tasks.until_all_end().await.unwrap_err();
-        let second = tasks.until_all_end().await.unwrap_err();
+        let panicked = |ended: Result<(), TaskError>| match ended {
+            Err(TaskError::Panicked(panicked)) => panicked,
+            other => panic!("a panic, not {other:?}"),
+        };
+        let first = panicked(tasks.until_all_end(|| false).await);
+        let second = panicked(tasks.until_all_end(|| false).await);
         let mut seen = [first, second];
         seen.sort_by_key(|p| p.name);
         assert_eq!(
