@@ -754,22 +754,34 @@ async fn only_the_leader_acts_and_a_standby_takes_over_when_it_stops() {
     world.finish().await;
 }
 
+/// A leader controller named "injected" that waits for the returned trigger, then runs
+/// `then` (a panic, or nothing: its work ends).
+fn injected_controller(
+    then: fn(),
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    karpenter_exoscale::operator::ExtraController,
+) {
+    let (trigger, fired) = tokio::sync::oneshot::channel::<()>();
+    let controller = karpenter_exoscale::operator::ExtraController {
+        name: "injected",
+        start: Box::new(move |_ctx, _shutdown| {
+            Box::pin(async move {
+                let _ = fired.await;
+                then();
+            })
+        }),
+    };
+    (trigger, controller)
+}
+
 #[tokio::test]
 async fn a_panicking_controller_stops_its_replica_naming_it_and_a_standby_takes_over() {
     let Some(world) = World::start("e2e-panic", joins()).await else {
         return;
     };
     // A controller that panics when the test says so, once its replica leads.
-    let (trigger, fault) = tokio::sync::oneshot::channel::<()>();
-    let faulty = karpenter_exoscale::operator::ExtraController {
-        name: "injected",
-        start: Box::new(move |_ctx, _shutdown| {
-            Box::pin(async move {
-                let _ = fault.await;
-                panic!("fault injected by the test");
-            })
-        }),
-    };
+    let (trigger, faulty) = injected_controller(|| panic!("fault injected by the test"));
     world
         .start_replica_with_extra("replica-a", world.client.clone(), vec![faulty])
         .await;
@@ -808,15 +820,7 @@ async fn a_controller_that_ends_while_its_replica_leads_stops_the_replica() {
         return;
     };
     // A controller whose work ends (as one whose watch stream closed would), once told to.
-    let (trigger, end) = tokio::sync::oneshot::channel::<()>();
-    let ending = karpenter_exoscale::operator::ExtraController {
-        name: "injected",
-        start: Box::new(move |_ctx, _shutdown| {
-            Box::pin(async move {
-                let _ = end.await;
-            })
-        }),
-    };
+    let (trigger, ending) = injected_controller(|| {});
     world
         .start_replica_with_extra("replica-a", world.client.clone(), vec![ending])
         .await;

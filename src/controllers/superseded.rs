@@ -133,14 +133,8 @@ impl SupersededVersions {
         self.is_stale(uid, version, now)
     }
 
-    /// [`Self::record`] of a write from the copy `read` that returned `written`.
-    pub fn record_write(&self, read: &ObjectMeta, written: &ObjectMeta, now: Instant) {
-        let (uid, read) = identity(read);
-        self.record(uid, read, identity(written).1, now);
-    }
-
-    /// [`Self::record_write`], keeping the answer `written` for passes on a superseded copy
-    /// ([`Self::current`]).
+    /// [`Self::record`] of a write from the copy `read` that returned `written`, keeping that
+    /// answer for passes on a superseded copy ([`Self::current`]).
     pub fn record_written(&self, read: &ObjectMeta, written: &NodeClaim, now: Instant) {
         let (uid, read_version) = identity(read);
         let written_version = identity(&written.metadata).1;

@@ -69,7 +69,8 @@ impl Pass<'_> {
     }
 
     /// Takes the NodeClaim as a write of this pass returned it; the version it replaced is
-    /// recorded as superseded, so a pass over a cached copy at that version waits for the watch.
+    /// recorded as superseded, so a pass over a cached copy at that version decides from this
+    /// answer instead ([`crate::controllers::superseded::SupersededVersions::current`]).
     pub fn wrote(&mut self, written: NodeClaim) {
         self.ctx.superseded.record_written(
             &self.claim.metadata,
