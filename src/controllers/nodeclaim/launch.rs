@@ -36,12 +36,53 @@ pub struct RecentLaunches {
     entries: std::sync::Mutex<LaunchResults>,
 }
 
-type LaunchResults = std::collections::HashMap<String, (std::time::Instant, NodeClaim)>;
+/// Launch results by UID and by provider ID, and the order they came in, so that expiry and
+/// lookups cost what they drop or find, not a scan of every launch of the last minute (each
+/// Node event of a 1 000-node launch looked up its provider ID here).
+#[derive(Default)]
+struct LaunchResults {
+    by_uid: std::collections::HashMap<String, (std::time::Instant, NodeClaim)>,
+    uid_by_provider_id: std::collections::HashMap<String, String>,
+    arrival: std::collections::VecDeque<(std::time::Instant, String)>,
+}
+
+fn expired(at: std::time::Instant, now: std::time::Instant) -> bool {
+    now.saturating_duration_since(at) >= RECENT_LAUNCH_TTL
+}
+
+impl LaunchResults {
+    /// Drops the results older than [`RECENT_LAUNCH_TTL`], oldest first. A result's time is
+    /// taken before its create call, so arrivals can be slightly out of order: one kept
+    /// behind a younger one is dropped a little late, and lookups check the time themselves.
+    fn expire(&mut self, now: std::time::Instant) {
+        while let Some((at, uid)) = self.arrival.front() {
+            if !expired(*at, now) {
+                break;
+            }
+            // The UID may have been launched again since: drop only the expired result.
+            if self
+                .by_uid
+                .get(uid)
+                .is_some_and(|(at, _)| expired(*at, now))
+            {
+                let (_, claim) = self.by_uid.remove(uid).expect("present");
+                if let Some(provider_id) = nodeclaim_provider_id(&claim) {
+                    self.uid_by_provider_id.remove(provider_id);
+                }
+            }
+            self.arrival.pop_front();
+        }
+    }
+
+    fn get(&self, uid: &str, now: std::time::Instant) -> Option<&NodeClaim> {
+        let (at, claim) = self.by_uid.get(uid)?;
+        (!expired(*at, now)).then_some(claim)
+    }
+}
 
 impl RecentLaunches {
     fn get(&self, uid: &str, now: std::time::Instant) -> Option<NodeClaim> {
-        let entries = self.unexpired(now);
-        entries.get(uid).map(|(_, claim)| claim.clone())
+        self.unexpired(now).get(uid, now).cloned()
     }
 
     /// The name of the NodeClaim launched as `provider_id`. A Node can register before the
@@ -49,23 +90,35 @@ impl RecentLaunches {
     /// provider ID yet: its event would otherwise wake no NodeClaim.
     pub fn claim_launched_as(&self, provider_id: &str, now: std::time::Instant) -> Option<String> {
         let entries = self.unexpired(now);
+        let uid = entries.uid_by_provider_id.get(provider_id)?;
         entries
-            .values()
-            .find(|(_, launched)| nodeclaim_provider_id(launched) == Some(provider_id))
-            .map(|(_, launched)| launched.name_any())
+            .get(uid, now)
+            .filter(|launched| nodeclaim_provider_id(launched) == Some(provider_id))
+            .map(|launched| launched.name_any())
     }
 
     /// Keeps only what [`merge_launched`] takes from a launch: a whole NodeClaim (spec,
     /// conditions, owner) was ~1.3 MB after a 1 000-node launch.
     fn insert(&self, uid: &str, launched: &NodeClaim, now: std::time::Instant) {
         let mut entries = self.unexpired(now);
-        entries.insert(uid.to_string(), (now, launch_result(launched)));
+        let result = launch_result(launched);
+        let replaced = entries.by_uid.get(uid).map(|(_, claim)| claim);
+        if let Some(old) = replaced.and_then(nodeclaim_provider_id).map(str::to_string) {
+            entries.uid_by_provider_id.remove(&old);
+        }
+        if let Some(provider_id) = nodeclaim_provider_id(&result) {
+            entries
+                .uid_by_provider_id
+                .insert(provider_id.to_string(), uid.to_string());
+        }
+        entries.by_uid.insert(uid.to_string(), (now, result));
+        entries.arrival.push_back((now, uid.to_string()));
     }
 
     /// The results, locked, once those older than [`RECENT_LAUNCH_TTL`] are dropped.
     fn unexpired(&self, now: std::time::Instant) -> std::sync::MutexGuard<'_, LaunchResults> {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.retain(|_, (at, _)| now.saturating_duration_since(*at) < RECENT_LAUNCH_TTL);
+        entries.expire(now);
         entries
     }
 }
@@ -239,10 +292,63 @@ mod tests {
             recent.claim_launched_as("exoscale://i-1", start + RECENT_LAUNCH_TTL),
             None
         );
+        let entries = recent.entries.lock().unwrap();
         assert!(
-            recent.entries.lock().unwrap().is_empty(),
+            entries.by_uid.is_empty()
+                && entries.uid_by_provider_id.is_empty()
+                && entries.arrival.is_empty(),
             "expired entries are dropped"
         );
+    }
+
+    #[test]
+    fn launches_expire_by_their_own_time_even_when_recorded_out_of_order() {
+        let recent = RecentLaunches::default();
+        let start = std::time::Instant::now();
+        let later = start + Duration::from_secs(5);
+        let a = crate::state::testing::nodeclaim("a", "pool", Some("exoscale://i-1"));
+        let b = crate::state::testing::nodeclaim("b", "pool", Some("exoscale://i-2"));
+        // b's create call began first but finished second.
+        recent.insert("uid-a", &a, later);
+        recent.insert("uid-b", &b, start);
+        let at_b_expiry = start + RECENT_LAUNCH_TTL;
+        assert_eq!(
+            recent.claim_launched_as("exoscale://i-2", at_b_expiry),
+            None
+        );
+        assert!(recent.get("uid-b", at_b_expiry).is_none());
+        assert_eq!(
+            recent
+                .claim_launched_as("exoscale://i-1", at_b_expiry)
+                .as_deref(),
+            Some("a")
+        );
+        recent.get("uid-a", later + RECENT_LAUNCH_TTL);
+        let entries = recent.entries.lock().unwrap();
+        assert!(entries.by_uid.is_empty() && entries.uid_by_provider_id.is_empty());
+        assert!(entries.arrival.is_empty());
+    }
+
+    #[test]
+    fn a_claim_launched_again_is_found_by_its_new_provider_id_only() {
+        let recent = RecentLaunches::default();
+        let start = std::time::Instant::now();
+        let first = crate::state::testing::nodeclaim("a", "pool", Some("exoscale://i-1"));
+        let second = crate::state::testing::nodeclaim("a", "pool", Some("exoscale://i-2"));
+        recent.insert("uid-a", &first, start);
+        let again = start + Duration::from_secs(30);
+        recent.insert("uid-a", &second, again);
+        assert_eq!(recent.claim_launched_as("exoscale://i-1", again), None);
+        // The first arrival expires; the second result stays until its own time.
+        let at_first_expiry = start + RECENT_LAUNCH_TTL;
+        assert_eq!(
+            recent
+                .claim_launched_as("exoscale://i-2", at_first_expiry)
+                .as_deref(),
+            Some("a")
+        );
+        assert!(recent.get("uid-a", again + RECENT_LAUNCH_TTL).is_none());
+        assert!(recent.entries.lock().unwrap().uid_by_provider_id.is_empty());
     }
 
     #[test]
@@ -287,6 +393,7 @@ mod tests {
         recent.insert("uid-a", &launched, start);
         recent.insert("uid-b", &launched, start + RECENT_LAUNCH_TTL);
         let entries = recent.entries.lock().unwrap();
-        assert_eq!(entries.keys().collect::<Vec<_>>(), ["uid-b"]);
+        assert_eq!(entries.by_uid.keys().collect::<Vec<_>>(), ["uid-b"]);
+        assert_eq!(entries.arrival.len(), 1);
     }
 }
