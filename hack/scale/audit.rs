@@ -90,6 +90,53 @@ pub fn registration_delays(log: &Path, agent: &str) -> Vec<f64> {
     delays
 }
 
+/// When a launch's pods came to exist and became Karpenter's to provision, against when its
+/// last NodeClaim was created: seconds after the scenario's Deployment was created. A pod is
+/// provisionable once kube-scheduler has marked it unschedulable (its `pods/status` write);
+/// a pod kube-scheduler bound first never is.
+pub struct LaunchTimeline {
+    pub last_pod_created: f64,
+    pub last_pod_marked: Option<f64>,
+    pub pods_marked: usize,
+    pub last_claim_created: Option<f64>,
+}
+
+pub fn launch_timeline(log: &Path) -> Option<LaunchTimeline> {
+    let mut start = None;
+    let (mut last_pod, mut last_claim) = (None, None);
+    let mut marked: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
+    for event in events(log) {
+        let (Some(object), Some(at)) = (&event.object_ref, event.stage_timestamp) else {
+            continue;
+        };
+        let code = event.response_status.as_ref().map_or(0, |s| s.code);
+        if event.stage != "ResponseComplete" || !(200..300).contains(&code) {
+            continue;
+        }
+        match (
+            object.resource.as_str(),
+            object.subresource.as_str(),
+            event.verb.as_str(),
+        ) {
+            ("deployments", "", "create") if start.is_none() => start = Some(at),
+            ("pods", "", "create") => last_pod = Some(at),
+            ("pods", "status", _) if event.user_agent.starts_with("kube-scheduler") => {
+                marked.entry(object.name.clone()).or_insert(at);
+            }
+            ("nodeclaims", "", "create") => last_claim = Some(at),
+            _ => {}
+        }
+    }
+    let start = start?;
+    let after = |at: DateTime<Utc>| (at - start).num_milliseconds() as f64 / 1000.0;
+    Some(LaunchTimeline {
+        last_pod_created: after(last_pod?),
+        last_pod_marked: marked.values().max().copied().map(after),
+        pods_marked: marked.len(),
+        last_claim_created: last_claim.map(after),
+    })
+}
+
 /// `p50 / p99 / max` of sorted `values`, in seconds.
 pub fn spread(values: &[f64]) -> String {
     if values.is_empty() {

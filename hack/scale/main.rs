@@ -27,10 +27,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use audit::Requests;
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams, PostParams,
+};
 use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(2400);
@@ -247,58 +251,104 @@ struct Sample {
     running: usize,
 }
 
-async fn sample(client: &kube::Client) -> Option<Sample> {
-    let gvk = GroupVersionKind::gvk("karpenter.sh", "v1", "NodeClaim");
-    let claims = Api::<DynamicObject>::all_with(
-        client.clone(),
-        &ApiResource::from_gvk_with_plural(&gvk, "nodeclaims"),
-    )
-    .list_metadata(&ListParams::default())
-    .await
-    .ok()?
-    .items;
-    let pods = Api::<Pod>::namespaced(client.clone(), "default")
-        .list(&ListParams::default().labels("app=scale"))
-        .await
-        .ok()?
-        .items;
-    let pods: Vec<&Pod> = pods
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
-    Some(Sample {
-        names: pods
-            .iter()
-            .filter_map(|p| p.metadata.name.clone())
-            .collect(),
-        nodes: pods
-            .iter()
-            .filter_map(|p| {
-                Some((
-                    p.metadata.name.clone()?,
-                    p.spec.as_ref()?.node_name.clone()?,
-                ))
-            })
-            .collect(),
-        claim_names: claims
-            .iter()
-            .filter_map(|c| c.metadata.name.clone())
-            .collect(),
-        claims: claims.len(),
-        live_claims: claims
-            .iter()
-            .filter(|c| c.metadata.deletion_timestamp.is_none())
-            .count(),
-        pods: pods.len(),
-        bound: pods
-            .iter()
-            .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
-            .count(),
-        running: pods
-            .iter()
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            .count(),
-    })
+/// The scenario's pods and the NodeClaims as two watches keep them here. Listing 10 000 pods
+/// each second loaded the API server both rigs share: in a `dense:1000` run each list took
+/// ~5 s on the saturated machine (37 lists, 200 s of requests), so the harness both slowed
+/// what it measured and saw it up to 23 s late.
+struct Watched {
+    pods: reflector::Store<Pod>,
+    claims: reflector::Store<PartialObjectMeta<DynamicObject>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(|t| t.abort());
+    }
+}
+
+impl Watched {
+    async fn start(client: &kube::Client) -> Watched {
+        let (pods, pods_writer) = reflector::store();
+        let pod_stream = reflector::reflector(
+            pods_writer,
+            watcher(
+                Api::<Pod>::namespaced(client.clone(), "default"),
+                watcher::Config::default().labels("app=scale"),
+            ),
+        )
+        .default_backoff()
+        .for_each(|_| async {});
+        let gvk = GroupVersionKind::gvk("karpenter.sh", "v1", "NodeClaim");
+        let resource = ApiResource::from_gvk_with_plural(&gvk, "nodeclaims");
+        let claims_writer = reflector::store::Writer::new(resource.clone());
+        let claims = claims_writer.as_reader();
+        let claim_stream = reflector::reflector(
+            claims_writer,
+            watcher(
+                Api::<PartialObjectMeta<DynamicObject>>::all_with(client.clone(), &resource),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff()
+        .for_each(|_| async {});
+        let watched = Watched {
+            pods,
+            claims,
+            tasks: vec![tokio::spawn(pod_stream), tokio::spawn(claim_stream)],
+        };
+        for ready in [
+            watched.pods.wait_until_ready().await,
+            watched.claims.wait_until_ready().await,
+        ] {
+            ready.expect("the harness's watches list once");
+        }
+        watched
+    }
+
+    /// What the watches hold now (both have listed once: [`Watched::start`] waits for it).
+    fn sample(&self) -> Sample {
+        let claims = self.claims.state();
+        let pods: Vec<_> = self
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        Sample {
+            names: pods
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect(),
+            nodes: pods
+                .iter()
+                .filter_map(|p| {
+                    Some((
+                        p.metadata.name.clone()?,
+                        p.spec.as_ref()?.node_name.clone()?,
+                    ))
+                })
+                .collect(),
+            claim_names: claims
+                .iter()
+                .filter_map(|c| c.metadata.name.clone())
+                .collect(),
+            claims: claims.len(),
+            live_claims: claims
+                .iter()
+                .filter(|c| c.metadata.deletion_timestamp.is_none())
+                .count(),
+            pods: pods.len(),
+            bound: pods
+                .iter()
+                .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+                .count(),
+            running: pods
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count(),
+        }
+    }
 }
 
 /// `placed` (pod → second first seen bound, node) grouped into waves: pods seen within 10 s of
@@ -421,6 +471,7 @@ async fn run(
 ) {
     let process = rig.process();
     let client = rig.client();
+    let watched = Watched::start(&client).await;
     rig.nodepool(kind == "dense").await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (idle_rss, _) = process.rss_mb();
@@ -433,17 +484,16 @@ async fn run(
     let (mut first_claim, mut all_claims, mut all_bound, mut all_running) =
         (None, None, None, None);
     let mut last_claims = 0;
-    // Listing 10 000 pods four times a second would load the apiserver both rigs share.
-    let sample_period = Duration::from_millis(if count > 2000 { 1000 } else { 250 });
+    // A sample reads the watches' stores: no request, but 10 000 pods take the harness a few
+    // milliseconds of the CPU the rigs share.
+    let sample_period = Duration::from_millis(if count > 2000 { 500 } else { 250 });
     while all_running.is_none() {
         assert!(
             started.elapsed() < LIMIT,
             "{scenario}: not all pods Running after {LIMIT:?}"
         );
         tokio::time::sleep(sample_period).await;
-        let Some(s) = sample(&client).await else {
-            continue;
-        };
+        let s = watched.sample();
         let now = started.elapsed();
         if s.claims > 0 && first_claim.is_none() {
             first_claim = Some(now);
@@ -463,7 +513,7 @@ async fn run(
         "{scenario} launch: {}",
         machine_before.report_until(&machine::CpuSnapshot::take(), 8)
     );
-    let nodes = sample(&client).await.map_or(0, |s| s.live_claims);
+    let nodes = watched.sample().live_claims;
     let (rss, peak) = process.rss_mb();
     let metrics = reqwest::get(rig.metrics_url())
         .await
@@ -510,6 +560,21 @@ async fn run(
         "{scenario} launch: apiserver requests by verb and resource: {}",
         requests.top(16)
     );
+    if let Some(t) = audit::launch_timeline(audit) {
+        let opt = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.1} s"));
+        eprintln!(
+            "{scenario} launch: all pods created at {:.1} s; the last of the {} pods kube-scheduler marked unschedulable at {}; the last NodeClaim created at {} ({} after all pods existed, {} after the last mark), from the audit log",
+            t.last_pod_created,
+            t.pods_marked,
+            opt(t.last_pod_marked),
+            opt(t.last_claim_created),
+            opt(t.last_claim_created.map(|c| c - t.last_pod_created)),
+            opt(t
+                .last_claim_created
+                .zip(t.last_pod_marked)
+                .map(|(c, m)| c - m)),
+        );
+    }
     let registrations = audit::registration_delays(audit, rig.agent());
     eprintln!(
         "{scenario} launch: Node created → the controller's first accepted write to it (registration), p50 / p99 / max: {} over {} Nodes",
@@ -521,15 +586,13 @@ async fn run(
     let calls_before = rig.cloud_calls();
     let requests_before = Requests::read(audit, rig.agent());
     let cpu_before = process.cpu_seconds();
-    let (before, claims_before): (HashSet<String>, HashSet<String>) = sample(&client)
-        .await
-        .map(|s| {
-            (
-                s.names.into_iter().collect(),
-                s.claim_names.into_iter().collect(),
-            )
-        })
-        .unwrap_or_default();
+    let (before, claims_before): (HashSet<String>, HashSet<String>) = {
+        let s = watched.sample();
+        (
+            s.names.into_iter().collect(),
+            s.claim_names.into_iter().collect(),
+        )
+    };
     if kind == "dense" {
         keep_pods_of_nodes(&client, down / DENSE_PODS_PER_NODE as i32).await;
     }
@@ -554,9 +617,7 @@ async fn run(
     let mut last = (nodes, nodes);
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let Some(s) = sample(&client).await else {
-            continue;
-        };
+        let s = watched.sample();
         // A pod the ReplicaSet created after the scale-down replaces an evicted one. An evicted
         // pod the ReplicaSet was removing anyway is not replaced: evictions are counted from
         // the audit log's eviction requests.
