@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use harness::{PREFIX, World, eventually, eventually_within};
+use harness::{PREFIX, World, eventually, eventually_within, eventually_within_showing};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -552,22 +552,33 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
         .await
         .unwrap();
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(world.client.clone());
-    // One node is blocked by the annotated pod, the other by the PDB.
-    let notes = eventually_within(
+    // One node is blocked by the annotated pod, the other by the PDB. A timeout shows every
+    // event about the two nodes and their NodeClaims: this wait failed once in CI (on a slower
+    // machine) and passed in four runs after it, so its next failure should say why.
+    let notes = eventually_within_showing(
         "DisruptionBlocked events naming both protections",
         LONG,
         || async {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            let notes: Vec<String> = list
+            let list = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| format!("listing events: {e}"))?;
+            let about_ours: Vec<&k8s_openapi::api::events::v1::Event> = list
                 .items
                 .iter()
-                .filter(|e| e.reason.as_deref() == Some("DisruptionBlocked"))
                 .filter(|e| {
                     e.regarding
                         .as_ref()
                         .and_then(|r| r.name.as_ref())
-                        .is_some_and(|n| claims.contains(n) || n.starts_with(PREFIX))
+                        .is_some_and(|n| {
+                            claims.contains(n)
+                                || claims.iter().any(|c| n == &format!("{PREFIX}{c}"))
+                        })
                 })
+                .collect();
+            let notes: Vec<String> = about_ours
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("DisruptionBlocked"))
                 .filter_map(|e| e.note.clone())
                 .collect();
             let ours = |n: &String| n.contains(&format!("{}/", world.namespace));
@@ -577,7 +588,26 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
             let guarded = notes.iter().any(|n| {
                 ours(n) && n.contains("pdb prevents pod evictions") && n.contains("/guarded")
             });
-            (pinned && guarded).then_some(notes)
+            if pinned && guarded {
+                return Ok(notes);
+            }
+            let seen: Vec<String> = about_ours
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{} {}: {}",
+                        e.regarding
+                            .as_ref()
+                            .and_then(|r| r.name.as_deref())
+                            .unwrap_or("?"),
+                        e.reason.as_deref().unwrap_or("?"),
+                        e.note.as_deref().unwrap_or("")
+                    )
+                })
+                .collect();
+            Err(format!(
+                "pinned {pinned}, guarded {guarded}; events: {seen:?}"
+            ))
         },
     )
     .await;

@@ -61,6 +61,27 @@ where
     }
 }
 
+/// As [`eventually_within`], for a check that says what it saw when it is not satisfied: a
+/// timeout's panic names the last of it, so a failure in CI can be read from its log.
+pub async fn eventually_within_showing<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let started = Instant::now();
+    loop {
+        let seen = match check().await {
+            Ok(value) => return value,
+            Err(seen) => seen,
+        };
+        assert!(
+            started.elapsed() < limit,
+            "timed out waiting for {what}; the last check saw: {seen}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
