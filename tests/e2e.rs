@@ -790,7 +790,12 @@ async fn a_panicking_controller_stops_its_replica_naming_it_and_a_standby_takes_
     world.create_nodeclass(json!({})).await;
     world.ready_nodeclass().await;
     let fence = world.replica_fence("replica-a");
-    assert!(fence.allows(), "the leader's writes pass its fence");
+    // The Lease names the holder as soon as its acquiring write lands; the replica opens its
+    // fence when it reads that write's answer, a moment later.
+    eventually("the leader's writes pass its fence", || async {
+        fence.allows().then_some(())
+    })
+    .await;
 
     trigger.send(()).expect("the faulty controller is running");
     let ended = world
@@ -826,7 +831,12 @@ async fn a_controller_that_ends_while_its_replica_leads_stops_the_replica() {
         .await;
     world.await_leader("replica-a").await;
     let fence = world.replica_fence("replica-a");
-    assert!(fence.allows(), "the leader's writes pass its fence");
+    // The Lease names the holder as soon as its acquiring write lands; the replica opens its
+    // fence when it reads that write's answer, a moment later.
+    eventually("the leader's writes pass its fence", || async {
+        fence.allows().then_some(())
+    })
+    .await;
     trigger.send(()).expect("the controller is running");
     let ended = world
         .replica_outcome("replica-a", Duration::from_secs(30))
