@@ -57,8 +57,6 @@ pub enum KubeletSimError {
     /// What the API server's bootstrap-token authenticator would refuse.
     #[error("bootstrap token rejected: {0}")]
     BootstrapTokenRejected(String),
-    #[error("{0}")]
-    KeptChanging(String),
     #[error(
         "node taint {key:?} has entry {entry:?}; expected \"<value>:<NoSchedule|PreferNoSchedule|NoExecute>\""
     )]
@@ -541,9 +539,23 @@ pub async fn register_node(
     client: &kube::Client,
     instance: &RunningInstance,
 ) -> Result<Node, KubeletSimError> {
+    register_node_with_taints(client, instance, &[]).await
+}
+
+/// [`register_node`], with `extra` taints in the Node as created, beside the user data's (as
+/// a kubelet's `--register-with-taints` set by a node agent, or an admission policy, adds
+/// them): no scheduler ever sees the Node without them.
+pub async fn register_node_with_taints(
+    client: &kube::Client,
+    instance: &RunningInstance,
+    extra: &[Taint],
+) -> Result<Node, KubeletSimError> {
     let settings = decode_user_data(&instance.user_data)?;
     authenticate(client, &settings).await?;
-    let node = node_for(instance, &settings)?;
+    let mut node = node_for(instance, &settings)?;
+    if let Some(taints) = node.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+        taints.extend(extra.iter().cloned());
+    }
     let status = node_status_for(instance, &settings, Timestamp::now())?;
     let nodes: Api<Node> = Api::all(client.clone());
     nodes.create(&PostParams::default(), &node).await?;
@@ -673,9 +685,21 @@ async fn run(
         Join::Never => return Ok(()),
         Join::After(delay) => tokio::time::sleep(delay).await,
     }
-    register_node(client, instance).await?;
+    // A taint the node comes up with is in the Node as created: added after, it would leave a
+    // moment in which kube-scheduler binds pods to the untainted Node (a test of pods that no
+    // node can take then sees them Running on a slow machine).
+    let extra = match &behaviour.fault {
+        Fault::Tainted { key, value, effect } => vec![Taint {
+            key: key.clone(),
+            value: Some(value.clone()),
+            effect: effect.clone(),
+            time_added: None,
+        }],
+        _ => Vec::new(),
+    };
+    register_node_with_taints(client, instance, &extra).await?;
     match &behaviour.fault {
-        Fault::None => {}
+        Fault::None | Fault::Tainted { .. } => {}
         Fault::NotReadyAfter(delay) => {
             tokio::time::sleep(*delay).await;
             set_node_condition(client, &instance.name, "Ready", false).await?;
@@ -684,57 +708,8 @@ async fn run(
             tokio::time::sleep(*delay).await;
             set_node_condition(client, &instance.name, "DiskPressure", true).await?;
         }
-        Fault::Tainted { key, value, effect } => {
-            add_taint(client, &instance.name, key, value, effect).await?;
-        }
     }
     Ok(())
-}
-
-/// Adds a taint to a Node, re-reading it when another writer (the controller removing its
-/// registration taint) got there first.
-async fn add_taint(
-    client: &kube::Client,
-    node_name: &str,
-    key: &str,
-    value: &str,
-    effect: &str,
-) -> Result<(), KubeletSimError> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let mut last = None;
-    for _ in 0..20 {
-        let node = nodes.get(node_name).await?;
-        let mut taints = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.clone())
-            .unwrap_or_default();
-        if taints.iter().any(|t| t.key == key) {
-            return Ok(());
-        }
-        taints.push(Taint {
-            key: key.to_string(),
-            value: Some(value.to_string()),
-            effect: effect.to_string(),
-            time_added: None,
-        });
-        let patch = serde_json::json!({
-            "metadata": {"resourceVersion": node.metadata.resource_version},
-            "spec": {"taints": taints},
-        });
-        match nodes
-            .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 409 => last = Some(kube::Error::Api(e)),
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(KubeletSimError::KeptChanging(format!(
-        "node {node_name} changed on every attempt to taint it ({})",
-        last.map(|e| e.to_string()).unwrap_or_default()
-    )))
 }
 
 /// Deletes the Node of a deleted instance, as the Exoscale CCM's node-lifecycle loop does.
