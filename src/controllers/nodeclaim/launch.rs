@@ -90,11 +90,10 @@ impl RecentLaunches {
     /// provider ID yet: its event would otherwise wake no NodeClaim.
     pub fn claim_launched_as(&self, provider_id: &str, now: std::time::Instant) -> Option<String> {
         let entries = self.unexpired(now);
+        // The index holds only the provider ID of each UID's latest result: `insert` drops
+        // the one it replaces, `expire` the one it drops.
         let uid = entries.uid_by_provider_id.get(provider_id)?;
-        entries
-            .get(uid, now)
-            .filter(|launched| nodeclaim_provider_id(launched) == Some(provider_id))
-            .map(|launched| launched.name_any())
+        entries.get(uid, now).map(|launched| launched.name_any())
     }
 
     /// Keeps only what [`merge_launched`] takes from a launch: a whole NodeClaim (spec,
