@@ -577,11 +577,7 @@ async fn a_leader_cut_off_from_the_api_server_stands_down_and_deletes_nothing() 
     world.await_leader("replica-a").await;
     world.ready_nodeclass().await;
     world.start_replica("replica-b").await;
-    let fence = world.replica_fence("replica-a");
-    eventually("replica-a renewing", || async {
-        fence.allows().then_some(())
-    })
-    .await;
+    let fence = world.await_open_fence("replica-a").await;
 
     let cut = Instant::now();
     proxy.cut();
@@ -789,13 +785,7 @@ async fn a_panicking_controller_stops_its_replica_naming_it_and_a_standby_takes_
     world.start_replica("replica-b").await;
     world.create_nodeclass(json!({})).await;
     world.ready_nodeclass().await;
-    let fence = world.replica_fence("replica-a");
-    // The Lease names the holder as soon as its acquiring write lands; the replica opens its
-    // fence when it reads that write's answer, a moment later.
-    eventually("the leader's writes pass its fence", || async {
-        fence.allows().then_some(())
-    })
-    .await;
+    let fence = world.await_open_fence("replica-a").await;
 
     trigger.send(()).expect("the faulty controller is running");
     let ended = world
@@ -830,13 +820,7 @@ async fn a_controller_that_ends_while_its_replica_leads_stops_the_replica() {
         .start_replica_with_extra("replica-a", world.client.clone(), vec![ending])
         .await;
     world.await_leader("replica-a").await;
-    let fence = world.replica_fence("replica-a");
-    // The Lease names the holder as soon as its acquiring write lands; the replica opens its
-    // fence when it reads that write's answer, a moment later.
-    eventually("the leader's writes pass its fence", || async {
-        fence.allows().then_some(())
-    })
-    .await;
+    let fence = world.await_open_fence("replica-a").await;
     trigger.send(()).expect("the controller is running");
     let ended = world
         .replica_outcome("replica-a", Duration::from_secs(30))

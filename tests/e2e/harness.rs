@@ -381,6 +381,18 @@ impl World {
             .clone()
     }
 
+    /// Waits for replica `identity`'s fence to let writes through, and returns the fence. The
+    /// Lease names the holder as soon as its acquiring write lands ([`World::await_leader`]);
+    /// the replica opens its fence when it reads that write's answer, a moment later.
+    pub async fn await_open_fence(&self, identity: &str) -> Fence {
+        let fence = self.replica_fence(identity);
+        eventually(&format!("{identity}'s writes pass its fence"), || async {
+            fence.allows().then_some(())
+        })
+        .await;
+        fence
+    }
+
     /// Waits (up to `limit`) for replica `identity` to stop by itself and returns how it ended.
     pub async fn replica_outcome(
         &self,
