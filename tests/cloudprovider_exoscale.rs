@@ -1349,8 +1349,9 @@ async fn drift_checks_restore_missing_instance_labels_once() {
 }
 
 /// The drift checks of a conditions pass share one list of the cluster's instances (fresh
-/// for 30 s) instead of a read per NodeClaim; an instance newer than the list, or one whose
-/// NodeClass names anti-affinity groups (which a list answer lacks), is read on its own.
+/// for 30 s) instead of a read per NodeClaim. An instance newer than a list younger than 5 s,
+/// or one whose NodeClass names anti-affinity groups (which a list answer lacks), is read on
+/// its own; a list 5 s old that lacks the instance is taken again.
 #[tokio::test]
 async fn drift_checks_share_one_instance_list() {
     let w = world().await;
@@ -1393,6 +1394,20 @@ async fn drift_checks_share_one_instance_list() {
     );
     assert_eq!(w.sim.call_count("get-instance"), gets + 1);
 
+    // Five seconds on, the next NodeClaim launched after the list is found by listing again
+    // (one list answers every check of the pass), not by a read of its own.
+    let later = w
+        .provider
+        .create(&claim("d5", &["standard.medium"]))
+        .await
+        .unwrap();
+    w.clock.advance(Duration::from_secs(5));
+    let lists = w.sim.call_count("list-instances");
+    assert_eq!(w.provider.is_drifted(&later).await.unwrap(), None);
+    assert_eq!(w.provider.is_drifted(&newer).await.unwrap(), None);
+    assert_eq!(w.sim.call_count("list-instances"), lists + 1);
+    assert_eq!(w.sim.call_count("get-instance"), gets + 1, "no read of d5");
+
     // The listed answer still finds drift (a security group the instance lacks).
     let extra = w.sim.add_security_group("extra");
     w.edit_status(|st| st.security_groups.push(extra.clone()));
@@ -1401,6 +1416,7 @@ async fn drift_checks_share_one_instance_list() {
     assert_eq!(w.sim.call_count("get-instance"), gets + 1);
 
     // Thirty-one seconds on, the next check lists again.
+    let lists = w.sim.call_count("list-instances");
     w.clock.advance(Duration::from_secs(31));
     w.provider.is_drifted(&claims[1]).await.unwrap();
     assert_eq!(w.sim.call_count("list-instances"), lists + 1);

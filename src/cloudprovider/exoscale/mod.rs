@@ -15,6 +15,7 @@ mod settings;
 pub use cluster::{KubeNodeBootstrap, NodeBootstrap, NodeClassSource, recorded_tokens};
 #[cfg(any(test, feature = "test-doubles"))]
 pub use doubles::{InMemoryNodeBootstrap, StaticNodeClasses};
+use listed::Lookup;
 use mapping::launch_error;
 pub use mapping::nodeclaim_from_instance;
 pub use settings::{ExoscaleSettings, NODECLASS_KIND};
@@ -486,8 +487,9 @@ impl ExoscaleCloudProvider {
     }
 
     /// The instance of `claim` for a drift check: from the last list of the cluster's
-    /// instances when it is fresh (listing again when not), else read on its own (an instance
-    /// newer than the list, one the list could not show, or a failed list).
+    /// instances when it is fresh, listing again when it is stale or old enough and lacks the
+    /// instance ([`listed::ListedInstances::lookup`]), else read on its own (an instance newer
+    /// than a young list, one no list shows, or a failed list).
     async fn instance_for_drift(&self, claim: &NodeClaim) -> Result<Option<Instance>> {
         let id = claim
             .status
@@ -496,21 +498,25 @@ impl ExoscaleCloudProvider {
             .and_then(|pid| parse_provider_id(pid).ok())
             .map(str::to_string);
         if let Some(id) = id {
-            let listed = {
-                let mut cache = self.listed.lock().await;
-                match cache.fresh(self.clock.as_ref()) {
-                    Some(listed) => Some(listed),
-                    None => match self.instances.list().await {
-                        Ok(instances) => Some(cache.store(instances, self.clock.as_ref())),
-                        Err(e) => {
-                            tracing::debug!(error = %e, "listing instances for drift failed; reading one by one");
-                            None
-                        }
-                    },
-                }
-            };
-            if let Some(found) = listed.as_ref().and_then(|l| l.get(&id)) {
-                return Ok(Some(found.clone()));
+            let clock = self.clock.as_ref();
+            // Held across the list, so the checks waiting behind it use its answer.
+            let mut cache = self.listed.lock().await;
+            let mut lookup = cache.lookup(&id, clock);
+            if lookup == Lookup::List {
+                lookup = match self.instances.list().await {
+                    Ok(instances) => {
+                        cache.store(instances, clock);
+                        cache.lookup(&id, clock)
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "listing instances for drift failed; reading one by one");
+                        Lookup::Read
+                    }
+                };
+            }
+            drop(cache);
+            if let Lookup::Found(instance) = lookup {
+                return Ok(Some(*instance));
             }
         }
         self.instance_of(claim).await
