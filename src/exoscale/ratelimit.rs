@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::Mutex;
+use std::sync::Mutex;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RateLimit {
@@ -38,23 +38,29 @@ impl TokenBucket {
         }
     }
 
-    /// Takes a token, or says how long until one is available.
-    pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
+    /// Reserves the next token and says how long to wait for it: zero while the burst lasts,
+    /// then one interval more for each reservation ahead. The balance goes negative by the
+    /// reservations waiting, so callers are served in the order they asked, each after one
+    /// sleep (a sleep-and-retry loop wakes every waiter at each token, and under a launch of
+    /// hundreds of nodes the last to ask could be served first, or wait half a minute).
+    pub fn reserve(&mut self, now: Instant) -> Duration {
         let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
         let capacity = f64::from(self.limit.burst.max(1));
         self.tokens = (self.tokens + elapsed * self.limit.per_second).min(capacity);
         self.updated = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            Ok(())
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
         } else {
             let rate = self.limit.per_second.max(f64::MIN_POSITIVE);
-            Err(Duration::from_secs_f64((1.0 - self.tokens) / rate))
+            Duration::from_secs_f64(-self.tokens / rate)
         }
     }
 }
 
-/// Async wrapper: `acquire` waits until the bucket grants a token.
+/// Async wrapper: `acquire` reserves a token and sleeps until its turn. A caller dropped
+/// while it sleeps leaves its turn unused: the client then sends less than the limit, never
+/// more.
 #[derive(Debug)]
 pub struct RateLimiter {
     bucket: Mutex<TokenBucket>,
@@ -68,11 +74,12 @@ impl RateLimiter {
     }
 
     pub async fn acquire(&self) {
-        loop {
-            let wait = match self.bucket.lock().await.try_take(Instant::now()) {
-                Ok(()) => return,
-                Err(wait) => wait,
-            };
+        let wait = self
+            .bucket
+            .lock()
+            .expect("rate limiter lock")
+            .reserve(Instant::now());
+        if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
     }
@@ -83,7 +90,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn burst_then_sustained_rate() {
+    fn the_burst_is_free_then_each_reservation_waits_one_interval_more() {
         let t0 = Instant::now();
         let mut b = TokenBucket::new(
             RateLimit {
@@ -93,30 +100,49 @@ mod tests {
             t0,
         );
         for _ in 0..3 {
-            assert_eq!(b.try_take(t0), Ok(()));
+            assert_eq!(b.reserve(t0), Duration::ZERO);
         }
-        let wait = b.try_take(t0).unwrap_err();
-        assert_eq!(wait, Duration::from_millis(500));
-        assert_eq!(b.try_take(t0 + Duration::from_millis(500)), Ok(()));
-        assert!(b.try_take(t0 + Duration::from_millis(600)).is_err());
+        // Reserved at once, served in the order asked: 0.5 s apart.
+        assert_eq!(b.reserve(t0), Duration::from_millis(500));
+        assert_eq!(b.reserve(t0), Duration::from_millis(1000));
+        assert_eq!(b.reserve(t0), Duration::from_millis(1500));
+        // 1.5 s on, the three queued turns have passed: the next waits one interval.
+        assert_eq!(
+            b.reserve(t0 + Duration::from_millis(1500)),
+            Duration::from_millis(500)
+        );
         // Idle time refills only up to the burst size.
         let later = t0 + Duration::from_secs(100);
         for _ in 0..3 {
-            assert_eq!(b.try_take(later), Ok(()));
+            assert_eq!(b.reserve(later), Duration::ZERO);
         }
-        assert!(b.try_take(later).is_err());
+        assert_eq!(b.reserve(later), Duration::from_millis(500));
     }
 
-    #[tokio::test]
-    async fn acquire_grants_the_burst_without_waiting_on_a_condition() {
+    /// Five callers asking at once are let through in the order they asked, one interval
+    /// apart, each after a single sleep.
+    #[tokio::test(start_paused = true)]
+    async fn callers_are_served_in_the_order_they_asked() {
         let limiter = RateLimiter::new(RateLimit {
-            per_second: 1000.0,
-            burst: 5,
+            per_second: 10.0,
+            burst: 1,
         });
-        for _ in 0..10 {
-            limiter.acquire().await;
+        let start = tokio::time::Instant::now();
+        let served = futures::future::join_all((0..5u64).map(|i| {
+            let limiter = &limiter;
+            async move {
+                limiter.acquire().await;
+                (i, start.elapsed())
+            }
+        }))
+        .await;
+        for (i, at) in served {
+            let expected = Duration::from_millis(100 * i);
+            let off = at.abs_diff(expected);
+            assert!(
+                off < Duration::from_millis(2),
+                "caller {i} served at {at:?}"
+            );
         }
-        let bucket = limiter.bucket.lock().await;
-        assert!(bucket.tokens < 5.0);
     }
 }
