@@ -18,3 +18,4 @@ pub mod scheduling;
 pub mod sim;
 pub mod simulate;
 pub mod state;
+pub mod token_bucket;

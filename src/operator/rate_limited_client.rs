@@ -7,49 +7,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::{Request, Response};
 use kube::client::Body;
 use tokio::time::Instant;
 
+use crate::token_bucket::TokenBucket;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A token bucket handing out reservations: each call takes a token and says how long to wait
-/// for it (zero while the burst lasts). Pure: the instant is passed in.
-#[derive(Debug)]
-pub struct TokenBucket {
-    qps: f64,
-    burst: f64,
-    /// Tokens at `at`; negative when reservations are queued ahead.
-    tokens: f64,
-    at: Instant,
-}
-
-impl TokenBucket {
-    pub fn new(qps: f32, burst: u32, now: Instant) -> Self {
-        let burst = f64::from(burst.max(1));
-        TokenBucket {
-            qps: f64::from(qps).max(f64::MIN_POSITIVE),
-            burst,
-            tokens: burst,
-            at: now,
-        }
-    }
-
-    /// Takes a token; returns how long to wait before using it.
-    pub fn reserve(&mut self, now: Instant) -> Duration {
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst) - 1.0;
-        self.at = now.max(self.at);
-        if self.tokens >= 0.0 {
-            Duration::ZERO
-        } else {
-            // A wait beyond a day would be a configuration error; never sleep for ever.
-            Duration::from_secs_f64((-self.tokens / self.qps).min(86_400.0))
-        }
-    }
-}
 
 #[derive(Clone)]
 struct RateLimitedService {
@@ -88,7 +53,11 @@ pub fn rate_limited(client: kube::Client, qps: f32, burst: u32) -> kube::Client 
     kube::Client::new(
         RateLimitedService {
             inner: client,
-            bucket: Arc::new(Mutex::new(TokenBucket::new(qps, burst, Instant::now()))),
+            bucket: Arc::new(Mutex::new(TokenBucket::new(
+                f64::from(qps),
+                burst,
+                Instant::now(),
+            ))),
         },
         namespace,
     )
@@ -97,19 +66,6 @@ pub fn rate_limited(client: kube::Client, qps: f32, burst: u32) -> kube::Client 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_burst_goes_at_once_then_requests_are_spaced_at_the_rate() {
-        let start = Instant::now();
-        let mut bucket = TokenBucket::new(2.0, 3, start);
-        let waits: Vec<Duration> = (0..6).map(|_| bucket.reserve(start)).collect();
-        let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
-        assert_eq!(ms, [0, 0, 0, 500, 1000, 1500]);
-        // After a quiet spell the bucket is full again, never fuller than the burst.
-        let later = start + Duration::from_secs(60);
-        let ms: Vec<u128> = (0..4).map(|_| bucket.reserve(later).as_millis()).collect();
-        assert_eq!(ms, [0, 0, 0, 500]);
-    }
 
     #[tokio::test(start_paused = true)]
     async fn requests_through_the_client_wait_for_their_token() {
