@@ -407,6 +407,12 @@ pub fn spawn(ctx: Arc<Context>, shutdown: Shutdown, tasks: &mut crate::operator:
                     .recent_launches
                     .claim_launched_as(pid, std::time::Instant::now())?,
             };
+            tracing::debug!(
+                target: "karpenter_exoscale::controllers::nodeclaim",
+                node = %kube::ResourceExt::name_any(node.as_ref()),
+                nodeclaim = %name,
+                "a Node change wakes its NodeClaim"
+            );
             Some(ObjectRef::new(&name))
         }
     };

@@ -14,8 +14,9 @@ pub const MAX_AGE_SECONDS: i64 = 30;
 /// An answer at least this old that lacks an instance is taken again rather than the
 /// instance read on its own: during a launch of hundreds of nodes the NodeClaims launched
 /// since the last list are checked in the next conditions pass (every 5 s), and one list
-/// answers them all where a read each cost 161 of 1 178 calls in the 1 000-node launch, queued
-/// at the client's rate limit behind and ahead of the launches. Younger answers are not taken
+/// answers them all where a read each was 172 of the 1 183 calls of a 1 000-node launch
+/// (BENCHMARKS, seventeenth session), spent at the client's rate limit beside the launches'
+/// own calls. Younger answers are not taken
 /// again, so an instance no list shows (gone, or not yet listed) costs at most one extra list
 /// per this many seconds.
 pub const LIST_AGAIN_AFTER_SECONDS: i64 = 5;

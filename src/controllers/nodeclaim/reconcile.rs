@@ -110,6 +110,11 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
     // until the watch brings it; without it, it waits for the watch, whose event triggers the
     // next pass (the requeue only covers a lost event).
     let Some(claim) = ctx.superseded.current(&claim, std::time::Instant::now()) else {
+        tracing::debug!(
+            nodeclaim = %claim.name_any(),
+            resource_version = claim.metadata.resource_version.as_deref().unwrap_or_default(),
+            "copy replaced by our own write, whose answer is not kept: waiting for the watch"
+        );
         return Ok(Action::requeue(STALE_COPY_RECHECK));
     };
     if claim.metadata.deletion_timestamp.is_some() {
