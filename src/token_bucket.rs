@@ -2,8 +2,10 @@
 //! and `EXOSCALE_API_QPS` / `EXOSCALE_API_BURST`). Each call reserves a token and says how long
 //! to wait for it: zero while the burst lasts, then one interval more for each reservation
 //! ahead. The balance goes negative by the reservations waiting, so callers are served in the
-//! order they asked, each after a single sleep. Pure: the instant is passed in.
+//! order they asked, each after a single sleep. [`TokenBucket`] is pure (the instant is passed
+//! in); [`RateLimiter`] shares one between callers on the clock.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -42,6 +44,37 @@ impl TokenBucket {
     }
 }
 
+/// One [`TokenBucket`] shared by a client's callers. A caller dropped while it sleeps leaves
+/// its turn unused: the client then sends less than the limit, never more.
+#[derive(Debug)]
+pub struct RateLimiter {
+    bucket: Mutex<TokenBucket>,
+}
+
+impl RateLimiter {
+    pub fn new(per_second: f64, burst: u32) -> Self {
+        RateLimiter {
+            bucket: Mutex::new(TokenBucket::new(per_second, burst, Instant::now())),
+        }
+    }
+
+    /// Reserves the next turn now; returns how long to wait before using it.
+    pub fn reserve(&self) -> Duration {
+        self.bucket
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .reserve(Instant::now())
+    }
+
+    /// Reserves the next turn and sleeps until it comes.
+    pub async fn acquire(&self) {
+        let wait = self.reserve();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +101,29 @@ mod tests {
         let mut bucket = TokenBucket::new(1e-9, 1, start);
         bucket.reserve(start);
         assert_eq!(bucket.reserve(start), Duration::from_secs(86_400));
+    }
+
+    /// Five callers asking at once are let through in the order they asked, one interval
+    /// apart, each after a single sleep.
+    #[tokio::test(start_paused = true)]
+    async fn callers_are_served_in_the_order_they_asked() {
+        let limiter = RateLimiter::new(10.0, 1);
+        let start = Instant::now();
+        let served = futures::future::join_all((0..5u64).map(|i| {
+            let limiter = &limiter;
+            async move {
+                limiter.acquire().await;
+                (i, start.elapsed())
+            }
+        }))
+        .await;
+        for (i, at) in served {
+            let expected = Duration::from_millis(100 * i);
+            let off = at.abs_diff(expected);
+            assert!(
+                off < Duration::from_millis(2),
+                "caller {i} served at {at:?}"
+            );
+        }
     }
 }

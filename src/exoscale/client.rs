@@ -13,10 +13,11 @@ use super::endpoint::{Endpoint, EndpointError};
 use super::error::{self, Error};
 use super::models::*;
 use super::poll::PollPolicy;
-use super::ratelimit::{RateLimit, RateLimiter};
+use super::ratelimit::RateLimit;
 use super::retry::{RetryPolicy, is_retryable};
 use super::signer::{self, Clock, SIGNATURE_VALIDITY_SECS, SystemClock};
 use crate::fence::Fence;
+use crate::token_bucket::RateLimiter;
 
 /// Told about every request that reached the wire, once its answer (or failure) is in: the
 /// operator's metrics implement it. `operation` is bounded (ids and versions are elided).
@@ -322,7 +323,9 @@ impl Client {
             .user_agent(config.user_agent.clone())
             .build()
             .map_err(|e| Error::InvalidRequest(format!("cannot build HTTP client: {e}")))?;
-        let limiter = config.rate_limit.map(RateLimiter::new);
+        let limiter = config
+            .rate_limit
+            .map(|limit| RateLimiter::new(limit.per_second, limit.burst));
         Ok(Client {
             inner: Arc::new(Inner {
                 http,

@@ -5,21 +5,19 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::token_bucket::RateLimiter;
 use http::{Request, Response};
 use kube::client::Body;
-use tokio::time::Instant;
-
-use crate::token_bucket::TokenBucket;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Clone)]
 struct RateLimitedService {
     inner: kube::Client,
-    bucket: Arc<Mutex<TokenBucket>>,
+    limiter: Arc<RateLimiter>,
 }
 
 impl tower_service::Service<Request<Body>> for RateLimitedService {
@@ -32,11 +30,7 @@ impl tower_service::Service<Request<Body>> for RateLimitedService {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let wait = self
-            .bucket
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .reserve(Instant::now());
+        let wait = self.limiter.reserve();
         let client = self.inner.clone();
         Box::pin(async move {
             if !wait.is_zero() {
@@ -53,11 +47,7 @@ pub fn rate_limited(client: kube::Client, qps: f32, burst: u32) -> kube::Client 
     kube::Client::new(
         RateLimitedService {
             inner: client,
-            bucket: Arc::new(Mutex::new(TokenBucket::new(
-                f64::from(qps),
-                burst,
-                Instant::now(),
-            ))),
+            limiter: Arc::new(RateLimiter::new(f64::from(qps), burst)),
         },
         namespace,
     )
@@ -65,6 +55,10 @@ pub fn rate_limited(client: kube::Client, qps: f32, burst: u32) -> kube::Client 
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
+    use tokio::time::Instant;
+
     use super::*;
 
     #[tokio::test(start_paused = true)]
