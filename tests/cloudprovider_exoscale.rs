@@ -59,6 +59,13 @@ impl Drop for World {
     }
 }
 
+impl World {
+    /// Launches a NodeClaim allowed `types`, which must succeed.
+    async fn launch(&self, name: &str, types: &[&str]) -> NodeClaim {
+        self.provider.create(&claim(name, types)).await.unwrap()
+    }
+}
+
 async fn world() -> World {
     world_with_lookup_wait(Duration::from_secs(60)).await
 }
@@ -467,13 +474,11 @@ async fn template_lookups_are_cached_with_a_ttl() {
 async fn create_picks_the_cheapest_type_and_returns_a_complete_nodeclaim() {
     let w = world().await;
     let out = w
-        .provider
-        .create(&claim(
+        .launch(
             "default-abc12",
             &["standard.large", "standard.medium", "cpu.huge"],
-        ))
-        .await
-        .unwrap();
+        )
+        .await;
     let l = out.metadata.labels.as_ref().unwrap();
     assert_eq!(l["node.kubernetes.io/instance-type"], "standard.medium");
     assert_eq!(l["karpenter.exoscale.com/instance-family"], "standard");
@@ -590,12 +595,8 @@ async fn create_respects_requests_zone_and_custom_requirements() {
 #[tokio::test]
 async fn get_and_list_map_instances_back_with_one_list_call() {
     let w = world().await;
-    let a = w
-        .provider
-        .create(&claim("a", &["standard.medium"]))
-        .await
-        .unwrap();
-    let b = w.provider.create(&claim("b", &["cpu.huge"])).await.unwrap();
+    let a = w.launch("a", &["standard.medium"]).await;
+    let b = w.launch("b", &["cpu.huge"]).await;
     let got = w.provider.get(&provider_id(&a)).await.unwrap();
     assert_eq!(got.metadata.name.as_deref(), Some("a"));
     assert_eq!(
@@ -648,10 +649,7 @@ async fn get_and_list_map_instances_back_with_one_list_call() {
 #[tokio::test]
 async fn list_ignores_other_clusters_and_unmanaged_instances() {
     let w = world().await;
-    w.provider
-        .create(&claim("mine", &["standard.medium"]))
-        .await
-        .unwrap();
+    w.launch("mine", &["standard.medium"]).await;
     let tpl = w
         .sim
         .sks_template_id(w.sim.kubernetes_version(), SksTemplateVariant::Standard)
@@ -685,11 +683,7 @@ async fn list_ignores_other_clusters_and_unmanaged_instances() {
 #[tokio::test]
 async fn tokens_are_recorded_on_the_nodeclaim_and_deleted_by_another_replica() {
     let w = world().await;
-    let nc = w
-        .provider
-        .create(&claim("rec", &["standard.medium"]))
-        .await
-        .unwrap();
+    let nc = w.launch("rec", &["standard.medium"]).await;
     let token = w.bootstrap.tokens()["rec"].clone();
     assert_eq!(
         recorded_tokens(&nc),
@@ -712,11 +706,7 @@ async fn tokens_are_recorded_on_the_nodeclaim_and_deleted_by_another_replica() {
 #[tokio::test]
 async fn delete_is_idempotent_and_reports_not_found_once_gone() {
     let w = world().await;
-    let nc = w
-        .provider
-        .create(&claim("d", &["standard.medium"]))
-        .await
-        .unwrap();
+    let nc = w.launch("d", &["standard.medium"]).await;
     let id = parse_provider_id(&provider_id(&nc)).unwrap().to_string();
     assert!(w.bootstrap.tokens().contains_key("d"));
     w.provider.delete(&nc).await.unwrap();
@@ -745,11 +735,7 @@ async fn delete_is_idempotent_and_reports_not_found_once_gone() {
 #[tokio::test]
 async fn a_repeated_delete_while_terminating_sends_no_second_delete() {
     let w = world().await;
-    let nc = w
-        .provider
-        .create(&claim("slow", &["standard.medium"]))
-        .await
-        .unwrap();
+    let nc = w.launch("slow", &["standard.medium"]).await;
     // Termination that takes an hour: the instance stays `destroying` for this whole test.
     w.sim.set_operation_delay(Duration::from_secs(3600));
     let before = w.sim.calls().len();
@@ -777,10 +763,7 @@ async fn a_repeated_delete_while_terminating_sends_no_second_delete() {
 #[tokio::test]
 async fn delete_finds_an_instance_whose_provider_id_was_never_recorded() {
     let w = world().await;
-    w.provider
-        .create(&claim("lost", &["standard.medium"]))
-        .await
-        .unwrap();
+    w.launch("lost", &["standard.medium"]).await;
     let unrecorded = claim("lost", &["standard.medium"]);
     w.provider.delete(&unrecorded).await.unwrap();
     eventually("instance removal", || async {
@@ -885,22 +868,14 @@ async fn a_lost_create_response_adopts_the_instance_instead_of_duplicating_it() 
     let w = world().await;
     w.sim
         .inject(Fault::on("create-instance", FaultAction::LoseResponse));
-    let nc = w
-        .provider
-        .create(&claim("lost-answer", &["standard.medium"]))
-        .await
-        .unwrap();
+    let nc = w.launch("lost-answer", &["standard.medium"]).await;
     assert_eq!(w.sim.instances().len(), 1);
     assert_eq!(
         w.sim.instances()[0].instance.id,
         parse_provider_id(&provider_id(&nc)).unwrap()
     );
     // A retried create (e.g. after a crash before the providerID was written) adopts too.
-    let again = w
-        .provider
-        .create(&claim("lost-answer", &["standard.medium"]))
-        .await
-        .unwrap();
+    let again = w.launch("lost-answer", &["standard.medium"]).await;
     assert_eq!(provider_id(&again), provider_id(&nc));
     assert_eq!(w.sim.instances().len(), 1);
     assert_eq!(w.sim.call_count("create-instance"), 1);
@@ -932,11 +907,7 @@ async fn an_outcome_unknown_launch_keeps_the_token_its_instance_needs() {
         !w.sim.instances().is_empty()
     })
     .await;
-    let nc = w
-        .provider
-        .create(&claim("unknown", &["standard.medium"]))
-        .await
-        .unwrap();
+    let nc = w.launch("unknown", &["standard.medium"]).await;
     assert_eq!(w.sim.call_count("create-instance"), 1);
     let instances = w.sim.instances();
     assert_eq!(instances.len(), 1);
@@ -1001,11 +972,7 @@ async fn quota_exhaustion_is_insufficient_capacity_and_marks_the_offering() {
     );
     // The next attempt falls back to the next cheapest type.
     w.sim.set_instance_quota(None);
-    let out = w
-        .provider
-        .create(&claim("q", &["standard.medium", "standard.large"]))
-        .await
-        .unwrap();
+    let out = w.launch("q", &["standard.medium", "standard.large"]).await;
     assert_eq!(
         out.metadata.labels.as_ref().unwrap()["node.kubernetes.io/instance-type"],
         "standard.large"
@@ -1033,10 +1000,7 @@ async fn a_full_anti_affinity_group_is_insufficient_capacity() {
     }];
     w.put_nodeclass(s).await;
     for i in 0..8 {
-        w.provider
-            .create(&claim(&format!("spread-{i}"), &["standard.medium"]))
-            .await
-            .unwrap();
+        w.launch(&format!("spread-{i}"), &["standard.medium"]).await;
     }
     let err = w
         .provider
@@ -1141,11 +1105,7 @@ async fn private_networks_are_attached_after_create() {
         name: Some("karpenter-private".into()),
     }];
     w.put_nodeclass(s).await;
-    let nc = w
-        .provider
-        .create(&claim("pn", &["standard.medium"]))
-        .await
-        .unwrap();
+    let nc = w.launch("pn", &["standard.medium"]).await;
     let id = parse_provider_id(&provider_id(&nc)).unwrap().to_string();
     let pn = w.sim.private_networks()[0].0.clone();
     let attached: Vec<_> = w
@@ -1231,11 +1191,7 @@ async fn drift_fires_for_each_reason_against_the_desired_state() {
         name: Some("karpenter-private".into()),
     }];
     let original = w.put_nodeclass(s.clone()).await;
-    let nc = w
-        .provider
-        .create(&claim("drift", &["standard.medium"]))
-        .await
-        .unwrap();
+    let nc = w.launch("drift", &["standard.medium"]).await;
     assert_eq!(w.provider.is_drifted(&nc).await.unwrap(), None);
 
     let restore = |w: &World| w.nodeclasses.insert(original.clone());
@@ -1323,11 +1279,7 @@ async fn drift_fires_for_each_reason_against_the_desired_state() {
 #[tokio::test]
 async fn drift_checks_restore_missing_instance_labels_once() {
     let w = world().await;
-    let nc = w
-        .provider
-        .create(&claim("labels", &["standard.medium"]))
-        .await
-        .unwrap();
+    let nc = w.launch("labels", &["standard.medium"]).await;
     let id = parse_provider_id(&provider_id(&nc)).unwrap().to_string();
     let mut labels = w.sim.instance(&id).unwrap().instance.labels.clone();
     labels.remove("exoscale.com/nodepool-name");
@@ -1357,12 +1309,7 @@ async fn drift_checks_share_one_instance_list() {
     let w = world().await;
     let mut claims = Vec::new();
     for name in ["d1", "d2", "d3"] {
-        claims.push(
-            w.provider
-                .create(&claim(name, &["standard.medium"]))
-                .await
-                .unwrap(),
-        );
+        claims.push(w.launch(name, &["standard.medium"]).await);
     }
     let (lists, gets) = (
         w.sim.call_count("list-instances"),
@@ -1379,11 +1326,7 @@ async fn drift_checks_share_one_instance_list() {
     );
 
     // Launched after the list: read on its own, and still judged.
-    let newer = w
-        .provider
-        .create(&claim("d4", &["standard.medium"]))
-        .await
-        .unwrap();
+    let newer = w.launch("d4", &["standard.medium"]).await;
     // (A create of a NodeClaim made elsewhere looks for an earlier instance: one list.)
     let lists = w.sim.call_count("list-instances");
     assert_eq!(w.provider.is_drifted(&newer).await.unwrap(), None);
@@ -1396,11 +1339,7 @@ async fn drift_checks_share_one_instance_list() {
 
     // Five seconds on, the next NodeClaim launched after the list is found by listing again
     // (one list answers every check of the pass), not by a read of its own.
-    let later = w
-        .provider
-        .create(&claim("d5", &["standard.medium"]))
-        .await
-        .unwrap();
+    let later = w.launch("d5", &["standard.medium"]).await;
     w.clock.advance(Duration::from_secs(5));
     let lists = w.sim.call_count("list-instances");
     assert_eq!(w.provider.is_drifted(&later).await.unwrap(), None);
@@ -1436,11 +1375,7 @@ async fn drift_checks_share_one_instance_list() {
 #[tokio::test]
 async fn drift_of_a_vanished_instance_is_not_found() {
     let w = world().await;
-    let nc = w
-        .provider
-        .create(&claim("gone", &["standard.medium"]))
-        .await
-        .unwrap();
+    let nc = w.launch("gone", &["standard.medium"]).await;
     w.provider.delete(&nc).await.unwrap();
     eventually("instance removal", || async {
         w.sim.instances().is_empty()
@@ -1494,11 +1429,7 @@ async fn remove(w: &World, claim: &NodeClaim) {
 #[tokio::test]
 async fn a_released_token_is_not_deleted_again_with_its_nodeclaim() {
     let w = world().await;
-    let nc = w
-        .provider
-        .create(&claim("released", &["standard.medium"]))
-        .await
-        .unwrap();
+    let nc = w.launch("released", &["standard.medium"]).await;
     let recorded: Vec<String> = recorded_tokens(&nc).into_iter().collect();
     assert_eq!(recorded.len(), 1);
     // The bootstrap-token controller's work: delete the recorded tokens, then the record.
@@ -1515,11 +1446,7 @@ async fn a_released_token_is_not_deleted_again_with_its_nodeclaim() {
 
     // A NodeClaim that never registered, whose record was never written (its launch result
     // was lost), still has the token this process issued for it deleted.
-    let lost = w
-        .provider
-        .create(&claim("lost", &["standard.medium"]))
-        .await
-        .unwrap();
+    let lost = w.launch("lost", &["standard.medium"]).await;
     let token = w.bootstrap.tokens()["lost"].secret_name();
     remove(&w, &without_token_record(lost)).await;
     assert!(!w.bootstrap.tokens().contains_key("lost"));
@@ -1542,18 +1469,11 @@ async fn token_lifecycle_follows_the_nodeclaim() {
         other => panic!("{other}"),
     }
     assert!(w.sim.instances().is_empty(), "no instance without a token");
-    let nc = w
-        .provider
-        .create(&claim("t", &["standard.medium"]))
-        .await
-        .unwrap();
+    let nc = w.launch("t", &["standard.medium"]).await;
     let tokens = w.bootstrap.tokens();
     assert_eq!(tokens.len(), 1);
     // Adoption does not mint a second token.
-    w.provider
-        .create(&claim("t", &["standard.medium"]))
-        .await
-        .unwrap();
+    w.launch("t", &["standard.medium"]).await;
     assert_eq!(w.bootstrap.tokens(), tokens);
     w.provider.delete(&nc).await.unwrap();
     eventually("instance removal", || async {
