@@ -1215,3 +1215,130 @@ async fn a_static_nodepool_keeps_its_replicas_through_a_node_deletion_and_a_scal
     let _ = pools.delete(&pool_name, &DeleteParams::default()).await;
     world.finish().await;
 }
+
+/// Holds the replica's NodeClaim status writes until one of its Node writes has gone through:
+/// an API server slow to answer the launch's status write.
+#[derive(Clone)]
+struct HoldStatusUntilNodeWrite {
+    inner: kube::Client,
+    node_written: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Status writes held so far, and how many are held right now.
+    held: Arc<std::sync::atomic::AtomicUsize>,
+    holding: Arc<std::sync::atomic::AtomicUsize>,
+    /// Whether a Node write was answered while a status write was held.
+    node_written_while_held: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tower_service::Service<http::Request<kube::client::Body>> for HoldStatusUntilNodeWrite {
+    type Response = http::Response<kube::client::Body>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        use std::sync::atomic::Ordering::SeqCst;
+        let path = request.uri().path().to_string();
+        let patch = request.method() == http::Method::PATCH;
+        let status_write = patch
+            && path.starts_with("/apis/karpenter.sh/v1/nodeclaims/")
+            && path.ends_with("/status");
+        let node_write = patch && path.starts_with("/api/v1/nodes/");
+        let this = self.clone();
+        Box::pin(async move {
+            if status_write {
+                this.held.fetch_add(1, SeqCst);
+                this.holding.fetch_add(1, SeqCst);
+                let mut written = this.node_written.subscribe();
+                let _ = written.wait_for(|written| *written).await;
+                this.holding.fetch_sub(1, SeqCst);
+            }
+            let response = this.inner.send(request).await?;
+            if node_write && response.status().is_success() {
+                if this.holding.load(SeqCst) > 0 {
+                    this.node_written_while_held.store(true, SeqCst);
+                }
+                this.node_written.send_replace(true);
+            }
+            Ok(response)
+        })
+    }
+}
+
+/// A Node that registers while its NodeClaim's launch pass still waits for its status write is
+/// synced beside that write, not after it: kube-runtime runs one pass per NodeClaim at a time,
+/// and at 1 000 nodes that write took seconds. Here the write is held until a Node write goes
+/// through, so a registration that waited for it would never come.
+#[tokio::test]
+async fn a_node_is_synced_while_the_launch_status_write_is_in_flight() {
+    use karpenter_exoscale::apis::ConditionsExt;
+    use karpenter_exoscale::sim::kubelet::Join;
+    use std::sync::atomic::Ordering::SeqCst;
+
+    let policy: harness::KubeletPolicy = Arc::new(|_: &str| KubeletBehaviour {
+        join: Join::Never,
+        ..KubeletBehaviour::default()
+    });
+    let Some(mut world) = World::start("e2e-early-sync", policy).await else {
+        return;
+    };
+    world
+        .env
+        .insert("NODECLAIM_REGISTRATION_TTL".into(), "10m".into());
+    world.create_nodeclass(json!({})).await;
+    let gate = HoldStatusUntilNodeWrite {
+        inner: world.client.clone(),
+        node_written: Arc::new(tokio::sync::watch::channel(false).0),
+        held: Arc::default(),
+        holding: Arc::default(),
+        node_written_while_held: Arc::default(),
+    };
+    let gated = kube::Client::new(gate.clone(), world.namespace.clone());
+    world.start_replica_with("early-a", gated).await;
+    world.ready_nodeclass().await;
+    let name = format!("early-{}", harness::suffix(&world));
+    world.create_nodeclaim(&name, json!({})).await;
+    eventually("the launch's status write held", || async {
+        (gate.holding.load(SeqCst) >= 1).then_some(())
+    })
+    .await;
+    let claims = world.nodeclaims();
+    let unwritten = claims.get(&name).await.unwrap();
+    assert!(
+        unwritten.status.and_then(|s| s.provider_id).is_none(),
+        "the launch's status write has not gone through"
+    );
+
+    world.join_now(&name).await;
+    let node_name = eventually("the NodeClaim registered", || async {
+        let status = claims.get_opt(&name).await.ok()??.status?;
+        status
+            .conditions
+            .is_true("Registered")
+            .then_some(status.node_name?)
+    })
+    .await;
+    assert!(
+        gate.node_written_while_held.load(SeqCst),
+        "the Node was synced while the launch's status write was held"
+    );
+    let node = world.nodes().get(&node_name).await.unwrap();
+    assert_eq!(
+        node.labels()
+            .get("karpenter.sh/registered")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert!(
+        node.owner_references()
+            .iter()
+            .any(|o| o.kind == "NodeClaim" && o.name == name),
+        "the Node is owned by its NodeClaim"
+    );
+    world.finish().await;
+}

@@ -107,6 +107,8 @@ pub struct Context {
     pub reconcile_concurrency: u16,
     /// Launch results of the last minute, for passes over a NodeClaim copy older than them.
     pub recent_launches: nodeclaim::launch::RecentLaunches,
+    /// Nodes that launch passes in flight wait for, woken by the Node watch.
+    pub node_arrivals: nodeclaim::arrivals::NodeArrivals,
     /// Paces NodePool status writes that only change counts.
     pub nodepool_status_writes: nodepool::reconcile::StatusWrites,
     /// NodeClaim versions our own writes replaced, until the watch delivers a newer one.
@@ -400,6 +402,7 @@ pub fn spawn(ctx: Arc<Context>, shutdown: Shutdown, tasks: &mut crate::operator:
         let ctx = ctx.clone();
         move |node: Arc<Node>| {
             let pid = crate::state::node_provider_id(&node)?;
+            ctx.node_arrivals.announce(pid);
             let indexed = ctx.cluster.read().nodeclaim_by_provider_id(pid);
             let name = match indexed {
                 Some(claim) => kube::ResourceExt::name_any(claim.as_ref()),

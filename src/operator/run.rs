@@ -470,6 +470,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                     shared,
                     reconcile_concurrency: config::reconcile_concurrency(config.cpu_requests),
                     recent_launches: Default::default(),
+                    node_arrivals: Default::default(),
                     nodepool_status_writes: Default::default(),
                     superseded: Default::default(),
                 });

@@ -118,7 +118,8 @@ pub fn unregistered_taint_missing(node: &Node) -> bool {
 /// the unregistered taint removed and `karpenter.sh/registered=true`.
 pub fn synced_node(claim: &NodeClaim, node: &Node) -> Node {
     let mut out = node.clone();
-    let registered_before = claim.condition_is_true(conditions::REGISTERED);
+    let registered_before =
+        claim.condition_is_true(conditions::REGISTERED) || synced_by(node, claim);
     let mut labels = out.labels().clone();
     labels.extend(claim.labels().clone());
     labels.insert(NODE_REGISTERED_LABEL.into(), "true".into());
@@ -172,6 +173,23 @@ pub fn synced_node(claim: &NodeClaim, node: &Node) -> Node {
     taints.retain(|t| t.key != UNREGISTERED_TAINT_KEY);
     spec.taints = (!taints.is_empty()).then_some(taints);
     out
+}
+
+/// True when `node` carries this NodeClaim's sync: `karpenter.sh/registered=true` and an owner
+/// reference to its UID, which registration writes in one patch. The NodeClaim's `Registered`
+/// condition follows later (a Node that arrives during the launch's status write is synced
+/// beside it, and the condition set by the next pass), and a startup taint that a daemon
+/// removed in between must not come back.
+fn synced_by(node: &Node, claim: &NodeClaim) -> bool {
+    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    node.labels()
+        .get(NODE_REGISTERED_LABEL)
+        .is_some_and(|v| v == "true")
+        && !uid.is_empty()
+        && node
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "NodeClaim" && o.uid == uid)
 }
 
 /// Why a registered NodeClaim is not initialized yet.
@@ -497,6 +515,43 @@ mod tests {
         n.labels_mut()
             .insert(DO_NOT_SYNC_TAINTS_LABEL.into(), "true".into());
         assert!(synced_node(&claim, &n).spec.unwrap().taints.is_none());
+    }
+
+    #[test]
+    fn a_node_this_nodeclaim_synced_does_not_get_removed_startup_taints_back() {
+        let mut claim = nodeclaim("c", "pool", Some("exoscale://i"));
+        claim.metadata.uid = Some("uid-c".into());
+        claim.spec.startup_taints = vec![Taint::new("cni/not-ready", None, TaintEffect::NoExecute)];
+        let joined = node(
+            "n",
+            Some("exoscale://i"),
+            &[(UNREGISTERED_TAINT_KEY, "NoExecute")],
+        );
+        let synced = synced_node(&claim, &joined);
+        assert_eq!(
+            synced.spec.as_ref().unwrap().taints.as_ref().unwrap()[0].key,
+            "cni/not-ready"
+        );
+        // A daemon removes the startup taint before the NodeClaim says Registered.
+        let mut ready = synced.clone();
+        ready.spec.as_mut().unwrap().taints = None;
+        assert!(synced_node(&claim, &ready).spec.unwrap().taints.is_none());
+        // The label alone, or another NodeClaim's owner reference, proves no sync of ours.
+        let mut other = claim.clone();
+        other.metadata.uid = Some("uid-other".into());
+        assert_eq!(
+            synced_node(&other, &ready).spec.unwrap().taints.unwrap()[0].key,
+            "cni/not-ready"
+        );
+        let mut labelled = joined.clone();
+        labelled
+            .labels_mut()
+            .insert(NODE_REGISTERED_LABEL.into(), "true".into());
+        labelled.spec.as_mut().unwrap().taints = None;
+        assert_eq!(
+            synced_node(&claim, &labelled).spec.unwrap().taints.unwrap()[0].key,
+            "cni/not-ready"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! registration, initialization, consistency, liveness) over one shared `pass`, and `finalize`
 //! tears a deleted NodeClaim down. `lifecycle` holds their pure decisions.
 
+pub mod arrivals;
 mod consistency;
 pub mod expiration;
 mod finalize;

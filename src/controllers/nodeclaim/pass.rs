@@ -12,6 +12,8 @@ use kube::runtime::controller::Action;
 use crate::apis::{ConditionStatus, ConditionsExt, NodeClaim, NodeClaimStatus};
 use crate::controllers::Context;
 
+use super::arrivals::Arrival;
+
 /// What a sub-step asks of the reconcile.
 pub enum Step {
     /// Go on with the next sub-step.
@@ -30,6 +32,8 @@ pub struct Pass<'a> {
     pub now: Timestamp,
     /// When to look again at the latest; steps only shorten it.
     pub requeue: Duration,
+    /// The Node registration did not find, should it register before the pass ends.
+    pub arrival: Option<Arrival>,
 }
 
 impl Pass<'_> {

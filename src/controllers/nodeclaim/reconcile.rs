@@ -131,6 +131,7 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
         claim: read,
         now: ctx.now(),
         requeue: RESYNC,
+        arrival: None,
     };
     // Never launch without the finalizer: it guarantees the instance is deleted with the claim.
     // (add_finalizer returns the copy unchanged, at the same version, when it has it.)
@@ -152,8 +153,17 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
     let generation = pass.generation();
     set_ready(&mut pass.status, generation, pass.now);
     if pass.claim.status.clone().unwrap_or_default() != pass.status {
-        // (patch_nodeclaim_status records the version it replaced.)
-        pass.claim = patch_nodeclaim_status(&ctx, &pass.claim, &pass.status).await?;
+        // (patch_nodeclaim_status records the version it replaced.) A Node that registers
+        // while this write is in flight is synced beside it, not after it.
+        let arrival = pass.arrival.take();
+        let launched = arrival.as_ref().map(|_| pass.with_status());
+        let write = patch_nodeclaim_status(&ctx, &pass.claim, &pass.status);
+        pass.claim = match arrival.zip(launched) {
+            Some((arrival, launched)) => {
+                registration::sync_on_arrival(&ctx, &launched, arrival, write).await?
+            }
+            None => write.await?,
+        };
     }
     Ok(Action::requeue(pass.requeue.max(Duration::from_secs(1))))
 }

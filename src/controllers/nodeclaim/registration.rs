@@ -6,13 +6,14 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use crate::apis::ConditionStatus;
 use crate::apis::labels::{UNREGISTERED_TAINT_KEY, ZONE_LABEL, conditions};
-use crate::controllers::Result;
+use crate::apis::{ConditionStatus, NodeClaim};
 use crate::controllers::field_patch::{Field, patch_fields};
+use crate::controllers::{Context, Result};
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
 
+use super::arrivals::Arrival;
 use super::lifecycle::{Registration, registration, unregistered_taint_missing};
 use super::pass::{Pass, Step};
 use super::reconcile::{nodepool_of, record_registration};
@@ -27,12 +28,22 @@ const SYNCED_FIELDS: [Field; 5] = [
 ];
 
 pub async fn register(pass: &mut Pass<'_>) -> Result<Step> {
+    pass.arrival = None;
     if pass.is_true(conditions::REGISTERED) {
         return Ok(Step::Continue);
     }
+    // Expected before the lookup: a Node the lookup misses is announced to the guard, and the
+    // pass syncs it beside its status write (`sync_on_arrival`).
+    let arrival = pass
+        .status
+        .provider_id
+        .as_deref()
+        .filter(|id| !id.is_empty())
+        .map(|id| pass.ctx.node_arrivals.expect(id));
     let nodes = pass.nodes();
     match registration(&pass.with_status(), &nodes) {
         Registration::NodeNotFound => {
+            pass.arrival = arrival;
             pass.set(
                 conditions::REGISTERED,
                 ConditionStatus::Unknown,
@@ -52,13 +63,7 @@ pub async fn register(pass: &mut Pass<'_>) -> Result<Step> {
         Registration::Register(synced) => {
             let ctx = pass.ctx;
             let node = &nodes[0];
-            if unregistered_taint_missing(node) {
-                ctx.event(node.as_ref(), Severity::Warning, "UnregisteredTaintMissing", format!("Missing {UNREGISTERED_TAINT_KEY} taint which prevents registration related race conditions on Karpenter-managed nodes")).await;
-            }
-            // Conditional on the fields it writes, not on the Node's version: the kubelet's
-            // status updates do not refuse it.
-            let node_api: Api<Node> = Api::all(ctx.client.clone());
-            patch_fields(&node_api, node, &synced, &SYNCED_FIELDS).await?;
+            sync_node(ctx, node, &synced).await?;
             pass.status.node_name = Some(node.name_any());
             pass.set(
                 conditions::REGISTERED,
@@ -83,4 +88,45 @@ pub async fn register(pass: &mut Pass<'_>) -> Result<Step> {
         }
     }
     Ok(Step::Continue)
+}
+
+/// Writes the Node as registration syncs it, warning first when it came up without the
+/// `unregistered` taint.
+async fn sync_node(ctx: &Context, node: &Node, synced: &Node) -> Result<()> {
+    if unregistered_taint_missing(node) {
+        ctx.event(node, Severity::Warning, "UnregisteredTaintMissing", format!("Missing {UNREGISTERED_TAINT_KEY} taint which prevents registration related race conditions on Karpenter-managed nodes")).await;
+    }
+    // Conditional on the fields it writes, not on the Node's version: the kubelet's status
+    // updates do not refuse it.
+    let node_api: Api<Node> = Api::all(ctx.client.clone());
+    patch_fields(&node_api, node, synced, &SYNCED_FIELDS).await?;
+    Ok(())
+}
+
+/// Runs the pass's status `write`; should the Node registration did not find arrive meanwhile,
+/// syncs it beside the write instead of after it. Only the Node is written here: the next pass
+/// (the Node's change wakes it) finds it synced, sets `Registered` and counts the node, as when
+/// registration finds the Node itself. A failed sync is left to that pass too.
+pub async fn sync_on_arrival(
+    ctx: &Context,
+    launched: &NodeClaim,
+    arrival: Arrival,
+    write: impl Future<Output = Result<NodeClaim>>,
+) -> Result<NodeClaim> {
+    let mut write = std::pin::pin!(write);
+    tokio::select! {
+        biased;
+        written = &mut write => written,
+        () = arrival.announced() => {
+            let sync = async {
+                let nodes = ctx.cluster.read().nodes_by_provider_id(arrival.provider_id());
+                if let Registration::Register(synced) = registration(launched, &nodes)
+                    && let Err(error) = sync_node(ctx, &nodes[0], &synced).await
+                {
+                    tracing::debug!(nodeclaim = %launched.name_any(), %error, "syncing the Node beside the launch's status write failed; the next pass syncs it");
+                }
+            };
+            futures::join!(write, sync).0
+        }
+    }
 }
