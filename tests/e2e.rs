@@ -252,6 +252,44 @@ async fn an_instance_that_never_joins_is_removed_after_the_registration_ttl() {
     world.finish().await;
 }
 
+/// The real binary with both clients' rate limits turned down to about one request at a time:
+/// the waits show on its `/metrics`, in the two histograms the README documents.
+#[tokio::test]
+async fn rate_limit_waits_show_on_metrics() {
+    let Some(mut world) = World::start("e2e-waits", joins()).await else {
+        return;
+    };
+    for (key, value) in [
+        ("KUBE_CLIENT_QPS", "5"),
+        ("KUBE_CLIENT_BURST", "1"),
+        ("EXOSCALE_API_QPS", "2"),
+        ("EXOSCALE_API_BURST", "1"),
+    ] {
+        world.env.insert(key.into(), value.into());
+    }
+    world.create_nodeclass(json!({})).await;
+    let port = harness::free_port();
+    let _controller = world.spawn_controller_serving_metrics("waits", port);
+    world.ready_nodeclass().await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    eventually("both clients' rate-limit waits on /metrics", || async {
+        let text = http.get(&url).send().await.ok()?.text().await.ok()?;
+        let count = |family: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(family)?.trim().parse::<f64>().ok())
+        };
+        let kube = count("karpenter_exoscale_kube_client_rate_limit_wait_seconds_count ")?;
+        let exoscale = count("karpenter_exoscale_api_rate_limit_wait_seconds_count ")?;
+        (kube >= 1.0 && exoscale >= 1.0).then_some(())
+    })
+    .await;
+    world.finish().await;
+}
+
 /// Fault: the cloud answers no launch for a while (parked at the sim, as a burst waiting on
 /// the API rate limit would be) while more NodeClaims wait to launch than the CPU-sized
 /// reconcile slots (100). A Node that registers meanwhile still gets its NodeClaim registered:

@@ -238,6 +238,7 @@ pub struct Metrics {
     pub exoscale_api_duration: HistogramFamily,
     pub exoscale_api_errors: CounterFamily,
     pub exoscale_api_rate_limit_wait: Histogram,
+    pub kube_client_rate_limit_wait: Histogram,
     pub build_info: GaugeFamily,
     pub leader: GaugeFamily,
     pub unowned_instances: GaugeFamily,
@@ -491,6 +492,11 @@ impl Metrics {
                 r,
                 "karpenter_exoscale_api_rate_limit_wait_seconds",
                 "Time an Exoscale API request waited for the client's rate limiter (EXOSCALE_API_QPS/BURST).",
+            ),
+            kube_client_rate_limit_wait: plain_histogram(
+                r,
+                "karpenter_exoscale_kube_client_rate_limit_wait_seconds",
+                "Time a Kubernetes API request waited for the client's rate limiter (KUBE_CLIENT_QPS/BURST).",
             ),
             build_info: gauge(r, "karpenter_build_info", "Build information."),
             leader: gauge(

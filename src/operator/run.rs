@@ -108,8 +108,14 @@ pub async fn run(
     ));
     let cluster_url = kube_config.cluster_url.to_string();
     let client = kube::Client::try_from(kube_config).map_err(|e| RunError::Kube(e.to_string()))?;
+    let metrics = Arc::new(Metrics::new());
     // Every request, reads and writes alike, shares the KUBE_CLIENT_QPS/BURST budget.
-    let client = rate_limited(client, config.kube_client_qps, config.kube_client_burst);
+    let client = rate_limited(
+        client,
+        config.kube_client_qps,
+        config.kube_client_burst,
+        metrics.kube_client_rate_limit_wait.clone(),
+    );
     let settings = &config.exoscale;
     let endpoint = exoscale::Endpoint::resolve(
         &settings.zone,
@@ -119,7 +125,6 @@ pub async fn run(
     .map_err(|e| RunError::Exoscale(e.to_string()))?;
     let credentials =
         exoscale::Credentials::new(settings.api_key.expose(), settings.api_secret.expose());
-    let metrics = Arc::new(Metrics::new());
     let exo_config = exoscale::ClientConfig {
         observer: exoscale::Observer(Some(metrics.clone())),
         rate_limit: Some(settings.api_rate_limit),

@@ -331,15 +331,17 @@ impl World {
     /// process a test can SIGKILL. Leader election is off (one process at a time) so a
     /// restarted controller acts at once; its log goes to `<tmp>/<namespace>-<identity>.log`.
     pub fn spawn_controller(&self, identity: &str) -> tokio::process::Child {
+        self.spawn_controller_serving_metrics(identity, free_port())
+    }
+
+    /// [`Self::spawn_controller`], serving `/metrics` on `127.0.0.1:<metrics_port>`.
+    pub fn spawn_controller_serving_metrics(
+        &self,
+        identity: &str,
+        metrics_port: u16,
+    ) -> tokio::process::Child {
         let plane = support::shared().expect("control plane");
         let credentials = self.sim.credentials();
-        let free_port = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("a free port")
-                .port()
-                .to_string()
-        };
         let log = std::env::temp_dir().join(format!("{}-{identity}.log", self.namespace));
         let log = std::fs::File::create(&log).expect("controller log file");
         tokio::process::Command::new(env!("CARGO_BIN_EXE_karpenter-exoscale"))
@@ -360,8 +362,8 @@ impl World {
             .env("EXOSCALE_COMPUTE_INSTANCE_PREFIX", PREFIX)
             .env("POD_NAME", identity)
             .env("DISABLE_LEADER_ELECTION", "true")
-            .env("METRICS_PORT", free_port())
-            .env("HEALTH_PROBE_PORT", free_port())
+            .env("METRICS_PORT", metrics_port.to_string())
+            .env("HEALTH_PROBE_PORT", free_port().to_string())
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)
@@ -678,6 +680,14 @@ impl World {
 }
 
 // ---- helpers shared by the e2e targets ----
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
 
 pub fn joins() -> KubeletPolicy {
     Arc::new(|_: &str| KubeletBehaviour::default())
