@@ -158,12 +158,21 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
         let arrival = pass.arrival.take();
         let launched = arrival.as_ref().map(|_| pass.with_status());
         let write = patch_nodeclaim_status(&ctx, &pass.claim, &pass.status);
-        pass.claim = match arrival.zip(launched) {
+        let beside = match arrival.zip(launched) {
             Some((arrival, launched)) => {
-                registration::sync_on_arrival(&ctx, &launched, arrival, write).await?
+                registration::sync_on_arrival(&ctx, &launched, arrival, write).await
             }
-            None => write.await?,
+            None => registration::WrittenBeside {
+                written: write.await,
+                synced: None,
+            },
         };
+        pass.claim = beside.written?;
+        if let Some(node) = beside.synced {
+            registration::registered(&mut pass, &node);
+            set_ready(&mut pass.status, generation, pass.now);
+            pass.claim = patch_nodeclaim_status(&ctx, &pass.claim, &pass.status).await?;
+        }
     }
     Ok(Action::requeue(pass.requeue.max(Duration::from_secs(1))))
 }

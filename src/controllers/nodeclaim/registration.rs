@@ -2,6 +2,8 @@
 //! annotations, taints, finalizer, owner), its `unregistered` taint removed, and `Registered`
 //! turns True. None yet is Unknown (liveness bounds the wait); two are a conflict.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -61,33 +63,39 @@ pub async fn register(pass: &mut Pass<'_>) -> Result<Step> {
             );
         }
         Registration::Register(synced) => {
-            let ctx = pass.ctx;
             let node = &nodes[0];
-            sync_node(ctx, node, &synced).await?;
-            pass.status.node_name = Some(node.name_any());
-            pass.set(
-                conditions::REGISTERED,
-                ConditionStatus::True,
-                conditions::REGISTERED,
-                "",
-            );
-            let zone = pass
-                .claim
-                .labels()
-                .get(ZONE_LABEL)
-                .cloned()
-                .unwrap_or_default();
-            ctx.metrics
-                .nodes_created
-                .get_or_create(&labels([
-                    ("nodepool", &nodepool_of(&pass.claim)),
-                    ("zone", &zone),
-                ]))
-                .inc();
-            record_registration(ctx, &pass.claim, true);
+            sync_node(pass.ctx, node, &synced).await?;
+            registered(pass, node);
         }
     }
     Ok(Step::Continue)
+}
+
+/// Records a synced Node on the status being built: its name, `Registered` True, and the
+/// node counted as created.
+pub fn registered(pass: &mut Pass<'_>, node: &Node) {
+    let ctx = pass.ctx;
+    pass.status.node_name = Some(node.name_any());
+    pass.set(
+        conditions::REGISTERED,
+        ConditionStatus::True,
+        conditions::REGISTERED,
+        "",
+    );
+    let zone = pass
+        .claim
+        .labels()
+        .get(ZONE_LABEL)
+        .cloned()
+        .unwrap_or_default();
+    ctx.metrics
+        .nodes_created
+        .get_or_create(&labels([
+            ("nodepool", &nodepool_of(&pass.claim)),
+            ("zone", &zone),
+        ]))
+        .inc();
+    record_registration(ctx, &pass.claim, true);
 }
 
 /// Writes the Node as registration syncs it, warning first when it came up without the
@@ -103,30 +111,43 @@ async fn sync_node(ctx: &Context, node: &Node, synced: &Node) -> Result<()> {
     Ok(())
 }
 
+/// What [`sync_on_arrival`] did: the status write's answer, and the Node it synced meanwhile.
+pub struct WrittenBeside {
+    pub written: Result<NodeClaim>,
+    pub synced: Option<Arc<Node>>,
+}
+
 /// Runs the pass's status `write`; should the Node registration did not find arrive meanwhile,
-/// syncs it beside the write instead of after it. Only the Node is written here: the next pass
-/// (the Node's change wakes it) finds it synced, sets `Registered` and counts the node, as when
-/// registration finds the Node itself. A failed sync is left to that pass too.
+/// syncs it beside the write instead of after it, and returns it so that the pass records the
+/// registration itself: a next pass could still read the Node as it was before the sync (the
+/// watch lags under load), and its write from that copy would be refused. A failed sync is left
+/// to the next pass.
 pub async fn sync_on_arrival(
     ctx: &Context,
     launched: &NodeClaim,
     arrival: Arrival,
     write: impl Future<Output = Result<NodeClaim>>,
-) -> Result<NodeClaim> {
+) -> WrittenBeside {
     let mut write = std::pin::pin!(write);
     tokio::select! {
         biased;
-        written = &mut write => written,
+        written = &mut write => WrittenBeside { written, synced: None },
         () = arrival.announced() => {
             let sync = async {
                 let nodes = ctx.cluster.read().nodes_by_provider_id(arrival.provider_id());
-                if let Registration::Register(synced) = registration(launched, &nodes)
-                    && let Err(error) = sync_node(ctx, &nodes[0], &synced).await
-                {
-                    tracing::debug!(nodeclaim = %launched.name_any(), %error, "syncing the Node beside the launch's status write failed; the next pass syncs it");
+                let Registration::Register(synced) = registration(launched, &nodes) else {
+                    return None;
+                };
+                match sync_node(ctx, &nodes[0], &synced).await {
+                    Ok(()) => Some(nodes[0].clone()),
+                    Err(error) => {
+                        tracing::debug!(nodeclaim = %launched.name_any(), %error, "syncing the Node beside the launch's status write failed; the next pass syncs it");
+                        None
+                    }
                 }
             };
-            futures::join!(write, sync).0
+            let (written, synced) = futures::join!(write, sync);
+            WrittenBeside { written, synced }
         }
     }
 }
