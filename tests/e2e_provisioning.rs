@@ -883,40 +883,6 @@ async fn nodes_the_pods_cannot_use_do_not_cause_a_runaway_scale_up() {
     world.finish().await;
 }
 
-/// Holds every events.k8s.io write until `open` turns true: an API server slow to take events.
-#[derive(Clone)]
-struct HoldEventWrites {
-    inner: kube::Client,
-    open: tokio::sync::watch::Receiver<bool>,
-    held: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl tower_service::Service<http::Request<kube::client::Body>> for HoldEventWrites {
-    type Response = http::Response<kube::client::Body>;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
-        let event_write = request.method() != http::Method::GET
-            && request.uri().path().starts_with("/apis/events.k8s.io/");
-        let (inner, mut open, held) = (self.inner.clone(), self.open.clone(), self.held.clone());
-        Box::pin(async move {
-            if event_write {
-                held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let _ = open.wait_for(|open| *open).await;
-            }
-            inner.send(request).await.map_err(Into::into)
-        })
-    }
-}
-
 /// 1 000 pending pods: the round's NodeClaims are created while not one of its events has been
 /// written (event writes are held); once they go through, the pods' Nominated events appear
 /// (as many as upstream's nomination budget lets through).
@@ -933,16 +899,25 @@ async fn a_thousand_pending_pods_get_their_nodeclaims_before_any_event_is_writte
         return;
     };
     world.create_nodeclass(json!({})).await;
+    // Every events.k8s.io write is held until `open` turns true: an API server slow to take
+    // events.
     let (open, open_rx) = tokio::sync::watch::channel(false);
     let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let gated = kube::Client::new(
-        HoldEventWrites {
-            inner: world.client.clone(),
-            open: open_rx,
-            held: held.clone(),
-        },
-        world.namespace.clone(),
-    );
+    let gated = harness::intercepted(world.client.clone(), {
+        let held = held.clone();
+        move |inner: kube::Client, request: harness::Request| {
+            let event_write = request.method() != http::Method::GET
+                && request.uri().path().starts_with("/apis/events.k8s.io/");
+            let (mut open, held) = (open_rx.clone(), held.clone());
+            async move {
+                if event_write {
+                    held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let _ = open.wait_for(|open| *open).await;
+                }
+                inner.send(request).await.map_err(Into::into)
+            }
+        }
+    });
     world.start_replica_with("events-a", gated).await;
     world.ready_nodeclass().await;
     let pool_name = format!("events-{}", &world.namespace[world.namespace.len() - 6..]);
@@ -1216,60 +1191,6 @@ async fn a_static_nodepool_keeps_its_replicas_through_a_node_deletion_and_a_scal
     world.finish().await;
 }
 
-/// Holds the replica's NodeClaim status writes until one of its Node writes has gone through:
-/// an API server slow to answer the launch's status write.
-#[derive(Clone)]
-struct HoldStatusUntilNodeWrite {
-    inner: kube::Client,
-    node_written: Arc<tokio::sync::watch::Sender<bool>>,
-    /// Status writes held so far, and how many are held right now.
-    held: Arc<std::sync::atomic::AtomicUsize>,
-    holding: Arc<std::sync::atomic::AtomicUsize>,
-    /// Whether a Node write was answered while a status write was held.
-    node_written_while_held: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl tower_service::Service<http::Request<kube::client::Body>> for HoldStatusUntilNodeWrite {
-    type Response = http::Response<kube::client::Body>;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
-        use std::sync::atomic::Ordering::SeqCst;
-        let path = request.uri().path().to_string();
-        let patch = request.method() == http::Method::PATCH;
-        let status_write = patch
-            && path.starts_with("/apis/karpenter.sh/v1/nodeclaims/")
-            && path.ends_with("/status");
-        let node_write = patch && path.starts_with("/api/v1/nodes/");
-        let this = self.clone();
-        Box::pin(async move {
-            if status_write {
-                this.held.fetch_add(1, SeqCst);
-                this.holding.fetch_add(1, SeqCst);
-                let mut written = this.node_written.subscribe();
-                let _ = written.wait_for(|written| *written).await;
-                this.holding.fetch_sub(1, SeqCst);
-            }
-            let response = this.inner.send(request).await?;
-            if node_write && response.status().is_success() {
-                if this.holding.load(SeqCst) > 0 {
-                    this.node_written_while_held.store(true, SeqCst);
-                }
-                this.node_written.send_replace(true);
-            }
-            Ok(response)
-        })
-    }
-}
-
 /// A Node that registers while its NodeClaim's launch pass still waits for its status write is
 /// synced beside that write, not after it: kube-runtime runs one pass per NodeClaim at a time,
 /// and at 1 000 nodes that write took seconds. Here the write is held until a Node write goes
@@ -1291,20 +1212,49 @@ async fn a_node_is_synced_while_the_launch_status_write_is_in_flight() {
         .env
         .insert("NODECLAIM_REGISTRATION_TTL".into(), "10m".into());
     world.create_nodeclass(json!({})).await;
-    let gate = HoldStatusUntilNodeWrite {
-        inner: world.client.clone(),
-        node_written: Arc::new(tokio::sync::watch::channel(false).0),
-        held: Arc::default(),
-        holding: Arc::default(),
-        node_written_while_held: Arc::default(),
-    };
-    let gated = kube::Client::new(gate.clone(), world.namespace.clone());
+    // The replica's NodeClaim status writes are held until one of its Node writes has gone
+    // through: an API server slow to answer the launch's status write. `holding` counts the
+    // writes held right now.
+    let node_written = Arc::new(tokio::sync::watch::channel(false).0);
+    let holding = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let node_written_while_held = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gated = harness::intercepted(world.client.clone(), {
+        let (holding, node_written_while_held) = (holding.clone(), node_written_while_held.clone());
+        move |inner: kube::Client, request: harness::Request| {
+            let path = request.uri().path();
+            let patch = request.method() == http::Method::PATCH;
+            let status_write = patch
+                && path.starts_with("/apis/karpenter.sh/v1/nodeclaims/")
+                && path.ends_with("/status");
+            let node_write = patch && path.starts_with("/api/v1/nodes/");
+            let (node_written, holding, node_written_while_held) = (
+                node_written.clone(),
+                holding.clone(),
+                node_written_while_held.clone(),
+            );
+            async move {
+                if status_write {
+                    holding.fetch_add(1, SeqCst);
+                    let _ = node_written.subscribe().wait_for(|written| *written).await;
+                    holding.fetch_sub(1, SeqCst);
+                }
+                let response = inner.send(request).await?;
+                if node_write && response.status().is_success() {
+                    if holding.load(SeqCst) > 0 {
+                        node_written_while_held.store(true, SeqCst);
+                    }
+                    node_written.send_replace(true);
+                }
+                Ok(response)
+            }
+        }
+    });
     world.start_replica_with("early-a", gated).await;
     world.ready_nodeclass().await;
     let name = format!("early-{}", harness::suffix(&world));
     world.create_nodeclaim(&name, json!({})).await;
     eventually("the launch's status write held", || async {
-        (gate.holding.load(SeqCst) >= 1).then_some(())
+        (holding.load(SeqCst) >= 1).then_some(())
     })
     .await;
     let claims = world.nodeclaims();
@@ -1324,7 +1274,7 @@ async fn a_node_is_synced_while_the_launch_status_write_is_in_flight() {
     })
     .await;
     assert!(
-        gate.node_written_while_held.load(SeqCst),
+        node_written_while_held.load(SeqCst),
         "the Node was synced while the launch's status write was held"
     );
     let node = world.nodes().get(&node_name).await.unwrap();

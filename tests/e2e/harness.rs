@@ -681,6 +681,47 @@ impl World {
 
 // ---- helpers shared by the e2e targets ----
 
+/// A request as a replica's client sends it, and the answer a test hands back.
+pub type Request = http::Request<kube::client::Body>;
+pub type Answer =
+    Result<http::Response<kube::client::Body>, Box<dyn std::error::Error + Send + Sync>>;
+
+/// `inner`, with each request passed to `around` with a clone of `inner` to send it with: a
+/// test's fault between a replica and the API server (a write held, counted or refused).
+pub fn intercepted<F, Fut>(inner: Client, around: F) -> Client
+where
+    F: Fn(Client, Request) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Answer> + Send + 'static,
+{
+    #[derive(Clone)]
+    struct Intercept<F> {
+        inner: Client,
+        around: F,
+    }
+    impl<F, Fut> tower_service::Service<Request> for Intercept<F>
+    where
+        F: Fn(Client, Request) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = Answer> + Send + 'static,
+    {
+        type Response = http::Response<kube::client::Body>;
+        type Error = Box<dyn std::error::Error + Send + Sync>;
+        type Future = std::pin::Pin<Box<dyn Future<Output = Answer> + Send>>;
+
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: Request) -> Self::Future {
+            Box::pin((self.around)(self.inner.clone(), request))
+        }
+    }
+    let namespace = inner.default_namespace().to_string();
+    Client::new(Intercept { inner, around }, namespace)
+}
+
 /// A port nothing listens on now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
