@@ -156,11 +156,10 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
         // (patch_nodeclaim_status records the version it replaced.) A Node that registers
         // while this write is in flight is synced beside it, not after it.
         let arrival = pass.arrival.take();
-        let launched = arrival.as_ref().map(|_| pass.with_status());
         let write = patch_nodeclaim_status(&ctx, &pass.claim, &pass.status);
-        let beside = match arrival.zip(launched) {
-            Some((arrival, launched)) => {
-                registration::sync_on_arrival(&ctx, &launched, arrival, write).await
+        let beside = match arrival {
+            Some(arrival) => {
+                registration::sync_on_arrival(&ctx, &pass.with_status(), arrival, write).await
             }
             None => registration::WrittenBeside {
                 written: write.await,

@@ -30,7 +30,6 @@ const SYNCED_FIELDS: [Field; 5] = [
 ];
 
 pub async fn register(pass: &mut Pass<'_>) -> Result<Step> {
-    pass.arrival = None;
     if pass.is_true(conditions::REGISTERED) {
         return Ok(Step::Continue);
     }
