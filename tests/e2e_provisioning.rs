@@ -411,6 +411,15 @@ async fn an_expired_node_is_replaced() {
         }
     })
     .await;
+    let first_claim = world
+        .nodeclaims()
+        .list(&ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}")))
+        .await
+        .expect("list NodeClaims")
+        .items
+        .into_iter()
+        .find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&*first_node))
+        .expect("the first node's NodeClaim");
 
     // After expiry the first node goes away and the pod runs on a new one.
     let nodes = world.nodes();
@@ -446,6 +455,47 @@ async fn an_expired_node_is_replaced() {
         .filter(|i| i.instance.name.ends_with(&first_node))
         .count();
     assert_eq!(expired, 0, "the expired node's instance was deleted");
+
+    // operatorpkg's events, as upstream records them: the NodeClaim's conditions going from
+    // Unknown at launch to True, and the termination finalizer done on the NodeClaim and its
+    // Node once each was deleted.
+    let events: Api<Event> = Api::namespaced(world.client.clone(), "default");
+    let claim_uid = first_claim.uid();
+    let claim_name = first_claim.name_any();
+    eventually("status-condition and Finalized events", || {
+        let events = events.clone();
+        let (claim_uid, claim_name, first_node) =
+            (claim_uid.clone(), claim_name.clone(), first_node.clone());
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let about = |kind: &str, name: &str| {
+                list.items
+                    .iter()
+                    .filter(|e| {
+                        e.regarding.as_ref().is_some_and(|r| {
+                            r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name)
+                        })
+                    })
+                    .filter(|e| e.type_.as_deref() == Some("Normal"))
+                    .map(|e| (e.reason.clone().unwrap_or_default(), e.note.clone().unwrap_or_default(), e.regarding.as_ref().and_then(|r| r.uid.clone())))
+                    .collect::<Vec<_>>()
+            };
+            let claim = about("NodeClaim", &claim_name);
+            let transitioned = claim.iter().any(|(reason, note, uid)| {
+                ["Launched", "Registered", "Initialized", "Ready"].contains(&reason.as_str())
+                    && note.starts_with(&format!("Status condition transitioned, Type: {reason}, Status: Unknown -> True, Reason: "))
+                    && *uid == claim_uid
+            });
+            let finalized = |events: &[(String, String, Option<String>)]| {
+                events.iter().any(|(reason, note, _)| {
+                    reason == "Finalized" && note == "Finalized karpenter.sh/termination"
+                })
+            };
+            (transitioned && finalized(&claim) && finalized(&about("Node", &first_node)))
+                .then_some(())
+        }
+    })
+    .await;
 
     deployments
         .delete("app", &DeleteParams::default())

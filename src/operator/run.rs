@@ -434,10 +434,21 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
     // either polling all of them. Aborted with `serve`: it holds a Leadership receiver, and a
     // task outliving an aborted `serve` would keep the Lease watcher from releasing (and so
     // renewing) the Lease forever.
+    // Every write goes through the fence, which is open only while this replica leads.
+    let writer = fenced(client.clone(), fence.clone());
+    // Queued: no reconcile, provisioning round or watch consumer waits on an event write.
+    let events: Arc<QueuedEvents> = Arc::new(QueuedEvents::spawn(
+        Arc::new(KubeEvents::new(
+            writer.clone(),
+            Some(config.identity.clone()),
+        )),
+        events::QUEUE_CAPACITY,
+    ));
     let mut state_metrics = AbortOnDrop(tokio::spawn(controllers::metrics::run(
         cluster.clone(),
         shared.clone(),
         metrics.clone(),
+        events.clone(),
         clock.clone(),
         leadership.clone(),
         controllers::metrics::Options {
@@ -455,16 +466,11 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
             _ = waiting.acquired() => {
                 tracing::info!(identity = %config.identity, "acquired leadership; starting controllers");
                 metrics.leader.get_or_create(&labels([("identity", &config.identity)])).set(1.0);
-                let writer = fenced(client.clone(), fence.clone());
                 let ctx = Arc::new(Context {
                     client: writer.clone(),
                     cluster: cluster.clone(),
                     cloud,
-                    // Queued: no reconcile or provisioning round waits on an event write.
-                    events: Arc::new(QueuedEvents::spawn(
-                        Arc::new(KubeEvents::new(writer, Some(config.identity.clone()))),
-                        events::QUEUE_CAPACITY,
-                    )),
+                    events: events.clone(),
                     metrics: metrics.clone(),
                     clock,
                     timings: config.timings.clone(),

@@ -17,6 +17,7 @@ use k8s_openapi::jiff::Timestamp;
 pub use self::state::PodSeries;
 use self::state::{PodTransitions, StateInput, StateSnapshot, snapshot};
 use crate::clock::Clock;
+use crate::operator::events::EventSink;
 use crate::operator::leader::Leadership;
 use crate::operator::metrics::{Labels, Metrics, NodeGauge, NodeSeries, SharedLabels};
 use crate::state::{Cluster, SharedKinds};
@@ -225,12 +226,13 @@ impl Publisher {
     }
 }
 
-/// Refreshes the state gauges, and counts status-condition transitions from `kinds`' watch,
-/// until dropped. Runs on every replica.
+/// Refreshes the state gauges, and counts status-condition transitions from `kinds`' watch
+/// (recording their events while leading), until dropped. Runs on every replica.
 pub async fn run(
     cluster: Arc<Cluster>,
     kinds: SharedKinds,
     metrics: Arc<Metrics>,
+    events: Arc<dyn EventSink>,
     clock: Arc<dyn Clock>,
     leadership: Leadership,
     options: Options,
@@ -243,7 +245,8 @@ pub async fn run(
     let conditions = conditions::StatusConditionMetrics::register(&metrics);
     let transitions = async {
         if options.observability {
-            transitions::count(kinds, conditions.clone(), leadership.clone(), clock.clone()).await;
+            let (families, leading) = (conditions.clone(), leadership.clone());
+            transitions::count(kinds, families, events, leading, clock.clone()).await;
         }
     };
     let refreshes = async {
