@@ -417,6 +417,15 @@ pub enum Changed<K> {
     Deleted(Arc<K>),
 }
 
+impl<K> Changed<K> {
+    /// The object, applied or deleted.
+    pub fn object(&self) -> &Arc<K> {
+        match self {
+            Changed::Applied(object) | Changed::Deleted(object) => object,
+        }
+    }
+}
+
 /// The kinds kube-rs Controllers reconcile or watch, shared with the cluster index.
 #[derive(Clone)]
 pub struct SharedKinds {

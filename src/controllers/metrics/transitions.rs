@@ -195,32 +195,27 @@ fn merged(kinds: &SharedKinds) -> impl Stream<Item = AnyChange> + Send + 'static
 
 impl AnyChange {
     fn deleted(&self) -> bool {
-        matches!(
-            self,
-            AnyChange::NodeClaim(Changed::Deleted(_))
-                | AnyChange::NodePool(Changed::Deleted(_))
-                | AnyChange::Node(Changed::Deleted(_))
-        )
+        match self {
+            AnyChange::NodeClaim(c) => matches!(c, Changed::Deleted(_)),
+            AnyChange::NodePool(p) => matches!(p, Changed::Deleted(_)),
+            AnyChange::Node(n) => matches!(n, Changed::Deleted(_)),
+        }
     }
 
     /// The object's kind index, name and conditions.
     fn conditions(&self, values: &mut Interner<str>) -> ObjectConditions {
         match self {
-            AnyChange::NodeClaim(Changed::Applied(c) | Changed::Deleted(c)) => {
-                of_nodeclaim(c, values)
-            }
-            AnyChange::NodePool(Changed::Applied(p) | Changed::Deleted(p)) => {
-                of_nodepool(p, values)
-            }
-            AnyChange::Node(Changed::Applied(n) | Changed::Deleted(n)) => of_node(n, values),
+            AnyChange::NodeClaim(c) => of_nodeclaim(c.object(), values),
+            AnyChange::NodePool(p) => of_nodepool(p.object(), values),
+            AnyChange::Node(n) => of_node(n.object(), values),
         }
     }
 
     fn finalizers(&self, values: &mut Interner<str>) -> Vec<Arc<str>> {
         let meta = match self {
-            AnyChange::NodeClaim(Changed::Applied(c) | Changed::Deleted(c)) => &c.metadata,
-            AnyChange::NodePool(Changed::Applied(p) | Changed::Deleted(p)) => &p.metadata,
-            AnyChange::Node(Changed::Applied(n) | Changed::Deleted(n)) => &n.metadata,
+            AnyChange::NodeClaim(c) => &c.object().metadata,
+            AnyChange::NodePool(p) => &p.object().metadata,
+            AnyChange::Node(n) => &n.object().metadata,
         };
         meta.finalizers
             .iter()
@@ -231,28 +226,25 @@ impl AnyChange {
 
     fn regarding(&self) -> ObjectReference {
         match self {
-            AnyChange::NodeClaim(Changed::Applied(c) | Changed::Deleted(c)) => reference_of(&**c),
-            AnyChange::NodePool(Changed::Applied(p) | Changed::Deleted(p)) => reference_of(&**p),
-            AnyChange::Node(Changed::Applied(n) | Changed::Deleted(n)) => reference_of(&**n),
+            AnyChange::NodeClaim(c) => reference_of(&**c.object()),
+            AnyChange::NodePool(p) => reference_of(&**p.object()),
+            AnyChange::Node(n) => reference_of(&**n.object()),
         }
     }
 
-    /// The message of the object's condition of this type, if it states one.
+    /// The message of the object's condition of this type; empty when it states none.
     fn message(&self, type_: &str) -> String {
+        let ours = |conditions: &[crate::apis::Condition]| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == type_)
+                .map(|c| c.message.clone())
+        };
         let found = match self {
-            AnyChange::NodeClaim(Changed::Applied(c) | Changed::Deleted(c)) => c
-                .status
-                .iter()
-                .flat_map(|s| &s.conditions)
-                .find(|c| c.type_ == type_)
-                .map(|c| c.message.clone()),
-            AnyChange::NodePool(Changed::Applied(p) | Changed::Deleted(p)) => p
-                .status
-                .iter()
-                .flat_map(|s| &s.conditions)
-                .find(|c| c.type_ == type_)
-                .map(|c| c.message.clone()),
-            AnyChange::Node(Changed::Applied(n) | Changed::Deleted(n)) => n
+            AnyChange::NodeClaim(c) => c.object().status.as_ref().and_then(|s| ours(&s.conditions)),
+            AnyChange::NodePool(p) => p.object().status.as_ref().and_then(|s| ours(&s.conditions)),
+            AnyChange::Node(n) => n
+                .object()
                 .status
                 .iter()
                 .flat_map(|s| s.conditions.iter().flatten())
