@@ -428,22 +428,22 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
         (Some(election), leadership)
     };
 
-    // Cache health on every replica; node and pod series only while leading. Its own task: its
-    // refreshes (synchronous passes over the whole index) and the transitions it counts on
-    // every watched change ran inside the task that polls every Controller, each wake-up of
-    // either polling all of them. Aborted with `serve`: it holds a Leadership receiver, and a
-    // task outliving an aborted `serve` would keep the Lease watcher from releasing (and so
-    // renewing) the Lease forever.
     // Every write goes through the fence, which is open only while this replica leads.
     let writer = fenced(client.clone(), fence.clone());
     // Queued: no reconcile, provisioning round or watch consumer waits on an event write.
-    let events: Arc<QueuedEvents> = Arc::new(QueuedEvents::spawn(
+    let events = Arc::new(QueuedEvents::spawn(
         Arc::new(KubeEvents::new(
             writer.clone(),
             Some(config.identity.clone()),
         )),
         events::QUEUE_CAPACITY,
     ));
+    // Cache health on every replica; node and pod series only while leading. Its own task: its
+    // refreshes (synchronous passes over the whole index) and the transitions it counts on
+    // every watched change ran inside the task that polls every Controller, each wake-up of
+    // either polling all of them. Aborted with `serve`: it holds a Leadership receiver, and a
+    // task outliving an aborted `serve` would keep the Lease watcher from releasing (and so
+    // renewing) the Lease forever.
     let mut state_metrics = AbortOnDrop(tokio::spawn(controllers::metrics::run(
         cluster.clone(),
         shared.clone(),
