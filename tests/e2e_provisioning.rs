@@ -1342,3 +1342,178 @@ async fn a_node_is_synced_while_the_launch_status_write_is_in_flight() {
     );
     world.finish().await;
 }
+
+/// Where the pods labelled `app=<app>` were nominated, from their `Nominated` events (one
+/// target per pod, once every pod of the app has one).
+async fn nominations(world: &World, app: &str, pods: usize) -> Option<Vec<String>> {
+    let names: Vec<String> = world
+        .pods()
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .ok()?
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    if names.len() != pods {
+        return None;
+    }
+    let events: Api<Event> = Api::namespaced(world.client.clone(), &world.namespace);
+    let events = events.list(&ListParams::default()).await.ok()?.items;
+    let mut targets = Vec::new();
+    for name in &names {
+        let note = events.iter().find_map(|e| {
+            let about = e.regarding.as_ref()?.name.as_deref()? == name.as_str();
+            (about && e.reason.as_deref() == Some("Nominated")).then(|| e.note.clone())?
+        })?;
+        targets.push(note.strip_prefix("Pod should schedule on: ")?.to_string());
+    }
+    Some(targets)
+}
+
+/// Every NodeClaim of `pool` with its providerID, if any.
+async fn claims_of(world: &World, pool: &str) -> Vec<(String, Option<String>)> {
+    let list = world
+        .nodeclaims()
+        .list(&ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool}")))
+        .await
+        .unwrap();
+    let mut claims: Vec<_> = list
+        .items
+        .iter()
+        .map(|c| {
+            let provider_id = c.status.as_ref().and_then(|s| s.provider_id.clone());
+            (c.name_any(), provider_id)
+        })
+        .collect();
+    claims.sort();
+    claims
+}
+
+/// Every create request held at the cloud: the first NodeClaim waits for its providerID.
+/// Provisioning does not wait with it (upstream would, for the whole launch): pods that arrive
+/// meanwhile get a NodeClaim of their own, or the room the held NodeClaim is sure to have, and
+/// the held NodeClaim's pods are not launched for again. Once the creates go through, every
+/// pod is bound and each NodeClaim has launched once.
+#[tokio::test]
+async fn pods_arriving_during_a_held_launch_are_provisioned_without_relaunching_it() {
+    use karpenter_exoscale::sim::{Fault, FaultAction, HoldGate};
+
+    let Some(mut world) =
+        World::start("e2e-held", Arc::new(|_: &str| KubeletBehaviour::default())).await
+    else {
+        return;
+    };
+    // The held creates must not time out and be looked up meanwhile.
+    world.exoscale_request_timeout = Duration::from_secs(600);
+    let gate = HoldGate::new();
+    let hold = FaultAction::Hold {
+        after_commit: false,
+        only_status: None,
+        gate: gate.clone(),
+    };
+    world
+        .sim
+        .inject(Fault::on("create-instance", hold).always());
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("held-a").await;
+    world.ready_nodeclass().await;
+    let pool_name = format!("held-{}", harness::suffix(&world));
+    create_nodepool(&world, &pool_name).await;
+
+    // Two pods of one CPU: one NodeClaim, its create held.
+    let deployments = create_deployment(&world, "first", "held-first", 2, "1", "1Gi").await;
+    let first = eventually("the first pods nominated", || {
+        nominations(&world, "held-first", 2)
+    })
+    .await;
+    assert_eq!(first[0], first[1], "one NodeClaim for both: {first:?}");
+    let first_claim = first[0]
+        .strip_prefix("nodeclaim/")
+        .expect("a NodeClaim")
+        .to_string();
+    eventually("the first create parked", || async {
+        (gate.held() >= 1).then_some(())
+    })
+    .await;
+
+    // A pod too big for the room left: its own NodeClaim, in a round run while the first
+    // NodeClaim still has no providerID.
+    create_deployment(&world, "second", "held-second", 1, "3", "1Gi").await;
+    let second = eventually("the big pod nominated", || {
+        nominations(&world, "held-second", 1)
+    })
+    .await;
+    let second_claim = second[0]
+        .strip_prefix("nodeclaim/")
+        .expect("a NodeClaim")
+        .to_string();
+    assert_ne!(second_claim, first_claim);
+    // A round's events are queued once all its NodeClaims exist: a NodeClaim made again for
+    // the first pods would be here by now.
+    let mut expected = vec![first_claim.clone(), second_claim.clone()];
+    expected.sort();
+    let claims = claims_of(&world, &pool_name).await;
+    assert_eq!(
+        claims.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(),
+        expected,
+        "no NodeClaim made twice"
+    );
+    assert!(
+        claims.iter().all(|(_, provider_id)| provider_id.is_none()),
+        "every create is still held: {claims:?}"
+    );
+
+    // A small pod fits the room a held NodeClaim is sure to have (the first's: two CPUs of
+    // the four its smallest possible type has).
+    create_deployment(&world, "third", "held-third", 1, "100m", "128Mi").await;
+    let third = eventually("the small pod nominated", || {
+        nominations(&world, "held-third", 1)
+    })
+    .await;
+    let on_held = third[0]
+        .strip_prefix("nodeclaim/")
+        .is_some_and(|c| expected.iter().any(|e| e == c));
+    assert!(on_held, "the small pod goes to a held NodeClaim: {third:?}");
+    assert_eq!(claims_of(&world, &pool_name).await.len(), 2);
+
+    gate.release();
+    let pods = world.pods();
+    eventually("all four pods bound", || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&ListParams::default()).await.ok()?;
+            let bound = list.items.iter().filter(|p| {
+                p.labels()
+                    .get("app")
+                    .is_some_and(|a| a.starts_with("held-"))
+                    && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+            });
+            (bound.count() == 4).then_some(())
+        }
+    })
+    .await;
+    // kube-scheduler binds to whichever node fits first, not where provisioning nominated:
+    // a pod it puts elsewhere can leave another without room, and a further NodeClaim is then
+    // launched as upstream would. Whatever it did, each NodeClaim launched exactly once.
+    let claims = claims_of(&world, &pool_name).await;
+    assert!(claims.iter().all(|(_, p)| p.is_some()), "{claims:?}");
+    assert_eq!(
+        world.sim.call_count("create-instance"),
+        claims.len(),
+        "one create per NodeClaim: {claims:?}"
+    );
+    assert_eq!(
+        world.live_instances().len(),
+        claims.len(),
+        "one VM per NodeClaim"
+    );
+
+    for name in ["first", "second", "third"] {
+        let _ = deployments.delete(name, &DeleteParams::default()).await;
+    }
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(&pool_name, &DeleteParams::default())
+        .await;
+    world.finish().await;
+}

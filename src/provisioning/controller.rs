@@ -22,10 +22,12 @@ use crate::operator::metrics::{Labels, Metrics, labels};
 use crate::scheduling::{
     InstanceType, MinValuesPolicy, PreferencePolicy, Scheduler, TopologySpreadConstraint,
 };
+use crate::state::ClusterIndex;
 
 use super::backoff::LaunchBackoff;
 use super::batcher::Batcher;
 use super::eligibility;
+use super::in_flight::{self, InFlight};
 use super::input::nodeclaim_to_create;
 use super::input::{
     Pending, PodsToPlace, Prepared, name_left_out_pools, pools_with_types, prepare,
@@ -137,6 +139,8 @@ pub struct Provisioner {
     ctx: Arc<Context>,
     settings: Settings,
     pub nominations: Arc<Nominations>,
+    /// NodeClaims this provisioner created that have no providerID yet.
+    in_flight: InFlight,
     metrics: ProvisioningMetrics,
     /// Pods whose launched node registered but cannot take them wait before another launch.
     backoff: Mutex<LaunchBackoff>,
@@ -149,6 +153,7 @@ impl Provisioner {
             ctx,
             settings,
             nominations,
+            in_flight: InFlight::default(),
             metrics,
             backoff: Mutex::new(LaunchBackoff::default()),
         })
@@ -194,11 +199,10 @@ impl Provisioner {
             }
             batcher.resume(|| self.deferral().is_none(), now);
             if batcher.take_if_ready(now).is_some() {
-                if let Some(why) = self.deferral() {
-                    tracing::debug!(reason = why, "provisioning round deferred");
-                    batcher.defer();
-                } else if let Err(error) = self.provision().await {
-                    tracing::warn!(%error, "provisioning round failed");
+                match self.provision().await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => batcher.defer(),
+                    Err(error) => tracing::warn!(%error, "provisioning round failed"),
                 }
                 let index = self.ctx.cluster.read();
                 let pending: std::collections::HashSet<&str> = index
@@ -220,11 +224,12 @@ impl Provisioner {
         }
     }
 
-    /// One provisioning round. Public for tests.
-    pub async fn provision(&self) -> Result<usize, crate::controllers::Error> {
+    /// One provisioning round: the NodeClaims created, or None when it must wait (see
+    /// [`Self::deferral`]). Public for tests.
+    pub async fn provision(&self) -> Result<Option<usize>, crate::controllers::Error> {
         if let Some(why) = self.deferral() {
-            tracing::debug!(reason = why, "provisioning round skipped");
-            return Ok(0);
+            tracing::debug!(reason = why, "provisioning round deferred");
+            return Ok(None);
         }
         let pools = self.nodepools_with_types().await;
         let options = scheduler_options(
@@ -234,11 +239,20 @@ impl Provisioner {
         );
         let mut prepared = {
             let index = self.ctx.cluster.read();
-            prepare(&index, pools, options, PodsToPlace::Pending)
+            // Checked again under the lock the round reads with: a NodeClaim another controller
+            // created since would otherwise be missed.
+            if let Some(why) = Self::deferral_in(&index, &self.in_flight) {
+                tracing::debug!(reason = why, "provisioning round deferred");
+                return Ok(None);
+            }
+            let mut prepared = prepare(&index, pools, options, PodsToPlace::Pending);
+            let ours = self.in_flight.unlaunched(&index);
+            in_flight::reserve(&mut prepared, &index, &ours);
+            prepared
         };
         self.hold_back_runaways(&mut prepared).await;
         if prepared.pods.is_empty() {
-            return Ok(0);
+            return Ok(Some(0));
         }
         for (pool, why) in &prepared.skipped_pools {
             tracing::info!(nodepool = %pool, reason = %why, "NodePool left out of provisioning");
@@ -345,6 +359,9 @@ impl Provisioner {
         for assignment in &results.existing_nodes {
             self.nominations
                 .nominate(&assignment.node_name, nominate_until);
+            let uids = assignment.pods.iter();
+            let uids = uids.filter_map(|&i| pods[i].object.metadata.uid.clone());
+            self.in_flight.assigned(&assignment.node_name, uids);
         }
 
         let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
@@ -402,6 +419,11 @@ impl Provisioner {
                     self.ctx
                         .cluster
                         .update(|index| index.apply_created_nodeclaim(made));
+                    let uids = claim
+                        .pods
+                        .iter()
+                        .filter_map(|&i| pods[i].object.metadata.uid.clone());
+                    self.in_flight.created(&name, uids.collect());
                     {
                         let mut backoff = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
                         for &i in &claim.pods {
@@ -423,10 +445,14 @@ impl Provisioner {
 
         // Events only once every NodeClaim of the round exists: they are queued (the sink
         // never waits on the API), and none of them is worth delaying a launch for.
-        for assignment in &results.existing_nodes {
-            for &i in &assignment.pods {
-                let message = format!("Pod should schedule on: node/{}", assignment.node_name);
-                pod_events.push((i, Severity::Normal, "Nominated", message));
+        {
+            let index = self.ctx.cluster.read();
+            for assignment in &results.existing_nodes {
+                let target = nomination_target(&index, &assignment.node_name);
+                for &i in &assignment.pods {
+                    let message = format!("Pod should schedule on: {target}");
+                    pod_events.push((i, Severity::Normal, "Nominated", message));
+                }
             }
         }
         for u in &results.unschedulable {
@@ -445,7 +471,7 @@ impl Provisioner {
                 .event(pod.as_ref(), Severity::Warning, "FailedScheduling", message)
                 .await;
         }
-        Ok(created)
+        Ok(Some(created))
     }
 
     /// Leaves out of this round the pods whose last launched node registered with a taint they
@@ -501,13 +527,21 @@ impl Provisioner {
     }
 
     /// Why a round may not run now, if it may not: decisions need the lease and synced state.
-    /// Synced includes every NodeClaim having its providerID: a launch still in flight has
-    /// capacity not known yet, and a new round could launch the same capacity twice.
+    /// A NodeClaim without its providerID that another controller created has capacity and
+    /// pods not known yet: a new round could launch the same capacity twice. This
+    /// provisioner's own are modelled (see [`in_flight`]).
     fn deferral(&self) -> Option<&'static str> {
         if !self.ctx.leadership.is_leader() {
-            Some("not the leader")
-        } else if !self.ctx.cluster.synced() {
-            Some("cluster state not synced (or a NodeClaim without its providerID yet)")
+            return Some("not the leader");
+        }
+        Self::deferral_in(&self.ctx.cluster.read(), &self.in_flight)
+    }
+
+    fn deferral_in(index: &ClusterIndex, in_flight: &InFlight) -> Option<&'static str> {
+        if !index.lists_synced() {
+            Some("cluster state not synced")
+        } else if !in_flight.accounts_for(index) {
+            Some("a NodeClaim this provisioner did not create has no providerID yet")
         } else {
             None
         }
@@ -529,6 +563,24 @@ impl Provisioner {
                 .await;
         }
         found
+    }
+}
+
+/// Where a pod placed on existing capacity should land, as upstream names it: the NodeClaim,
+/// the Node, or both (`nodeclaim/c, node/n`).
+fn nomination_target(index: &ClusterIndex, name: &str) -> String {
+    let Some(node) = index.node(name) else {
+        // Capacity without a Node is a NodeClaim still on its way.
+        return format!("nodeclaim/{name}");
+    };
+    let claim = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .and_then(|p| index.nodeclaim_by_provider_id(p));
+    match claim {
+        Some(claim) => format!("nodeclaim/{}, node/{name}", claim.name_any()),
+        None => format!("node/{name}"),
     }
 }
 
