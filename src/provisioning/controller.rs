@@ -27,7 +27,6 @@ use crate::state::ClusterIndex;
 use super::backoff::LaunchBackoff;
 use super::batcher::Batcher;
 use super::eligibility;
-use super::in_flight::{self, InFlight};
 use super::input::nodeclaim_to_create;
 use super::input::{
     Pending, PodsToPlace, Prepared, name_left_out_pools, pools_with_types, prepare,
@@ -139,8 +138,6 @@ pub struct Provisioner {
     ctx: Arc<Context>,
     settings: Settings,
     pub nominations: Arc<Nominations>,
-    /// NodeClaims this provisioner created that have no providerID yet.
-    in_flight: InFlight,
     metrics: ProvisioningMetrics,
     /// Pods whose launched node registered but cannot take them wait before another launch.
     backoff: Mutex<LaunchBackoff>,
@@ -153,7 +150,6 @@ impl Provisioner {
             ctx,
             settings,
             nominations,
-            in_flight: InFlight::default(),
             metrics,
             backoff: Mutex::new(LaunchBackoff::default()),
         })
@@ -199,10 +195,11 @@ impl Provisioner {
             }
             batcher.resume(|| self.deferral().is_none(), now);
             if batcher.take_if_ready(now).is_some() {
-                match self.provision().await {
-                    Ok(Some(_)) => {}
-                    Ok(None) => batcher.defer(),
-                    Err(error) => tracing::warn!(%error, "provisioning round failed"),
+                if let Some(why) = self.deferral() {
+                    tracing::debug!(reason = why, "provisioning round deferred");
+                    batcher.defer();
+                } else if let Err(error) = self.provision().await {
+                    tracing::warn!(%error, "provisioning round failed");
                 }
                 let index = self.ctx.cluster.read();
                 let pending: std::collections::HashSet<&str> = index
@@ -224,12 +221,11 @@ impl Provisioner {
         }
     }
 
-    /// One provisioning round: the NodeClaims created, or None when it must wait (see
-    /// [`Self::deferral`]). Public for tests.
-    pub async fn provision(&self) -> Result<Option<usize>, crate::controllers::Error> {
+    /// One provisioning round. Public for tests.
+    pub async fn provision(&self) -> Result<usize, crate::controllers::Error> {
         if let Some(why) = self.deferral() {
-            tracing::debug!(reason = why, "provisioning round deferred");
-            return Ok(None);
+            tracing::debug!(reason = why, "provisioning round skipped");
+            return Ok(0);
         }
         let pools = self.nodepools_with_types().await;
         let options = scheduler_options(
@@ -239,20 +235,16 @@ impl Provisioner {
         );
         let mut prepared = {
             let index = self.ctx.cluster.read();
-            // Checked again under the lock the round reads with: a NodeClaim another controller
-            // created since would otherwise be missed.
-            if let Some(why) = Self::deferral_in(&index, &self.in_flight) {
-                tracing::debug!(reason = why, "provisioning round deferred");
-                return Ok(None);
-            }
-            let mut prepared = prepare(&index, pools, options, PodsToPlace::Pending);
-            let ours = self.in_flight.unlaunched(&index);
-            in_flight::reserve(&mut prepared, &index, &ours);
-            prepared
+            prepare(&index, pools, options, PodsToPlace::Pending)
         };
+        tracing::debug!(
+            pods = prepared.pods.len(),
+            existing = prepared.input.existing_nodes.len(),
+            "provisioning round"
+        );
         self.hold_back_runaways(&mut prepared).await;
         if prepared.pods.is_empty() {
-            return Ok(Some(0));
+            return Ok(0);
         }
         for (pool, why) in &prepared.skipped_pools {
             tracing::info!(nodepool = %pool, reason = %why, "NodePool left out of provisioning");
@@ -320,6 +312,13 @@ impl Provisioner {
         let results = results.map_err(|e| {
             crate::controllers::Error::Invalid(format!("scheduler task failed: {e}"))
         })?;
+        tracing::debug!(
+            new = results.new_node_claims.len(),
+            existing = results.existing_nodes.len(),
+            unschedulable = results.unschedulable.len(),
+            seconds = started.elapsed().as_secs_f64(),
+            "provisioning round solved"
+        );
         // Every pod of the round is decided: placed (on a new or existing node) or not.
         let mut placed = vec![false; pods.len()];
         for i in results
@@ -359,9 +358,6 @@ impl Provisioner {
         for assignment in &results.existing_nodes {
             self.nominations
                 .nominate(&assignment.node_name, nominate_until);
-            let uids = assignment.pods.iter();
-            let uids = uids.filter_map(|&i| pods[i].object.metadata.uid.clone());
-            self.in_flight.assigned(&assignment.node_name, uids);
         }
 
         let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
@@ -419,11 +415,6 @@ impl Provisioner {
                     self.ctx
                         .cluster
                         .update(|index| index.apply_created_nodeclaim(made));
-                    let uids = claim
-                        .pods
-                        .iter()
-                        .filter_map(|&i| pods[i].object.metadata.uid.clone());
-                    self.in_flight.created(&name, uids.collect());
                     {
                         let mut backoff = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
                         for &i in &claim.pods {
@@ -471,7 +462,7 @@ impl Provisioner {
                 .event(pod.as_ref(), Severity::Warning, "FailedScheduling", message)
                 .await;
         }
-        Ok(Some(created))
+        Ok(created)
     }
 
     /// Leaves out of this round the pods whose last launched node registered with a taint they
@@ -527,21 +518,13 @@ impl Provisioner {
     }
 
     /// Why a round may not run now, if it may not: decisions need the lease and synced state.
-    /// A NodeClaim without its providerID that another controller created has capacity and
-    /// pods not known yet: a new round could launch the same capacity twice. This
-    /// provisioner's own are modelled (see [`in_flight`]).
+    /// Synced includes every NodeClaim having its providerID: a launch still in flight has
+    /// capacity not known yet, and a new round could launch the same capacity twice.
     fn deferral(&self) -> Option<&'static str> {
         if !self.ctx.leadership.is_leader() {
-            return Some("not the leader");
-        }
-        Self::deferral_in(&self.ctx.cluster.read(), &self.in_flight)
-    }
-
-    fn deferral_in(index: &ClusterIndex, in_flight: &InFlight) -> Option<&'static str> {
-        if !index.lists_synced() {
-            Some("cluster state not synced")
-        } else if !in_flight.accounts_for(index) {
-            Some("a NodeClaim this provisioner did not create has no providerID yet")
+            Some("not the leader")
+        } else if !self.ctx.cluster.synced() {
+            Some("cluster state not synced (or a NodeClaim without its providerID yet)")
         } else {
             None
         }
@@ -637,5 +620,28 @@ mod tests {
         assert!(n.is_nominated("node-a", now));
         assert!(!n.is_nominated("node-a", now + Duration::from_secs(21)));
         assert!(!n.is_nominated("node-b", now));
+    }
+
+    #[test]
+    fn nominations_name_the_nodeclaim_the_node_or_both_as_upstream() {
+        use crate::state::testing;
+        let mut index = ClusterIndex::default();
+        index.apply_nodeclaim(testing::nodeclaim(
+            "p-on-its-way",
+            "p",
+            Some("exoscale://1"),
+        ));
+        index.apply_nodeclaim(testing::nodeclaim("p-joined", "p", Some("exoscale://2")));
+        index.apply_node(testing::node("node-joined", Some("exoscale://2"), &[]));
+        index.apply_node(testing::node("unmanaged", Some("other://3"), &[]));
+        assert_eq!(
+            nomination_target(&index, "p-on-its-way"),
+            "nodeclaim/p-on-its-way"
+        );
+        assert_eq!(
+            nomination_target(&index, "node-joined"),
+            "nodeclaim/p-joined, node/node-joined"
+        );
+        assert_eq!(nomination_target(&index, "unmanaged"), "node/unmanaged");
     }
 }

@@ -6,7 +6,6 @@ pub mod batcher;
 pub mod controller;
 pub mod effective_zone;
 pub mod eligibility;
-pub mod in_flight;
 pub mod input;
 pub mod template;
 pub mod volumes;

@@ -374,14 +374,8 @@ impl ClusterIndex {
     /// The same three tests as [`Self::unsynced_because`], so the logged cause cannot drift
     /// from it.
     pub fn synced(&self) -> bool {
-        self.lists_synced() && self.launching() == 0
-    }
-
-    /// Every kind listed and still watched: [`Self::synced`] without the wait for providerIDs
-    /// (provisioning accounts for the launches it started itself; see `provisioning::in_flight`).
-    pub fn lists_synced(&self) -> bool {
         // Asked on every provisioning wake-up while a round waits: no allocation.
-        self.unlisted().next().is_none() && self.stale.is_empty()
+        self.unlisted().next().is_none() && self.stale.is_empty() && self.launching() == 0
     }
 
     fn unlisted(&self) -> impl Iterator<Item = &Kind> {
@@ -393,14 +387,10 @@ impl ClusterIndex {
 
     /// NodeClaims without a providerID yet.
     fn launching(&self) -> usize {
-        self.unlaunched_nodeclaims().count()
-    }
-
-    /// NodeClaims whose launch has not answered yet (no providerID), deleting ones included.
-    pub fn unlaunched_nodeclaims(&self) -> impl Iterator<Item = &Arc<NodeClaim>> {
         self.nodeclaims
             .values()
             .filter(|c| nodeclaim_provider_id(c).is_none())
+            .count()
     }
 
     /// Why [`Self::synced`] is false, one clause per cause (empty when synced): which kinds
@@ -805,15 +795,8 @@ mod tests {
                 "1 NodeClaim(s) without a providerID yet"
             ]
         );
-        assert!(!index.lists_synced());
         index.finish_list(Kind::PodDisruptionBudget);
         assert!(!index.synced(), "c1 has no provider ID yet");
-        assert!(index.lists_synced(), "a launch in flight is not a list");
-        let unlaunched: Vec<String> = index
-            .unlaunched_nodeclaims()
-            .map(|c| c.name_any())
-            .collect();
-        assert_eq!(unlaunched, ["c1"]);
         assert_eq!(
             index.unsynced_because(),
             ["1 NodeClaim(s) without a providerID yet"]
@@ -821,8 +804,6 @@ mod tests {
         index.mark_stale(Kind::Pod);
         index.apply_nodeclaim(nodeclaim("c1", "default", Some("exoscale://1")));
         assert!(!index.synced(), "the pod watch failed");
-        assert!(!index.lists_synced(), "the pod watch failed");
-        assert_eq!(index.unlaunched_nodeclaims().count(), 0);
         assert_eq!(
             index.unsynced_because(),
             ["watch failed, waiting for a new list: Pod"]

@@ -182,7 +182,7 @@ impl Publisher {
             tracing::error!(
                 unsynced_seconds = unsynced,
                 %because,
-                "cluster state has not synced; disruption is paused, and provisioning unless only its own launches are waiting"
+                "cluster state has not synced; provisioning and disruption are paused"
             );
         }
         self.publish_cluster_state(metrics, &snapshot, unsynced);
