@@ -732,6 +732,60 @@ async fn delete_is_idempotent_and_reports_not_found_once_gone() {
     );
 }
 
+/// A node's teardown checks twice that its instance is gone (the Node's finalizer, then the
+/// NodeClaim's). Once this process has seen the instance destroyed to the end, the second check
+/// makes no call. An instance removed behind its back is read at every check: a 404 alone does
+/// not say the instance ever existed where it is looked for.
+#[tokio::test]
+async fn an_instance_seen_destroyed_to_the_end_is_not_read_again() {
+    let w = world().await;
+    let nc = w.launch("twice", &["standard.medium"]).await;
+    let id = parse_provider_id(&provider_id(&nc)).unwrap().to_string();
+    w.provider.delete(&nc).await.unwrap();
+    eventually("instance removal", || async {
+        w.sim.instance(&id).is_none()
+    })
+    .await;
+    let before = w.sim.calls().len();
+    assert!(w.provider.delete(&nc).await.unwrap_err().is_not_found());
+    assert!(w.provider.delete(&nc).await.unwrap_err().is_not_found());
+    assert_eq!(
+        operations(&w.sim, before),
+        ["get-instance"],
+        "the Node's check reads, the NodeClaim's does not"
+    );
+
+    let elsewhere = w.launch("elsewhere", &["standard.medium"]).await;
+    let id = parse_provider_id(&provider_id(&elsewhere))
+        .unwrap()
+        .to_string();
+    w.client.delete_instance(&id).await.unwrap();
+    eventually("instance removal", || async {
+        w.sim.instance(&id).is_none()
+    })
+    .await;
+    let before = w.sim.calls().len();
+    assert!(
+        w.provider
+            .delete(&elsewhere)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+    assert!(
+        w.provider
+            .delete(&elsewhere)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+    assert_eq!(
+        operations(&w.sim, before),
+        ["get-instance", "get-instance"],
+        "never seen destroying: every check reads"
+    );
+}
+
 #[tokio::test]
 async fn a_repeated_delete_while_terminating_sends_no_second_delete() {
     let w = world().await;

@@ -2,6 +2,7 @@
 //! the pure offering selection every provider shares, the Exoscale implementation and an
 //! in-memory fake for scheduler tests and benchmarks.
 
+pub mod destroyed;
 pub mod error;
 pub mod exoscale;
 #[cfg(test)]

@@ -51,6 +51,7 @@ use crate::providers::userdata::{self, UserDataInput};
 use crate::scheduling::InstanceType;
 
 use super::NodeClassState;
+use super::destroyed::DestroyedInstances;
 use super::error::reasons;
 use super::first_launch::FirstLaunches;
 use super::{
@@ -71,6 +72,8 @@ pub struct ExoscaleCloudProvider {
     issued: std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>,
     /// NodeClaims the provisioner of this process created: their first launch needs no lookup.
     first_launches: FirstLaunches,
+    /// Instances seen destroyed to the end: a teardown's second check needs no read.
+    destroyed: DestroyedInstances,
     /// The last list of the cluster's instances, for drift checks.
     listed: tokio::sync::Mutex<listed::ListedInstances>,
     clock: Arc<dyn Clock>,
@@ -122,6 +125,7 @@ impl ExoscaleCloudProvider {
             bootstrap: deps.bootstrap,
             issued: Default::default(),
             first_launches: FirstLaunches::default(),
+            destroyed: DestroyedInstances::default(),
         }
     }
 
@@ -560,7 +564,20 @@ impl CloudProvider for ExoscaleCloudProvider {
         Box::pin(async move {
             let name = nodeclaim.metadata.name.clone().unwrap_or_default();
             let gone = || CloudProviderError::NodeClaimNotFound(name.clone());
+            let recorded_id = nodeclaim
+                .status
+                .as_ref()
+                .and_then(|s| s.provider_id.as_deref())
+                .and_then(|pid| parse_provider_id(pid).ok());
+            // The Node's teardown saw it destroyed to the end: no read needed.
+            if recorded_id.is_some_and(|id| self.destroyed.is_gone(id)) {
+                self.forget_tokens(nodeclaim).await;
+                return Err(gone());
+            }
             let Some(instance) = self.instance_of(nodeclaim).await? else {
+                if let Some(id) = recorded_id {
+                    self.destroyed.not_found(id);
+                }
                 self.forget_tokens(nodeclaim).await;
                 return Err(gone());
             };
@@ -568,8 +585,12 @@ impl CloudProvider for ExoscaleCloudProvider {
             match self.instances.delete_read(&instance).await.map_err(|e| {
                 CloudProviderError::Other(format!("failed to delete instance {}: {e}", instance.id))
             })? {
-                DeleteOutcome::Deleting => Ok(()),
+                DeleteOutcome::Deleting => {
+                    self.destroyed.destroying(&instance.id);
+                    Ok(())
+                }
                 DeleteOutcome::Gone => {
+                    self.destroyed.not_found(&instance.id);
                     self.forget_tokens(nodeclaim).await;
                     Err(gone())
                 }
