@@ -4,8 +4,9 @@
 //! waits for it, then the NodeClaim's finalizer checks again, each with a read on the
 //! rate-limited API. An instance this process saw being destroyed and then read as not found is
 //! gone for good (instance IDs are never reused), so the second check is answered here and costs
-//! no call: 900 reads fewer when 900 nodes are removed. A "not found" for an instance not seen
-//! being destroyed (one just created and not yet visible, say) proves nothing and is not kept.
+//! no call: 900 reads fewer when 900 nodes are removed. Each record is dropped once it has
+//! answered that check. A "not found" for an instance not seen being destroyed (one just
+//! created and not yet visible, say) proves nothing and is not kept.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -56,9 +57,11 @@ impl DestroyedInstances {
         self.not_found_at(id, Instant::now());
     }
 
-    /// Whether the instance is known to be gone (no need to ask the cloud).
-    pub fn is_gone(&self, id: &str) -> bool {
-        self.is_gone_at(id, Instant::now())
+    /// Whether the instance is known to be gone (no need to ask the cloud). The answer is given
+    /// once: the NodeClaim's check is the last that needs it, and a repeat (its finalizer
+    /// write failed) just reads again.
+    pub fn take_gone(&self, id: &str) -> bool {
+        self.take_gone_at(id, Instant::now())
     }
 
     fn destroying_at(&self, id: &str, now: Instant) {
@@ -81,12 +84,12 @@ impl DestroyedInstances {
         }
     }
 
-    fn is_gone_at(&self, id: &str, now: Instant) -> bool {
-        let remembered = self.lock();
+    fn take_gone_at(&self, id: &str, now: Instant) -> bool {
+        let mut remembered = self.lock();
         remembered
             .gone
-            .get(id)
-            .is_some_and(|at| now.saturating_duration_since(*at) < REMEMBER_FOR)
+            .remove(id)
+            .is_some_and(|at| now.saturating_duration_since(at) < REMEMBER_FOR)
     }
 }
 
@@ -100,15 +103,21 @@ mod tests {
         let start = Instant::now();
         record.not_found_at("never-deleted", start);
         assert!(
-            !record.is_gone_at("never-deleted", start),
+            !record.take_gone_at("never-deleted", start),
             "a 404 alone proves nothing"
         );
 
         record.destroying_at("i-1", start);
-        assert!(!record.is_gone_at("i-1", start), "still being destroyed");
+        assert!(!record.take_gone_at("i-1", start), "still being destroyed");
         record.not_found_at("i-1", start + Duration::from_secs(5));
-        assert!(record.is_gone_at("i-1", start + Duration::from_secs(6)));
-        assert!(!record.is_gone_at("i-2", start + Duration::from_secs(6)));
+        assert!(record.take_gone_at("i-1", start + Duration::from_secs(6)));
+        assert!(
+            !record.take_gone_at("i-1", start + Duration::from_secs(6)),
+            "answered once"
+        );
+        assert!(!record.take_gone_at("i-2", start + Duration::from_secs(6)));
+        let remembered = record.lock();
+        assert!(remembered.destroying.is_empty() && remembered.gone.is_empty());
     }
 
     #[test]
@@ -117,11 +126,11 @@ mod tests {
         let start = Instant::now();
         record.destroying_at("i-1", start);
         record.not_found_at("i-1", start);
-        assert!(!record.is_gone_at("i-1", start + REMEMBER_FOR));
+        assert!(!record.take_gone_at("i-1", start + REMEMBER_FOR));
         record.destroying_at("i-2", start);
         // Destroying for longer than it is remembered: the later 404 proves nothing any more.
         record.not_found_at("i-2", start + REMEMBER_FOR);
-        assert!(!record.is_gone_at("i-2", start + REMEMBER_FOR));
+        assert!(!record.take_gone_at("i-2", start + REMEMBER_FOR));
 
         let record = DestroyedInstances::default();
         for i in 0..MAX_REMEMBERED {
@@ -129,13 +138,17 @@ mod tests {
         }
         record.destroying_at("one-too-many", start);
         record.not_found_at("one-too-many", start);
-        assert!(!record.is_gone_at("one-too-many", start), "full: not kept");
+        assert!(
+            !record.take_gone_at("one-too-many", start),
+            "full: not kept"
+        );
         assert_eq!(record.lock().destroying.len(), MAX_REMEMBERED);
         // Once the old entries are stale, a new one is kept again.
         let later = start + REMEMBER_FOR;
         record.destroying_at("after-a-while", later);
         record.not_found_at("after-a-while", later);
-        assert!(record.is_gone_at("after-a-while", later));
+        assert!(record.take_gone_at("after-a-while", later));
         assert_eq!(record.lock().destroying.len(), 0);
+        assert!(record.lock().gone.is_empty());
     }
 }

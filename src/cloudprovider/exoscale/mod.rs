@@ -570,7 +570,7 @@ impl CloudProvider for ExoscaleCloudProvider {
                 .and_then(|s| s.provider_id.as_deref())
                 .and_then(|pid| parse_provider_id(pid).ok());
             // The Node's teardown saw it destroyed to the end: no read needed.
-            if recorded_id.is_some_and(|id| self.destroyed.is_gone(id)) {
+            if recorded_id.is_some_and(|id| self.destroyed.take_gone(id)) {
                 self.forget_tokens(nodeclaim).await;
                 return Err(gone());
             }
