@@ -556,11 +556,8 @@ fn nomination_target(index: &ClusterIndex, name: &str) -> String {
         // Capacity without a Node is a NodeClaim still on its way.
         return format!("nodeclaim/{name}");
     };
-    let claim = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.provider_id.as_deref())
-        .and_then(|p| index.nodeclaim_by_provider_id(p));
+    let claim =
+        crate::state::node_provider_id(&node).and_then(|p| index.nodeclaim_by_provider_id(p));
     match claim {
         Some(claim) => format!("nodeclaim/{}, node/{name}", claim.name_any()),
         None => format!("node/{name}"),
