@@ -86,6 +86,10 @@ pub struct Command {
     /// NodeClaims to launch (and wait for) before the candidates are deleted; instance types
     /// cheapest first.
     pub replacements: Vec<NewNodeClaim>,
+    /// Emptiness only: eligible empty nodes the budget left out when the command was decided.
+    /// Validation, 15 s later, takes those still empty that the budget then allows (see
+    /// [`super::validation::validate`]).
+    pub standby: Vec<Candidate>,
 }
 
 impl Command {

@@ -188,15 +188,25 @@ pub fn decide(view: &ClusterView, should_stop: &dyn Fn() -> bool) -> Outcome {
         events: do_not_disrupt_events(view),
         ..Outcome::default()
     };
+    // An emptiness command of standby nodes only (its budget spent by nodes still being torn
+    // down) is taken only if no other method has one: it decides nothing yet.
+    let mut waiting = None;
     for method in Method::ORDER {
         let step = run_method(&base, method, should_stop);
         outcome.events.extend(step.events);
         outcome.moves.extend(step.moves);
         outcome.metrics.extend(step.metrics);
-        if step.command.is_some() {
-            outcome.command = step.command;
-            break;
+        match step.command {
+            Some(cmd) if cmd.candidates.is_empty() => waiting = Some(cmd),
+            Some(cmd) => {
+                outcome.command = Some(cmd);
+                break;
+            }
+            None => {}
         }
+    }
+    if outcome.command.is_none() {
+        outcome.command = waiting;
     }
     outcome
 }
@@ -528,16 +538,32 @@ fn should_disrupt(view: &ClusterView, method: Method, c: &Candidate) -> Result<(
     }
 }
 
-/// Emptiness: every eligible empty node its pool's budget allows, in one delete command.
+/// Emptiness: every eligible empty node its pool's budget allows, in one delete command. The
+/// empty nodes the budget leaves out stand by for validation, up to what the budget allows when
+/// nothing is being disrupted: nodes the previous command is still tearing down spend the
+/// budget now, and are mostly gone when this one is validated 15 s later. A command may then
+/// have only standby nodes; [`decide`] lets the other methods go first.
 fn emptiness(eligible: Vec<Candidate>, budgets: &mut BudgetMapping) -> Option<Command> {
-    let picked: Vec<Candidate> = eligible
-        .into_iter()
-        .filter(|c| budgets.take(&c.node_pool))
-        .collect();
-    (!picked.is_empty()).then(|| Command {
+    let mut picked = Vec::new();
+    let mut standby = Vec::new();
+    let mut per_pool: BTreeMap<String, usize> = BTreeMap::new();
+    for c in eligible {
+        let allowed = budgets.pools.get(&c.node_pool).map_or(0, |b| b.allowed);
+        let count = per_pool.entry(c.node_pool.clone()).or_default();
+        if budgets.take(&c.node_pool) {
+            picked.push(c);
+        } else if *count < allowed {
+            standby.push(c);
+        } else {
+            continue;
+        }
+        *count += 1;
+    }
+    (!picked.is_empty() || !standby.is_empty()).then(|| Command {
         method: Method::Emptiness,
         candidates: picked,
         replacements: Vec::new(),
+        standby,
     })
 }
 
@@ -569,6 +595,7 @@ fn drift(
             method: Method::Drift,
             candidates: vec![c],
             replacements: sim.results.new_node_claims,
+            standby: Vec::new(),
         });
     }
     None
@@ -605,6 +632,7 @@ fn static_drift(
             method: Method::StaticDrift,
             candidates: vec![c],
             replacements: vec![replacement],
+            standby: Vec::new(),
         });
     }
     None
@@ -632,6 +660,7 @@ pub fn compute_consolidation(
                 method,
                 candidates: owned(),
                 replacements: Vec::new(),
+                standby: Vec::new(),
             });
         }
         1 => {}
@@ -666,6 +695,7 @@ pub fn compute_consolidation(
         method,
         candidates: owned(),
         replacements: vec![claim],
+        standby: Vec::new(),
     })
 }
 

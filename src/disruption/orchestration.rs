@@ -146,6 +146,12 @@ impl Orchestration {
                 self.command = validated;
                 self.start(fresh.now)
             }
+            // Only standby nodes and the budget still spent: nothing was decided, so nothing
+            // is rejected (no event, no failed validation).
+            Err(ValidationError::Empty) if self.command.candidates.is_empty() => {
+                self.phase = Phase::Done;
+                Vec::new()
+            }
             Err(e) => self.reject(e),
         }
     }

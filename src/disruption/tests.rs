@@ -475,10 +475,57 @@ fn budget_percentage_limits_emptiness_and_counts_disrupting_nodes() {
         "a NotReady node consumes budget"
     );
     nodes[8].marked_for_deletion = true;
+    let waiting = run(&cluster(policy, nodes)).command.expect("a command");
     assert!(
-        run(&cluster(policy, nodes)).command.is_none(),
+        waiting.candidates.is_empty(),
         "a deleting node consumes budget too"
     );
+    let standby: Vec<&str> = waiting.standby.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        standby,
+        ["n0", "n1"],
+        "what the budget allows once nothing is disrupted waits for validation"
+    );
+}
+
+#[test]
+fn emptiness_waiting_on_a_spent_budget_lets_other_methods_go_first() {
+    let spent = "{consolidateAfter: 0s, budgets: [{nodes: \"1\"}]}";
+    let mut leaving = node("leaving", "default", &large(), vec![], hour_ago());
+    leaving.marked_for_deletion = true;
+    let empty = node("e1", "default", &large(), vec![], hour_ago());
+    let waiting = run(&cluster(spent, vec![leaving.clone(), empty.clone()]))
+        .command
+        .expect("emptiness waits for the budget");
+    assert_eq!(waiting.method, Method::Emptiness);
+    assert!(waiting.candidates.is_empty());
+    assert_eq!(waiting.standby.len(), 1);
+
+    let mut drifted = node(
+        "d1",
+        "other",
+        &large(),
+        vec![pod("d1-p", "3", "1Gi")],
+        hour_ago(),
+    );
+    drifted.drifted_since = Some(now() - chrono::Duration::minutes(5));
+    drifted.consolidatable = false;
+    let v = view(
+        now(),
+        vec![
+            pool(nodepool("default", spent), instance_types()),
+            pool(nodepool("other", UNDERUTILIZED), instance_types()),
+        ],
+        vec![leaving, empty, drifted],
+    );
+    let cmd = run(&v).command.expect("a command");
+    assert_eq!(cmd.method, Method::Drift, "the drift is decided now");
+    assert_eq!(cmd.candidate_names(), ["d1"]);
+
+    // A budget that allows nothing by itself has nothing to wait for.
+    let zero = "{consolidateAfter: 0s, budgets: [{nodes: \"0\"}]}";
+    let e = node("e1", "default", &large(), vec![], hour_ago());
+    assert!(run(&cluster(zero, vec![e])).command.is_none());
 }
 
 #[test]
@@ -843,6 +890,78 @@ mod validation_and_orchestration {
     }
 
     #[test]
+    fn emptiness_validation_fills_the_budget_freed_while_it_waited() {
+        let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"3\"}]}";
+        let mut nodes: Vec<StateNode> = (1..=4)
+            .map(|i| node(&format!("e{i}"), "default", &large(), vec![], hour_ago()))
+            .collect();
+        // The previous command's nodes, still being torn down, spend two of the three.
+        for name in ["leaving1", "leaving2"] {
+            let mut leaving = node(name, "default", &large(), vec![], hour_ago());
+            leaving.marked_for_deletion = true;
+            nodes.push(leaving);
+        }
+        let v = cluster(policy, nodes);
+        let cmd = run(&v).command.unwrap();
+        assert_eq!(cmd.candidate_names(), ["e1"], "one budget unit left");
+        let standby: Vec<&str> = cmd.standby.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            standby,
+            ["e2", "e3"],
+            "up to the budget once nothing is disrupted"
+        );
+
+        let still_leaving = later(&v);
+        assert_eq!(
+            validate(&cmd, &still_leaving).unwrap().candidate_names(),
+            ["e1"],
+            "the budget is still spent: the standby waits"
+        );
+
+        let mut gone = later(&v);
+        gone.nodes.retain(|n| !n.name.starts_with("leaving"));
+        // A pod landed on e2 meanwhile: it is no longer empty, so e3 takes a freed unit.
+        gone.nodes[1].pods.push(pod("arrived", "100m", "64Mi"));
+        let validated = validate(&cmd, &gone).unwrap();
+        assert_eq!(validated.candidate_names(), ["e1", "e3"]);
+        assert!(validated.standby.is_empty());
+
+        // The decided candidate is no longer empty: only the standby is kept.
+        gone.nodes[0]
+            .pods
+            .push(pod("arrived-on-e1", "100m", "64Mi"));
+        assert_eq!(validate(&cmd, &gone).unwrap().candidate_names(), ["e3"]);
+    }
+
+    #[test]
+    fn a_command_of_standby_nodes_starts_only_once_the_budget_frees() {
+        let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"1\"}]}";
+        let mut leaving = node("leaving", "default", &large(), vec![], hour_ago());
+        leaving.marked_for_deletion = true;
+        let v = cluster(
+            policy,
+            vec![leaving, node("e1", "default", &large(), vec![], hour_ago())],
+        );
+        let cmd = run(&v).command.unwrap();
+        assert!(cmd.candidates.is_empty());
+
+        // Still spent at validation: done, with nothing rejected or counted.
+        let (mut o, _) = Orchestration::new(cmd.clone(), v.now, 0);
+        assert!(o.validate(&later(&v)).is_empty());
+        assert_eq!(o.phase, Phase::Done);
+
+        // The leaving node is gone by then: e1 is tainted and deleted.
+        let (mut o, _) = Orchestration::new(cmd, v.now, 0);
+        let mut fresh = later(&v);
+        fresh.nodes.retain(|n| n.name != "leaving");
+        let actions = o.validate(&fresh);
+        assert!(actions.iter().any(
+            |a| matches!(a, Action::DeleteNodeClaims { nodeclaims } if nodeclaims.len() == 1)
+        ));
+        assert_eq!(o.command.candidate_names(), ["e1"]);
+    }
+
+    #[test]
     fn replacement_is_launched_and_initialized_before_candidates_are_deleted() {
         let v = two_underused();
         let cmd = run(&v).command.unwrap();
@@ -1200,6 +1319,7 @@ fn balanced_rejects_moves_that_disrupt_much_more_than_they_save() {
         method: Method::SingleNodeConsolidation,
         candidates: vec![busy.clone()],
         replacements: Vec::new(),
+        standby: Vec::new(),
     };
     let scores = super::balanced::scores(&delete_busy, &totals);
     let moves = super::methods::moves_of(&delete_busy, &scores, false);

@@ -1,6 +1,7 @@
 //! Re-checking a decision after `COMMAND_VALIDATION_DELAY`: the cluster may have changed while
 //! the decision waited (pods landed, a node got nominated, the budget got spent).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -28,21 +29,26 @@ pub enum ValidationError {
 }
 
 /// Recomputes the decision against a fresh view. Emptiness keeps the candidates that are still
-/// empty and within budget; consolidation must find every candidate still eligible and within
-/// budget, and the same outcome: a delete still needs no new node, a replace still needs
-/// exactly one whose instance types include every option of the original. Drift is not
-/// re-validated.
+/// empty and within budget, then fills the budget freed meanwhile from its standby nodes (empty
+/// at the decision too, so they waited as long); consolidation must find every candidate still
+/// eligible and within budget, and the same outcome: a delete still needs no new node, a
+/// replace still needs exactly one whose instance types include every option of the original.
+/// Drift is not re-validated.
 pub fn validate(command: &Command, fresh: &ClusterView) -> Result<Command, ValidationError> {
     if !command.method.needs_validation() {
         return Ok(command.clone());
     }
     let (eligible, _) = eligible_candidates(fresh, command.method);
     let (mut budgets, _) = budget_mapping(fresh, command.method.reason());
-    let find = |name: &str| eligible.iter().find(|c| c.name == name).cloned();
+    let by_name: HashMap<&str, &Candidate> =
+        eligible.iter().map(|c| (c.name.as_str(), c)).collect();
+    let find = |name: &str| by_name.get(name).map(|c| (*c).clone());
     if command.method == Method::Emptiness {
+        // The decided candidates first: the standby only takes what is left.
         let kept: Vec<Candidate> = command
             .candidates
             .iter()
+            .chain(&command.standby)
             .filter_map(|c| find(&c.name))
             .filter(|c| budgets.take(&c.node_pool))
             .collect();
@@ -53,6 +59,7 @@ pub fn validate(command: &Command, fresh: &ClusterView) -> Result<Command, Valid
             method: command.method,
             candidates: kept,
             replacements: Vec::new(),
+            standby: Vec::new(),
         });
     }
     let mut current = Vec::with_capacity(command.candidates.len());
@@ -100,5 +107,6 @@ pub fn validate(command: &Command, fresh: &ClusterView) -> Result<Command, Valid
         method: command.method,
         candidates: current,
         replacements: command.replacements.clone(),
+        standby: Vec::new(),
     })
 }

@@ -596,27 +596,31 @@ pub async fn plan(live: &Live, env: &Env) -> Result<Plan, ExplainError> {
 
     let view = view_of(live, env, pools);
     let outcome = decide(&view, &|| false);
-    let disruption = outcome.command.map(|command| {
-        let remove: Vec<PlannedRemoval> = command
-            .candidates
-            .iter()
-            .map(|c| PlannedRemoval {
-                node: c.name.clone(),
-                nodepool: c.node_pool.clone(),
-                instance_type: c.instance_type.as_ref().map(|t| t.name.clone()),
-                price_per_hour: c.price,
-            })
-            .collect();
-        let savings = command.estimated_savings();
-        DisruptionPlan {
-            method: format!("{:?}", command.method),
-            decision: command.decision().as_str().to_string(),
-            remove,
-            launch: command.replacements.iter().map(planned).collect(),
-            savings_per_hour: savings,
-            savings_per_month: savings * HOURS_PER_MONTH,
-        }
-    });
+    // A command of standby nodes only removes nothing yet.
+    let disruption = outcome
+        .command
+        .filter(|c| !c.candidates.is_empty())
+        .map(|command| {
+            let remove: Vec<PlannedRemoval> = command
+                .candidates
+                .iter()
+                .map(|c| PlannedRemoval {
+                    node: c.name.clone(),
+                    nodepool: c.node_pool.clone(),
+                    instance_type: c.instance_type.as_ref().map(|t| t.name.clone()),
+                    price_per_hour: c.price,
+                })
+                .collect();
+            let savings = command.estimated_savings();
+            DisruptionPlan {
+                method: format!("{:?}", command.method),
+                decision: command.decision().as_str().to_string(),
+                remove,
+                launch: command.replacements.iter().map(planned).collect(),
+                savings_per_hour: savings,
+                savings_per_month: savings * HOURS_PER_MONTH,
+            }
+        });
     let launched: f64 = launch.iter().map(|n| n.price_per_hour).sum();
     let saved = disruption.as_ref().map_or(0.0, |d| d.savings_per_hour);
     let after = cost_per_hour + launched - saved;

@@ -267,8 +267,16 @@ impl Disruption {
         let Some(command) = outcome.command else {
             return self.settings.poll_interval;
         };
-        tracing::info!(method = ?command.method, candidates = ?command.candidate_names(),
-            replacements = command.replacements.len(), savings = command.estimated_savings(), "disrupting");
+        if command.candidates.is_empty() {
+            tracing::debug!(
+                standby = command.standby.len(),
+                "empty nodes wait for the budget, until validation"
+            );
+        } else {
+            tracing::info!(method = ?command.method, candidates = ?command.candidate_names(),
+                standby = command.standby.len(), replacements = command.replacements.len(),
+                savings = command.estimated_savings(), "disrupting");
+        }
         let (orchestration, actions) = Orchestration::new(command, view.now, 0);
         let mut in_flight = InFlight::new(orchestration);
         self.executor.execute(&mut in_flight, actions).await;
