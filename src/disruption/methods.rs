@@ -552,12 +552,11 @@ fn emptiness(eligible: Vec<Candidate>, budgets: &mut BudgetMapping) -> Option<Co
         let count = per_pool.entry(c.node_pool.clone()).or_default();
         if budgets.take(&c.node_pool) {
             picked.push(c);
+            *count += 1;
         } else if *count < allowed {
             standby.push(c);
-        } else {
-            continue;
+            *count += 1;
         }
-        *count += 1;
     }
     (!picked.is_empty() || !standby.is_empty()).then(|| Command {
         method: Method::Emptiness,

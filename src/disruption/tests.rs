@@ -50,6 +50,13 @@ fn names(o: &Outcome) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// `n` drifted since `since`; a drifted node is not a consolidation candidate.
+fn drifted(mut n: StateNode, since: DateTime<Utc>) -> StateNode {
+    n.drifted_since = Some(since);
+    n.consolidatable = false;
+    n
+}
+
 #[test]
 fn empty_node_is_removed_by_emptiness() {
     let v = cluster(
@@ -501,15 +508,16 @@ fn emptiness_waiting_on_a_spent_budget_lets_other_methods_go_first() {
     assert!(waiting.candidates.is_empty());
     assert_eq!(waiting.standby.len(), 1);
 
-    let mut drifted = node(
-        "d1",
-        "other",
-        &large(),
-        vec![pod("d1-p", "3", "1Gi")],
-        hour_ago(),
+    let drifted = drifted(
+        node(
+            "d1",
+            "other",
+            &large(),
+            vec![pod("d1-p", "3", "1Gi")],
+            hour_ago(),
+        ),
+        now() - chrono::Duration::minutes(5),
     );
-    drifted.drifted_since = Some(now() - chrono::Duration::minutes(5));
-    drifted.consolidatable = false;
     let v = view(
         now(),
         vec![
@@ -543,16 +551,14 @@ fn budget_reasons_only_limit_their_methods() {
 fn drift_replaces_one_node_per_budget_unit() {
     let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"1\"}]}";
     let drifted = |name: &str, minutes: i64| {
-        let mut n = node(
+        let n = node(
             name,
             "default",
             &large(),
             vec![pod(&format!("{name}-p"), "3", "1Gi")],
             hour_ago(),
         );
-        n.drifted_since = Some(now() - chrono::Duration::minutes(minutes));
-        n.consolidatable = false;
-        n
+        drifted(n, now() - chrono::Duration::minutes(minutes))
     };
     let mut nodes = vec![drifted("d1", 5), drifted("d2", 30), drifted("d3", 10)];
     let o = run(&cluster(policy, nodes.clone()));
@@ -625,18 +631,20 @@ fn static_pools_are_only_ever_disrupted_for_drift_one_for_one() {
 
 #[test]
 fn drift_prefers_empty_nodes_and_may_take_pdb_blocked_nodes_with_a_grace_period() {
-    let mut busy = node(
-        "busy",
-        "default",
-        &large(),
-        vec![pod("p", "3", "1Gi")],
-        hour_ago(),
+    let mut busy = drifted(
+        node(
+            "busy",
+            "default",
+            &large(),
+            vec![pod("p", "3", "1Gi")],
+            hour_ago(),
+        ),
+        now() - chrono::Duration::hours(2),
     );
-    busy.drifted_since = Some(now() - chrono::Duration::hours(2));
-    busy.consolidatable = false;
-    let mut idle = node("idle", "default", &large(), vec![], hour_ago());
-    idle.drifted_since = Some(now() - chrono::Duration::minutes(1));
-    idle.consolidatable = false;
+    let idle = drifted(
+        node("idle", "default", &large(), vec![], hour_ago()),
+        now() - chrono::Duration::minutes(1),
+    );
     let v = cluster(
         "{consolidateAfter: 0s, budgets: [{nodes: \"1\"}]}",
         vec![busy.clone(), idle],
@@ -1086,9 +1094,10 @@ mod validation_and_orchestration {
 
     #[test]
     fn drift_starts_without_validation_and_deletes_only_empty_nodes_at_once() {
-        let mut idle = node("idle", "default", &large(), vec![], hour_ago());
-        idle.drifted_since = Some(hour_ago());
-        idle.consolidatable = false;
+        let idle = drifted(
+            node("idle", "default", &large(), vec![], hour_ago()),
+            hour_ago(),
+        );
         let v = cluster("{consolidateAfter: 0s}", vec![idle]);
         let cmd = run(&v).command.unwrap();
         assert_eq!(cmd.method, Method::Drift);
