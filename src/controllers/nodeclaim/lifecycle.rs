@@ -49,10 +49,14 @@ pub fn to_core_taint(taint: &Taint) -> CoreTaint {
     }
 }
 
+/// A Node holds one taint per key and effect (the API server refuses a second), and that pair
+/// is what identifies it, as upstream matches taints. The value may differ from the
+/// NodeClaim's: the node agent refuses empty values, so user data writes them `true`.
+/// Comparing values too made registration add a second `key:Effect` taint beside the
+/// kubelet's `key=true:Effect`, which the API server refused on every pass: a NodePool with a
+/// value-less startup taint never registered a node and launched more in their place.
 fn same_taint(a: &CoreTaint, b: &CoreTaint) -> bool {
-    a.key == b.key
-        && a.effect == b.effect
-        && a.value.as_deref().unwrap_or("") == b.value.as_deref().unwrap_or("")
+    a.key == b.key && a.effect == b.effect
 }
 
 /// Merges what the cloud provider returned from Create into the NodeClaim: provider labels
@@ -568,6 +572,63 @@ mod tests {
         assert_eq!(
             registration(&claim, &Vec::<Node>::new()),
             Registration::NodeNotFound
+        );
+    }
+
+    #[test]
+    fn a_value_less_taint_the_node_agent_wrote_as_true_is_the_same_taint() {
+        // Value-less taints, as most CNIs' startup taints are; the user data writes them
+        // `true` (the node agent refuses empty values) and the kubelet registers them so.
+        let mut claim = nodeclaim("c", "pool", Some("exoscale://i"));
+        claim.spec.taints = vec![Taint::new("dedicated", None, TaintEffect::NoSchedule)];
+        claim.spec.startup_taints =
+            vec![Taint::new("cni/not-ready", None, TaintEffect::NoSchedule)];
+        let agent = crate::sim::kubelet::NodeAgentSettings {
+            node_taints: crate::providers::userdata::kubelet_taints(
+                &claim
+                    .spec
+                    .taints
+                    .iter()
+                    .chain(&claim.spec.startup_taints)
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            ),
+            ..Default::default()
+        };
+        let mut joined = node("n", Some("exoscale://i"), &[]);
+        joined.spec.as_mut().unwrap().taints =
+            Some(crate::sim::kubelet::taints_from(&agent).unwrap());
+        let Registration::Register(synced) = registration(&claim, &[joined]) else {
+            panic!("expected registration");
+        };
+        let mut pairs: Vec<(String, String, Option<String>)> = synced
+            .spec
+            .as_ref()
+            .unwrap()
+            .taints
+            .iter()
+            .flatten()
+            .map(|t| (t.key.clone(), t.effect.clone(), t.value.clone()))
+            .collect();
+        pairs.sort();
+        // One taint per key and effect (the API server refuses a second), the kubelet's kept.
+        assert_eq!(
+            pairs,
+            [
+                (
+                    "cni/not-ready".into(),
+                    "NoSchedule".into(),
+                    Some("true".into())
+                ),
+                ("dedicated".into(), "NoSchedule".into(), Some("true".into())),
+            ]
+        );
+        // While the kubelet's copy is there the startup taint has not been removed.
+        assert_eq!(
+            initialization(&claim, Some(&ready((*synced).clone())))
+                .unwrap_err()
+                .reason,
+            "StartupTaintsExist"
         );
     }
 
