@@ -728,8 +728,13 @@ pub fn existing_node_from_k8s<'a>(
         .map(|t| taint(&object, t))
         .collect::<Result<Vec<_>, _>>()?;
     if node_pool.is_some() && !initialized {
+        // By key and effect, as the API server identifies a Node's taints: the Node's copy of
+        // a value-less startup taint says `true` (the node agent refuses empty values).
         taints.retain(|t| {
-            !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()) && !startup_taints.contains(t)
+            !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str())
+                && !startup_taints
+                    .iter()
+                    .any(|s| s.key == t.key && s.effect == t.effect)
         });
     }
     let allocatable = resource_list(
@@ -1097,6 +1102,7 @@ mod tests {
             "spec": {"taints": [
                 {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
                 {"key": "cilium", "value": "init", "effect": "NoSchedule"},
+                {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"},
                 {"key": "dedicated", "value": "db", "effect": "NoSchedule"}
             ]},
             "status": {"allocatable": {"cpu": "3900m", "memory": "7Gi", "pods": "110"}}
@@ -1107,7 +1113,16 @@ mod tests {
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "1"}]},
             "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"requests": {"cpu": "100m"}}}]}
         }));
-        let startup = [Taint::new("cilium", "init", TaintEffect::NoSchedule)];
+        // The second as a NodeClaim holds it without a value; its Node's copy, from user data,
+        // says `true`.
+        let startup = [
+            Taint::new("cilium", "init", TaintEffect::NoSchedule),
+            Taint::new(
+                "node.cilium.io/agent-not-ready",
+                "",
+                TaintEffect::NoSchedule,
+            ),
+        ];
         let n = existing_node_from_k8s(&node, &[bound], &startup).unwrap();
         assert_eq!(n.hostname, "host-1");
         assert_eq!(n.node_pool.as_deref(), Some("default"));

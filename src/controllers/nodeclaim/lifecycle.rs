@@ -49,6 +49,9 @@ pub fn to_core_taint(taint: &Taint) -> CoreTaint {
     }
 }
 
+/// What the user data writes for a taint without a value (`providers::userdata`).
+const AGENT_EMPTY_TAINT_VALUE: &str = "true";
+
 /// A Node holds one taint per key and effect (the API server refuses a second), and that pair
 /// is what identifies it, as upstream matches taints. The value may differ from the
 /// NodeClaim's: the node agent refuses empty values, so user data writes them `true`.
@@ -169,8 +172,19 @@ pub fn synced_node(claim: &NodeClaim, node: &Node) -> Node {
     if !do_not_sync && !registered_before {
         for taint in claim.spec.taints.iter().chain(&claim.spec.startup_taints) {
             let core = to_core_taint(taint);
-            if !taints.iter().any(|t| same_taint(t, &core)) {
-                taints.push(core);
+            match taints.iter_mut().find(|t| same_taint(t, &core)) {
+                // The node agent's `true` for a value-less taint (see [`same_taint`]) goes
+                // back to the NodeClaim's empty value in this write, which is also the one
+                // that lets pods onto the Node: a pod tolerating `key=""` lands where the
+                // scheduler placed it. Another value on the Node is kept, as upstream merges.
+                Some(held)
+                    if held.value.as_deref() == Some(AGENT_EMPTY_TAINT_VALUE)
+                        && core.value.as_deref().unwrap_or("").is_empty() =>
+                {
+                    *held = core;
+                }
+                Some(_) => {}
+                None => taints.push(core),
             }
         }
     }
@@ -576,7 +590,7 @@ mod tests {
     }
 
     #[test]
-    fn a_value_less_taint_the_node_agent_wrote_as_true_is_the_same_taint() {
+    fn a_value_less_taint_the_node_agent_wrote_as_true_is_the_same_taint_and_gets_its_value_back() {
         // Value-less taints, as most CNIs' startup taints are; the user data writes them
         // `true` (the node agent refuses empty values) and the kubelet registers them so.
         let mut claim = nodeclaim("c", "pool", Some("exoscale://i"));
@@ -601,7 +615,7 @@ mod tests {
         let Registration::Register(synced) = registration(&claim, &[joined]) else {
             panic!("expected registration");
         };
-        let mut pairs: Vec<(String, String, Option<String>)> = synced
+        let held: std::collections::BTreeSet<(String, String, Option<String>)> = synced
             .spec
             .as_ref()
             .unwrap()
@@ -610,20 +624,28 @@ mod tests {
             .flatten()
             .map(|t| (t.key.clone(), t.effect.clone(), t.value.clone()))
             .collect();
-        pairs.sort();
-        // One taint per key and effect (the API server refuses a second), the kubelet's kept.
+        // One taint per key and effect (the API server refuses a second), with the
+        // NodeClaim's empty value back.
+        let expected = [
+            ("cni/not-ready".to_string(), "NoSchedule".to_string(), None),
+            ("dedicated".to_string(), "NoSchedule".to_string(), None),
+        ];
+        assert_eq!(held, expected.into_iter().collect());
+        // Idempotent, and a value another writer set is kept.
+        assert_eq!(synced_node(&claim, &synced), *synced);
+        let mut other = node("n", Some("exoscale://i"), &[]);
+        other.spec.as_mut().unwrap().taints = Some(vec![CoreTaint {
+            key: "dedicated".into(),
+            value: Some("db".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        }]);
+        let kept = synced_node(&claim, &other);
         assert_eq!(
-            pairs,
-            [
-                (
-                    "cni/not-ready".into(),
-                    "NoSchedule".into(),
-                    Some("true".into())
-                ),
-                ("dedicated".into(), "NoSchedule".into(), Some("true".into())),
-            ]
+            kept.spec.unwrap().taints.unwrap()[0].value.as_deref(),
+            Some("db")
         );
-        // While the kubelet's copy is there the startup taint has not been removed.
+        // While the Node holds the startup taint it has not been removed.
         assert_eq!(
             initialization(&claim, Some(&ready((*synced).clone())))
                 .unwrap_err()
