@@ -518,6 +518,18 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
         json!({}),
     )
     .await;
+    // Nodes start with a startup taint the test removes: the second node is seen, and blocked,
+    // as not initialized before its PDB holds it (below).
+    Api::<NodePool>::all(world.client.clone())
+        .patch(
+            &pool,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"template": {"spec": {"startupTaints": [
+                {"key": WARMING_TAINT, "effect": "NoSchedule"}
+            ]}}}})),
+        )
+        .await
+        .expect("patch startupTaints");
     // The first node holds a filler and the do-not-disrupt pod; the PDB-guarded pod does not
     // fit beside them and gets a second node. Once the filler goes, both small pods would fit on
     // one node: only the protections keep both nodes.
@@ -531,6 +543,26 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
         json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}}),
     )
     .await;
+    let first = registered_nodes(&world, &pool, 1).await;
+    // The user data wrote the value-less taint as `true` (the node agent refuses empty values);
+    // registration put the NodeClaim's back, once.
+    let held: Vec<_> = world
+        .nodes()
+        .get(&first[0])
+        .await
+        .expect("the first Node")
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key == WARMING_TAINT)
+        .collect();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert!(
+        held[0].value.as_deref().unwrap_or("").is_empty(),
+        "{held:?}"
+    );
+    remove_warming_taint(&world, &first[0]).await;
     initialized_claims(&world, &pool, 1).await;
     bound_pods(&world, "filler", 1).await;
     bound_pods(&world, "pinned", 1).await;
@@ -545,16 +577,45 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
         .await
         .unwrap();
     deployment(&world, "guarded", &pool, 1, "400m", json!({})).await;
+    let second: Vec<String> = registered_nodes(&world, &pool, 2)
+        .await
+        .into_iter()
+        .filter(|n| *n != first[0])
+        .collect();
+    // The first `DisruptionBlocked` of the second node names something other than its PDB; a
+    // node's events share one dedupe key for 2 minutes, so the PDB is named only by a pass
+    // after that, when nothing changes any more and no decision is made.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(world.client.clone());
+    let first_word = eventually_within_showing(
+        "a DisruptionBlocked event on the second node before it is initialized",
+        LONG,
+        || async {
+            let list = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| format!("listing events: {e}"))?;
+            list.items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("DisruptionBlocked"))
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_ref()) == Some(&second[0]))
+                .find_map(|e| e.note.clone())
+                .ok_or_else(|| format!("none yet on {}", second[0]))
+        },
+    )
+    .await;
+    assert!(
+        !first_word.contains("pdb prevents pod evictions"),
+        "{first_word}"
+    );
+    remove_warming_taint(&world, &second[0]).await;
     let claims = initialized_claims(&world, &pool, 2).await;
     bound_pods(&world, "guarded", 1).await;
     deployments(&world)
         .delete("filler", &DeleteParams::default())
         .await
         .unwrap();
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(world.client.clone());
     // One node is blocked by the annotated pod, the other by the PDB. A timeout shows every
-    // event about the two nodes and their NodeClaims: this wait failed once in CI (on a slower
-    // machine) and passed in four runs after it, so its next failure should say why.
+    // event about the two nodes and their NodeClaims.
     let notes = eventually_within_showing(
         "DisruptionBlocked events naming both protections",
         LONG,
@@ -702,6 +763,51 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
     })
     .await;
     cleanup(world, operator, &pool).await;
+}
+
+/// A startup taint of the protections test, removed by the test itself.
+const WARMING_TAINT: &str = "e2e.karpenter.sh/warming";
+
+/// Names of the pool's Nodes once `count` NodeClaims have one, in the order of their NodeClaims'
+/// creation.
+async fn registered_nodes(world: &World, pool: &str, count: usize) -> Vec<String> {
+    eventually_within(&format!("{count} Nodes in {pool}"), LONG, || async {
+        let mut claims = claims_of(world, pool).await;
+        claims.sort_by_key(|c| c.metadata.creation_timestamp.clone());
+        let nodes: Vec<String> = claims.iter().filter_map(node_of).collect();
+        (claims.len() == count && nodes.len() == count).then_some(nodes)
+    })
+    .await
+}
+
+/// Removes [`WARMING_TAINT`] from a Node, as a CNI removes its startup taint once ready.
+async fn remove_warming_taint(world: &World, node: &str) {
+    eventually_within(
+        &format!("{WARMING_TAINT} removed from {node}"),
+        LONG,
+        || async {
+            let current = world.nodes().get(node).await.ok()?;
+            let taints = current.spec.as_ref()?.taints.clone().unwrap_or_default();
+            if !taints.iter().any(|t| t.key == WARMING_TAINT) {
+                return Some(());
+            }
+            let kept: Vec<_> = taints
+                .into_iter()
+                .filter(|t| t.key != WARMING_TAINT)
+                .collect();
+            // The resourceVersion makes this a replace of what was read, not of a newer list.
+            let patch = json!({
+                "metadata": {"resourceVersion": current.resource_version()},
+                "spec": {"taints": kept}
+            });
+            let _ = world
+                .nodes()
+                .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+            None
+        },
+    )
+    .await
 }
 
 /// Sets the NodePool's budgets (the list is replaced).

@@ -2,6 +2,7 @@
 //! found nothing: scanning an unchanged cluster again would find nothing again. The cluster
 //! state bumps a version on any node, NodeClaim, pod binding or NodePool change; the memo
 //! forgets after five minutes regardless (prices and budget windows change without events).
+//! A skipped pass still reports what blocks each node (`methods::resting_events`).
 
 use std::time::Duration;
 

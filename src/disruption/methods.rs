@@ -431,15 +431,7 @@ pub fn eligible_candidates(
     method: Method,
 ) -> (Vec<Candidate>, Vec<DisruptionEvent>) {
     let (all, rejected) = candidates(view, method.class());
-    let mut events: Vec<DisruptionEvent> = rejected
-        .into_iter()
-        .filter(|r| r.nodeclaim.is_some())
-        .map(|r| DisruptionEvent::Blocked {
-            node: r.node,
-            nodeclaim: r.nodeclaim,
-            message: r.reason,
-        })
-        .collect();
+    let mut events = blocked_events(rejected);
     let mut eligible = Vec::new();
     for c in all {
         match should_disrupt(view, method, &c) {
@@ -461,6 +453,37 @@ pub fn eligible_candidates(
         });
     }
     (eligible, events)
+}
+
+/// `DisruptionBlocked` for the rejected nodes this controller manages.
+fn blocked_events(rejected: Vec<super::candidates::Rejection>) -> Vec<DisruptionEvent> {
+    rejected
+        .into_iter()
+        .filter(|r| r.nodeclaim.is_some())
+        .map(|r| DisruptionEvent::Blocked {
+            node: r.node,
+            nodeclaim: r.nodeclaim,
+            message: r.reason,
+        })
+        .collect()
+}
+
+/// The events of a pass whose decision is skipped because nothing changed since a fruitless
+/// one. Upstream evaluates candidates on every pass, so what blocks each node keeps being
+/// reported (deduplicated) while consolidation rests. Without it a node first blocked as "not
+/// initialized" kept that as its last word for the memo's five minutes after a PDB began to
+/// hold it: its `DisruptionBlocked` shares one dedupe key per node, and no pass ran once the
+/// window had passed.
+pub fn resting_events(view: &ClusterView) -> Vec<DisruptionEvent> {
+    let mut events = do_not_disrupt_events(view);
+    let mut classes = Vec::new();
+    for method in Method::ORDER {
+        if !classes.contains(&method.class()) {
+            classes.push(method.class());
+            events.extend(blocked_events(candidates(view, method.class()).1));
+        }
+    }
+    events
 }
 
 /// `Err(Some(msg))`: not eligible, worth an `Unconsolidatable` event; `Err(None)`: silently not.

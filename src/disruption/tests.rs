@@ -663,6 +663,61 @@ fn drift_prefers_empty_nodes_and_may_take_pdb_blocked_nodes_with_a_grace_period(
 }
 
 #[test]
+fn a_resting_pass_reports_what_blocks_each_node_as_a_deciding_pass_does() {
+    // Three nodes, each kept for its own reason: a PDB, initialization, a do-not-disrupt
+    // grace period; and a fourth with nothing to say.
+    let mut guarded = pod("guarded", "500m", "256Mi");
+    Arc::make_mut(&mut Arc::make_mut(&mut guarded.pod).labels).insert("app".into(), "web".into());
+    let mut pinned = pod("pinned", "500m", "256Mi");
+    pinned.do_not_disrupt = Some("10m".into());
+    pinned.started_at = Some(now() - chrono::Duration::minutes(5));
+    let mut fresh = node("fresh", "default", &large(), vec![], hour_ago());
+    fresh.initialized = false;
+    let mut v = cluster(
+        UNDERUTILIZED,
+        vec![
+            node("guarded", "default", &large(), vec![guarded], hour_ago()),
+            fresh,
+            node("pinned", "default", &large(), vec![pinned], hour_ago()),
+            node(
+                "busy",
+                "default",
+                &large(),
+                vec![pod("b", "3", "1Gi")],
+                hour_ago(),
+            ),
+        ],
+    );
+    v.pdbs = vec![pdb(0)];
+    let reported = |events: Vec<DisruptionEvent>| -> std::collections::BTreeSet<String> {
+        events
+            .into_iter()
+            .filter_map(|e| match e {
+                DisruptionEvent::Blocked { node, message, .. } => {
+                    Some(format!("{node}: {message}"))
+                }
+                DisruptionEvent::DoNotDisrupt { name, message, .. } => {
+                    Some(format!("{name}: {message}"))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let resting = reported(super::methods::resting_events(&v));
+    assert_eq!(resting, reported(run(&v).events));
+    for expected in [
+        "guarded: pdb prevents pod evictions",
+        "fresh: node isn't initialized",
+        "pinned: The karpenter.sh/do-not-disrupt grace period will elapse",
+    ] {
+        assert!(
+            resting.iter().any(|r| r.starts_with(expected)),
+            "{expected} in {resting:?}"
+        );
+    }
+}
+
+#[test]
 fn candidate_filters_name_their_reason() {
     let base = || node("n", "default", &large(), vec![], hour_ago());
     let reason = |n: StateNode| {

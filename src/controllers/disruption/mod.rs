@@ -247,6 +247,14 @@ impl Disruption {
         let version = *self.ctx.cluster.subscribe().borrow();
         let now = self.now();
         if !self.memo.should_run(version, now) {
+            // Nothing to decide, but what blocks each node is still reported, as upstream's
+            // every pass does.
+            let view = self.view().await;
+            let resting = Outcome {
+                events: methods::resting_events(&view),
+                ..Outcome::default()
+            };
+            self.publish(&resting, view.now).await;
             return self.settings.poll_interval;
         }
         let view = self.view().await;
