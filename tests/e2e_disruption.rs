@@ -585,16 +585,12 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
     // The first `DisruptionBlocked` of the second node names something other than its PDB; a
     // node's events share one dedupe key for 2 minutes, so the PDB is named only by a pass
     // after that, when nothing changes any more and no decision is made.
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(world.client.clone());
     let first_word = eventually_within_showing(
         "a DisruptionBlocked event on the second node before it is initialized",
         LONG,
         || async {
-            let list = events
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| format!("listing events: {e}"))?;
-            list.items
+            all_events(&world)
+                .await?
                 .iter()
                 .filter(|e| e.reason.as_deref() == Some("DisruptionBlocked"))
                 .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_ref()) == Some(&second[0]))
@@ -620,12 +616,8 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
         "DisruptionBlocked events naming both protections",
         LONG,
         || async {
-            let list = events
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| format!("listing events: {e}"))?;
+            let list = all_events(&world).await?;
             let about_ours: Vec<&k8s_openapi::api::events::v1::Event> = list
-                .items
                 .iter()
                 .filter(|e| {
                     e.regarding
@@ -763,6 +755,15 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
     })
     .await;
     cleanup(world, operator, &pool).await;
+}
+
+/// Every event in the cluster, or what listing them failed with.
+async fn all_events(world: &World) -> Result<Vec<k8s_openapi::api::events::v1::Event>, String> {
+    Api::<k8s_openapi::api::events::v1::Event>::all(world.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .map_err(|e| format!("listing events: {e}"))
 }
 
 /// A startup taint of the protections test, removed by the test itself.

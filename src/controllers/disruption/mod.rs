@@ -246,10 +246,10 @@ impl Disruption {
         self.executor.restore_stale().await;
         let version = *self.ctx.cluster.subscribe().borrow();
         let now = self.now();
+        let view = self.view().await;
         if !self.memo.should_run(version, now) {
             // Nothing to decide, but what blocks each node is still reported, as upstream's
             // every pass does.
-            let view = self.view().await;
             let resting = Outcome {
                 events: methods::resting_events(&view),
                 ..Outcome::default()
@@ -257,7 +257,6 @@ impl Disruption {
             self.publish(&resting, view.now).await;
             return self.settings.poll_interval;
         }
-        let view = self.view().await;
         let started = Instant::now();
         let timeout = self.settings.consolidation_timeout;
         let outcome = tokio::task::spawn_blocking(move || {
