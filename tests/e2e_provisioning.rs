@@ -1342,3 +1342,62 @@ async fn a_node_is_synced_while_the_launch_status_write_is_in_flight() {
     );
     world.finish().await;
 }
+
+/// A NodePool applied before its NodeClass exists is woken when the NodeClass becomes Ready and
+/// provisions at once, as upstream's NodePool readiness controller watches NodeClasses. The
+/// NodePool's resync is set to an hour here: before, only that resync (30 s) noticed, so pods
+/// applied with a new NodePool and NodeClass waited up to 30 s for their first NodeClaim.
+#[tokio::test]
+async fn a_nodepool_applied_before_its_nodeclass_provisions_once_the_nodeclass_is_ready() {
+    let Some(world) = World::start("e2e-pool-first", harness::joins()).await else {
+        return;
+    };
+    world
+        .start_replica_with_controllers("pool-first", world.client.clone(), |config| {
+            config.timings.nodepool_resync = Duration::from_secs(3600);
+            karpenter_exoscale::operator::run::core_controllers(config)
+        })
+        .await;
+    let pool_name = format!("pool-first-{}", harness::suffix(&world));
+    create_nodepool(&world, &pool_name).await;
+    let pools = Api::<NodePool>::all(world.client.clone());
+    let condition = |pool: &NodePool, kind: &str| {
+        pool.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == kind)
+            .map(|c| (format!("{:?}", c.status), c.reason.clone()))
+    };
+    eventually("the NodePool reporting its NodeClass missing", || async {
+        let pool = pools.get(&pool_name).await.ok()?;
+        let (status, reason) = condition(&pool, "NodeClassReady")?;
+        (status == "False" && reason == "NodeClassNotFound").then_some(())
+    })
+    .await;
+    let deployments = create_deployment(&world, "early", "early", 2, "250m", "256Mi").await;
+
+    world.create_nodeclass(json!({})).await;
+    world.ready_nodeclass().await;
+    eventually("the NodePool Ready once its NodeClass is", || async {
+        let pool = pools.get(&pool_name).await.ok()?;
+        let (status, _) = condition(&pool, "Ready")?;
+        (status == "True").then_some(())
+    })
+    .await;
+    eventually("a NodeClaim for the pods", || async {
+        let claims = world
+            .nodeclaims()
+            .list(&ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}")))
+            .await
+            .ok()?;
+        (!claims.items.is_empty()).then_some(())
+    })
+    .await;
+
+    deployments
+        .delete("early", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.finish().await;
+}

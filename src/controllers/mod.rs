@@ -376,10 +376,23 @@ pub fn shutdown_signal(mut rx: tokio::sync::watch::Receiver<bool>) -> Shutdown {
     .shared()
 }
 
+/// NodeClasses as they change, by reference (from the provider's watch).
+pub type NodeClassChanges =
+    futures::stream::BoxStream<'static, crate::apis::common::NodeClassReference>;
+
 /// Spawns every controller of this module into `tasks`, each running until `shutdown`; call
 /// only while leading. The provisioning controller (and disruption) run beside these with the
 /// same [`Context`].
-pub fn spawn(ctx: Arc<Context>, shutdown: Shutdown, tasks: &mut crate::operator::tasks::Tasks) {
+///
+/// `nodeclass_changes` names each NodeClass as the provider's watch sees it change: the change
+/// wakes the NodePools that use it (their `NodeClassReady`, hence whether provisioning may use
+/// them), as upstream's NodePool readiness controller watches NodeClasses.
+pub fn spawn(
+    ctx: Arc<Context>,
+    nodeclass_changes: Option<NodeClassChanges>,
+    shutdown: Shutdown,
+    tasks: &mut crate::operator::tasks::Tasks,
+) {
     use futures::StreamExt;
     use k8s_openapi::api::core::v1::Node;
     use kube::runtime::Controller;
@@ -460,11 +473,28 @@ pub fn spawn(ctx: Arc<Context>, shutdown: Shutdown, tasks: &mut crate::operator:
             .get(crate::apis::labels::NODEPOOL_LABEL)
             .map(|pool| ObjectRef::<NodePool>::new(pool))
     };
-    tasks.spawn(
-        "nodepool",
+    let mut nodepools =
         Controller::for_shared_stream(shared.nodepools.changes(), shared.nodepools.store())
             .with_config(concurrency())
-            .watches_shared_stream(shared.nodeclaims.changes(), claim_to_pool)
+            .watches_shared_stream(shared.nodeclaims.changes(), claim_to_pool);
+    if let Some(changes) = nodeclass_changes {
+        // Each changed NodeClass becomes the NodePools that use it, from the NodePool store.
+        let pools = shared.nodepools.store();
+        let users = changes.flat_map(move |class| {
+            let using: Vec<Arc<NodePool>> = pools
+                .state()
+                .into_iter()
+                .filter(|pool| pool.spec.template.spec.node_class_ref == class)
+                .collect();
+            futures::stream::iter(using)
+        });
+        nodepools = nodepools.watches_shared_stream(users, |pool: Arc<NodePool>| {
+            Some(ObjectRef::from_obj(pool.as_ref()))
+        });
+    }
+    tasks.spawn(
+        "nodepool",
+        nodepools
             .graceful_shutdown_on(shutdown.clone())
             .run(
                 nodepool::reconcile::reconcile,

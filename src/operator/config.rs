@@ -191,6 +191,9 @@ pub struct Timings {
     pub instance_gc_interval: Duration,
     /// How often NodeClasses are re-resolved.
     pub nodeclass_recheck_interval: Duration,
+    /// How often each NodePool is reconciled without a change (no setting: tests lengthen it
+    /// to show that a change wakes it).
+    pub nodepool_resync: Duration,
 }
 
 impl Default for Timings {
@@ -201,6 +204,7 @@ impl Default for Timings {
             instance_gc_grace_period: Duration::from_secs(10 * 60),
             instance_gc_interval: Duration::from_secs(2 * 60),
             nodeclass_recheck_interval: Duration::from_secs(5 * 60),
+            nodepool_resync: Duration::from_secs(30),
         }
     }
 }
@@ -538,6 +542,7 @@ impl Config {
                 defaults.nodeclass_recheck_interval,
                 parse_positive_duration,
             ),
+            nodepool_resync: defaults.nodepool_resync,
         };
 
         let metrics_port = r.parsed(&args.metrics_port, "METRICS_PORT", 8080, parse_port);

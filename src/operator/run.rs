@@ -485,7 +485,14 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                     nodepool_status_writes: Default::default(),
                     superseded: Default::default(),
                 });
-                controllers::spawn(ctx.clone(), stop.clone(), &mut tasks);
+                let nodeclass_changes = nodeclasses.as_ref().map(|w| {
+                    use futures::StreamExt;
+                    w.nodeclasses
+                        .changes()
+                        .map(|class| nodeclass_controller::reference_to(&class))
+                        .boxed()
+                });
+                controllers::spawn(ctx.clone(), nodeclass_changes, stop.clone(), &mut tasks);
                 // The provider's own controller, beside the core's.
                 if let Some(wiring) = nodeclasses {
                     tasks.spawn("nodeclass", nodeclass_controller::run(ctx.clone(), wiring, stop.clone()));

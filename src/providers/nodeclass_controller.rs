@@ -237,6 +237,15 @@ pub fn desired_status(
 }
 
 /// Active (non-deleting) NodeClaims that use this NodeClass.
+/// How a NodePool or NodeClaim refers to `nodeclass`.
+pub fn reference_to(nodeclass: &ExoscaleNodeClass) -> crate::apis::common::NodeClassReference {
+    crate::apis::common::NodeClassReference {
+        group: crate::apis::labels::EXOSCALE_GROUP.into(),
+        kind: crate::cloudprovider::exoscale::NODECLASS_KIND.into(),
+        name: nodeclass.name_any(),
+    }
+}
+
 fn users(ctx: &Context, name: &str) -> usize {
     ctx.cluster
         .read()

@@ -261,6 +261,23 @@ impl World {
         client: Client,
         extra: Vec<karpenter_exoscale::operator::ExtraController>,
     ) {
+        // Provisioning (and the other core controllers) run as in production.
+        self.start_replica_with_controllers(identity, client, move |config| {
+            let mut controllers = karpenter_exoscale::operator::run::core_controllers(config);
+            controllers.extend(extra);
+            controllers
+        })
+        .await
+    }
+
+    /// Starts a replica whose configuration `configure` may change, running the controllers it
+    /// returns in place of the core ones (a test's own timings or provisioning settings).
+    pub async fn start_replica_with_controllers(
+        &self,
+        identity: &str,
+        client: Client,
+        configure: impl FnOnce(&mut Config) -> Vec<karpenter_exoscale::operator::ExtraController>,
+    ) {
         let mut env = self.env.clone();
         env.insert("POD_NAME".into(), identity.into());
         let mut config =
@@ -268,9 +285,7 @@ impl World {
         config.metrics_port = 0;
         config.health_probe_port = 0;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        // Provisioning (and the other core controllers) run as in production.
-        let mut extra_controllers = karpenter_exoscale::operator::run::core_controllers(&config);
-        extra_controllers.extend(extra);
+        let extra_controllers = configure(&mut config);
         // Writes pass the replica's fence, as in `run`.
         let fence = Fence::closed();
         let metrics = Arc::new(Metrics::new());

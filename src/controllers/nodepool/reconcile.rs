@@ -20,8 +20,6 @@ use super::hash::{hash_annotations, needs_hash_migration};
 use super::status::{desired_status, epoch};
 use crate::provisioning::input::pools_with_types;
 
-const RESYNC: Duration = Duration::from_secs(30);
-
 /// At most one status write per NodePool in this long when only its counts (`resources`,
 /// `nodes`) changed, as upstream's counter, which polls every 5 s: during a 500-node burst every
 /// NodeClaim change re-counted and wrote (1 285 writes in two minutes). Condition changes are
@@ -134,7 +132,7 @@ pub async fn reconcile(pool: Arc<NodePool>, ctx: Arc<Context>) -> Result<Action>
         }
     }
     publish_cost(&pool, &ctx).await;
-    Ok(Action::requeue(RESYNC))
+    Ok(Action::requeue(ctx.timings.nodepool_resync))
 }
 
 /// `karpenter_nodepools_cost_total` from the instance types the cloud offers the pool now.
