@@ -236,7 +236,6 @@ pub fn desired_status(
     status
 }
 
-/// Active (non-deleting) NodeClaims that use this NodeClass.
 /// How a NodePool or NodeClaim refers to `nodeclass`.
 pub fn reference_to(nodeclass: &ExoscaleNodeClass) -> crate::apis::common::NodeClassReference {
     crate::apis::common::NodeClassReference {
@@ -246,6 +245,7 @@ pub fn reference_to(nodeclass: &ExoscaleNodeClass) -> crate::apis::common::NodeC
     }
 }
 
+/// Active (non-deleting) NodeClaims that use this NodeClass.
 fn users(ctx: &Context, name: &str) -> usize {
     ctx.cluster
         .read()
