@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use harness::{World, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::events::v1::Event;
-use karpenter_exoscale::apis::NodePool;
 use karpenter_exoscale::apis::labels::{
     BOOTSTRAP_TOKEN_ANNOTATION, INSTANCE_TYPE_LABEL, NODECLAIM_TOKENS_ANNOTATION, NODEPOOL_LABEL,
 };
+use karpenter_exoscale::apis::{ConditionStatus, ConditionsExt, NodePool};
 use karpenter_exoscale::sim::kubelet::KubeletBehaviour;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -1361,18 +1361,11 @@ async fn a_nodepool_applied_before_its_nodeclass_provisions_once_the_nodeclass_i
     let pool_name = format!("pool-first-{}", harness::suffix(&world));
     create_nodepool(&world, &pool_name).await;
     let pools = Api::<NodePool>::all(world.client.clone());
-    let condition = |pool: &NodePool, kind: &str| {
-        pool.status
-            .as_ref()?
-            .conditions
-            .iter()
-            .find(|c| c.type_ == kind)
-            .map(|c| (format!("{:?}", c.status), c.reason.clone()))
-    };
     eventually("the NodePool reporting its NodeClass missing", || async {
-        let pool = pools.get(&pool_name).await.ok()?;
-        let (status, reason) = condition(&pool, "NodeClassReady")?;
-        (status == "False" && reason == "NodeClassNotFound").then_some(())
+        let status = pools.get(&pool_name).await.ok()?.status?;
+        let ready = status.conditions.get_condition("NodeClassReady")?;
+        (ready.status == ConditionStatus::False && ready.reason == "NodeClassNotFound")
+            .then_some(())
     })
     .await;
     let deployments = create_deployment(&world, "early", "early", 2, "250m", "256Mi").await;
@@ -1380,9 +1373,8 @@ async fn a_nodepool_applied_before_its_nodeclass_provisions_once_the_nodeclass_i
     world.create_nodeclass(json!({})).await;
     world.ready_nodeclass().await;
     eventually("the NodePool Ready once its NodeClass is", || async {
-        let pool = pools.get(&pool_name).await.ok()?;
-        let (status, _) = condition(&pool, "Ready")?;
-        (status == "True").then_some(())
+        let status = pools.get(&pool_name).await.ok()?.status?;
+        status.conditions.is_true("Ready").then_some(())
     })
     .await;
     eventually("a NodeClaim for the pods", || async {
