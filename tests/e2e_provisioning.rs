@@ -1343,6 +1343,123 @@ async fn a_node_is_synced_while_the_launch_status_write_is_in_flight() {
     world.finish().await;
 }
 
+/// A pod bound to the Node launched for a pending pod takes the room planned for it: the pending
+/// pod gets another NodeClaim at once, not at its requeue (set to an hour here, so without the
+/// trigger on the binding nothing would launch; upstream waits for its 10 s requeue). kube-
+/// scheduler binds most pods of a big launch this way, without ever marking them unschedulable.
+#[tokio::test]
+async fn a_pod_whose_planned_room_another_takes_gets_a_node_without_waiting_for_its_requeue() {
+    const WARMING_TAINT: &str = "e2e.karpenter.sh/warming";
+    let Some(world) = World::start("e2e-displaced", harness::joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world
+        .start_replica_with_controllers("displaced", world.client.clone(), |config| {
+            let nominations =
+                Arc::new(karpenter_exoscale::provisioning::controller::Nominations::default());
+            let provisioning = karpenter_exoscale::provisioning::controller::Settings {
+                requeue_after: Duration::from_secs(3600),
+                ..karpenter_exoscale::provisioning::settings(&*config)
+            };
+            vec![
+                karpenter_exoscale::provisioning::plugin(provisioning, nominations.clone()),
+                karpenter_exoscale::controllers::disruption::plugin(
+                    karpenter_exoscale::operator::run::disruption_settings(config),
+                    nominations,
+                ),
+            ]
+        })
+        .await;
+    world.ready_nodeclass().await;
+    let pool_name = format!("displaced-{}", harness::suffix(&world));
+    // One standard.small (2 vCPU) takes one of the 1200m pods below, not two. The startup taint
+    // keeps kube-scheduler off the Node until the test has bound its own pod there.
+    let pool: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": pool_name},
+        "spec": {
+            "template": {"spec": {
+                "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
+                "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
+                "startupTaints": [{"key": WARMING_TAINT, "effect": "NoSchedule"}],
+                "expireAfter": "Never"
+            }},
+            "disruption": {"consolidateAfter": "Never"},
+            "limits": {"cpu": "64"}
+        }
+    }))
+    .unwrap();
+    Api::<NodePool>::all(world.client.clone())
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create NodePool");
+    let deployments = create_deployment(&world, "planned", "planned", 1, "1200m", "256Mi").await;
+
+    let claims_of_pool = || async {
+        world
+            .nodeclaims()
+            .list(&ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}")))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+    };
+    let node = eventually("the planned pod's NodeClaim registered", || async {
+        let claims = claims_of_pool().await;
+        let [claim] = claims.as_slice() else {
+            return None;
+        };
+        claim.status.as_ref()?.node_name.clone()
+    })
+    .await;
+
+    // Another pod lands on that Node first, as kube-scheduler binds a pod it never marked.
+    let stranger: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "stranger"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "tolerations": [{"key": WARMING_TAINT, "operator": "Exists"}],
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"requests": {"cpu": "1200m", "memory": "256Mi"}}}]
+        }
+    }))
+    .unwrap();
+    world
+        .pods()
+        .create(&PostParams::default(), &stranger)
+        .await
+        .expect("create the stranger pod");
+    let planned_pending = world
+        .pods()
+        .list(&ListParams::default().labels("app=planned"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none());
+    assert!(planned_pending, "the planned pod must still be pending");
+
+    let second = eventually("a second NodeClaim for the displaced pod", || async {
+        let claims = claims_of_pool().await;
+        (claims.len() == 2).then_some(claims)
+    })
+    .await;
+    let launched = world.sim.call_count("create-instance");
+    assert_eq!(launched, 2, "one instance per pod");
+    assert_eq!(second.len(), 2);
+
+    deployments
+        .delete("planned", &DeleteParams::default())
+        .await
+        .unwrap();
+    let _ = world
+        .pods()
+        .delete("stranger", &DeleteParams::default())
+        .await;
+    world.finish().await;
+}
+
 /// A NodePool applied before its NodeClass exists is woken when the NodeClass becomes Ready and
 /// provisions at once, as upstream's NodePool readiness controller watches NodeClasses. The
 /// NodePool's resync is set to an hour here: before, only that resync (30 s) noticed, so pods

@@ -52,6 +52,16 @@ impl Batcher {
         }
     }
 
+    /// Asks for a round without holding back one already asked for: opens a window if none
+    /// is open (it closes after the idle time), and leaves an open window's deadline alone.
+    /// For signals that come in streams (pods bound to new nodes), which as triggers would
+    /// keep a window open until its maximum.
+    pub fn nudge(&mut self, why: &str, now: Instant) {
+        if self.window.is_none() {
+            self.trigger(why, now);
+        }
+    }
+
     /// When the current window closes, if one is open.
     pub fn deadline(&self) -> Option<Instant> {
         self.window
@@ -157,6 +167,24 @@ mod tests {
         assert!(
             !b.resume(|| true, later + Duration::from_secs(2)),
             "a deferral is owed one round"
+        );
+    }
+
+    #[test]
+    fn a_nudge_opens_a_window_but_never_extends_one() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new(IDLE, MAX);
+        b.nudge("displaced", t0);
+        assert_eq!(b.deadline(), Some(t0 + IDLE), "opened like a trigger");
+        b.nudge("displaced again", t0 + Duration::from_millis(900));
+        assert_eq!(b.deadline(), Some(t0 + IDLE), "not held back");
+        assert_eq!(b.take_if_ready(t0 + IDLE), Some(1));
+        b.trigger("pod", t0 + IDLE);
+        b.nudge("displaced", t0 + IDLE + Duration::from_millis(500));
+        assert_eq!(
+            b.deadline(),
+            Some(t0 + IDLE + IDLE),
+            "a pod's window keeps its own deadline"
         );
     }
 

@@ -2,7 +2,7 @@
 //! solves each batch with the shared scheduler and creates the NodeClaims it asks for.
 //! Karpenter never binds pods; kube-scheduler does once the nodes are Ready.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,6 +26,7 @@ use crate::state::ClusterIndex;
 
 use super::backoff::LaunchBackoff;
 use super::batcher::Batcher;
+use super::displacement::{Displacements, PlannedPod};
 use super::eligibility;
 use super::input::nodeclaim_to_create;
 use super::input::{
@@ -34,7 +35,7 @@ use super::input::{
 };
 
 /// Pods still pending are triggered again after this long (upstream requeues every 10 s).
-const RETRIGGER_AFTER: Duration = Duration::from_secs(10);
+pub const REQUEUE_AFTER: Duration = Duration::from_secs(10);
 
 /// NodeClaims of one round created at once (upstream creates all of a round's in parallel).
 /// One at a time, each waiting on the API server's answer, a round of 464 took 82 s on a
@@ -54,6 +55,9 @@ pub struct Settings {
     pub min_values_policy: MinValuesPolicy,
     /// `SCHEDULER_CONFIG`'s default topology spread.
     pub default_topology_spread: Vec<TopologySpreadConstraint>,
+    /// How long a pod still pending waits before it triggers a round again
+    /// ([`REQUEUE_AFTER`]; no setting changes it, tests lengthen it).
+    pub requeue_after: Duration,
 }
 
 /// Nodes that pods were nominated to, and until when (disruption leaves them alone).
@@ -141,6 +145,8 @@ pub struct Provisioner {
     metrics: ProvisioningMetrics,
     /// Pods whose launched node registered but cannot take them wait before another launch.
     backoff: Mutex<LaunchBackoff>,
+    /// Where the rounds placed the pods still waiting, to re-plan them when others take it.
+    displacements: Mutex<Displacements>,
 }
 
 impl Provisioner {
@@ -152,13 +158,22 @@ impl Provisioner {
             nominations,
             metrics,
             backoff: Mutex::new(LaunchBackoff::default()),
+            displacements: Mutex::new(Displacements::default()),
         })
     }
 
     /// Runs until shutdown: batches triggers and provisions each closed batch.
+    ///
+    /// A pod seen for the first time triggers (holding the window open while a Deployment's
+    /// pods arrive). Pods already seen only nudge: every round re-plans every pending pod, so
+    /// they need a round when none ran for `requeue_after` (upstream's 10 s requeue), or when
+    /// others took the room planned for them; neither holds an open window back. As per-pod
+    /// triggers, the requeues of hundreds of pods, each at its own time, kept every window of
+    /// a 1 000-node launch open to its 10 s maximum.
     pub async fn run(self: Arc<Self>, shutdown: Shutdown) {
         let mut batcher = Batcher::new(self.settings.batch_idle, self.settings.batch_max);
-        let mut last_trigger: HashMap<String, Instant> = HashMap::new();
+        let mut seen: HashSet<String> = HashSet::new();
+        let mut last_round = Instant::now();
         let mut revisions = self.ctx.cluster.subscribe();
         loop {
             // Read before the window's instant: a decision then comes at least the idle time
@@ -166,26 +181,35 @@ impl Provisioner {
             let now_unix = self.ctx.clock.now_unix();
             let now = Instant::now();
             let mut first_seen = Vec::new();
+            let mut pending = false;
             {
-                // Runs on every cluster change: only a pod due a trigger costs an allocation.
+                // Runs on every cluster change: only a pod seen for the first time allocates.
                 let index = self.ctx.cluster.read();
                 for pod in index.pods_iter().filter(|p| eligibility::check(p).is_ok()) {
                     let Some(uid) = pod.metadata.uid.as_deref() else {
                         continue;
                     };
-                    match last_trigger.get_mut(uid) {
-                        None => {
-                            first_seen.push(crate::controllers::metrics::state::pod_key(pod));
-                            batcher.trigger(uid, now);
-                            last_trigger.insert(uid.to_string(), now);
-                        }
-                        Some(last) if now.duration_since(*last) >= RETRIGGER_AFTER => {
-                            batcher.trigger(uid, now);
-                            *last = now;
-                        }
-                        Some(_) => {}
+                    pending = true;
+                    if !seen.contains(uid) {
+                        first_seen.push(crate::controllers::metrics::state::pod_key(pod));
+                        batcher.trigger(uid, now);
+                        seen.insert(uid.to_string());
                     }
                 }
+                // Pods others took the planned room of: a round now, not at the requeue.
+                let displaced = self
+                    .displacements
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .displaced(&index);
+                if !displaced.is_empty() {
+                    tracing::debug!(targets = ?displaced, "pods not planned there took room planned for pending pods");
+                    batcher.nudge("room taken", now);
+                }
+            }
+            let requeue_at = last_round + self.settings.requeue_after;
+            if pending && now >= requeue_at {
+                batcher.nudge("requeue", now);
             }
             // A pod's scheduling decision is timed from here, as upstream acks a pod when its
             // controller first sees it provisionable (not when a round starts).
@@ -198,21 +222,29 @@ impl Provisioner {
                 if let Some(why) = self.deferral() {
                     tracing::debug!(reason = why, "provisioning round deferred");
                     batcher.defer();
-                } else if let Err(error) = self.provision().await {
-                    tracing::warn!(%error, "provisioning round failed");
+                } else {
+                    if let Err(error) = self.provision().await {
+                        tracing::warn!(%error, "provisioning round failed");
+                    }
+                    last_round = Instant::now();
                 }
                 let index = self.ctx.cluster.read();
-                let pending: std::collections::HashSet<&str> = index
+                let pending: HashSet<&str> = index
                     .pods_iter()
                     .filter(|p| eligibility::check(p).is_ok())
                     .filter_map(|p| p.metadata.uid.as_deref())
                     .collect();
-                last_trigger.retain(|uid, _| pending.contains(uid.as_str()));
+                seen.retain(|uid| pending.contains(uid.as_str()));
+                continue; // look again at once: the round took time
             }
-            let wait = batcher
-                .deadline()
-                .map(|d| d.saturating_duration_since(Instant::now()))
-                .unwrap_or(RETRIGGER_AFTER);
+            let now = Instant::now();
+            let wait = match batcher.deadline() {
+                Some(deadline) => deadline.saturating_duration_since(now),
+                None if pending => {
+                    (last_round + self.settings.requeue_after).saturating_duration_since(now)
+                }
+                None => self.settings.requeue_after,
+            };
             tokio::select! {
                 _ = shutdown.clone() => return,
                 changed = revisions.changed() => if changed.is_err() { return },
@@ -385,6 +417,7 @@ impl Provisioner {
             .buffer_unordered(CREATE_CONCURRENCY);
         let mut created = 0;
         let mut pod_events = Vec::new();
+        let mut plans: Vec<(String, &Vec<usize>)> = Vec::new();
         while let Some((i, outcome)) = creations.next().await {
             let claim = &results.new_node_claims[i];
             match outcome {
@@ -427,6 +460,7 @@ impl Provisioner {
                         let message = format!("Pod should schedule on: nodeclaim/{name}");
                         pod_events.push((i, Severity::Normal, "Nominated", message));
                     }
+                    plans.push((name, &claim.pods));
                 }
                 Err(error) => {
                     tracing::warn!(nodepool = %claim.node_pool, %error, "creating a NodeClaim failed");
@@ -444,6 +478,19 @@ impl Provisioner {
                     let message = format!("Pod should schedule on: {target}");
                     pod_events.push((i, Severity::Normal, "Nominated", message));
                 }
+            }
+            let existing = results
+                .existing_nodes
+                .iter()
+                .map(|a| (a.node_name.clone(), &a.pods));
+            let mut displacements = self.displacements.lock().unwrap_or_else(|p| p.into_inner());
+            for (target, placed) in plans.into_iter().chain(existing) {
+                let waiting = placed
+                    .iter()
+                    .filter(|&&i| unbound(&pods[i]))
+                    .filter_map(|&i| PlannedPod::of(&pods[i].object))
+                    .collect();
+                displacements.plan(&index, &target, waiting);
             }
         }
         for u in &results.unschedulable {

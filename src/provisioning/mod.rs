@@ -4,6 +4,7 @@
 pub mod backoff;
 pub mod batcher;
 pub mod controller;
+pub mod displacement;
 pub mod effective_zone;
 pub mod eligibility;
 pub mod input;
@@ -23,6 +24,7 @@ pub fn settings(config: &Config) -> controller::Settings {
         preference_policy: config.preference_policy,
         min_values_policy: config.min_values_policy,
         default_topology_spread: config.default_topology_spread.clone(),
+        requeue_after: controller::REQUEUE_AFTER,
     }
 }
 

@@ -450,6 +450,18 @@ impl ClusterIndex {
     pub fn pods_iter(&self) -> impl Iterator<Item = &Arc<Pod>> {
         self.pods.values()
     }
+    /// One pod by `(namespace, name)`, without copying it.
+    pub fn pod_by_key(&self, key: &NamespacedName) -> Option<&Arc<Pod>> {
+        self.pods.get(key)
+    }
+    /// Pods bound to a node (any phase), without copying the list.
+    pub fn pods_on_node_iter(&self, node: &str) -> impl Iterator<Item = &Arc<Pod>> {
+        self.pods_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| self.pods.get(key))
+    }
     pub fn daemonsets(&self) -> Vec<Arc<DaemonSet>> {
         self.daemonsets.values().cloned().collect()
     }
