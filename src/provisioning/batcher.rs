@@ -4,7 +4,7 @@
 //!
 //! A window that closes while provisioning must wait (state not synced, a launch still waiting
 //! for its providerID) is deferred, not dropped: the next window opens as soon as the wait is
-//! over. Otherwise its pods, already triggered, would wait for their 10-s retrigger; at 1 000
+//! over. Otherwise its pods, already triggered, would wait for their 10-s requeue; at 1 000
 //! nodes that idled ten seconds between every two rounds.
 
 use std::collections::HashSet;

@@ -34,7 +34,8 @@ use super::input::{
     scheduler_options,
 };
 
-/// Pods still pending are triggered again after this long (upstream requeues every 10 s).
+/// Pods still pending are re-planned by a round at least this often (upstream requeues a
+/// pending pod every 10 s).
 pub const REQUEUE_AFTER: Duration = Duration::from_secs(10);
 
 /// NodeClaims of one round created at once (upstream creates all of a round's in parallel).
@@ -55,7 +56,7 @@ pub struct Settings {
     pub min_values_policy: MinValuesPolicy,
     /// `SCHEDULER_CONFIG`'s default topology spread.
     pub default_topology_spread: Vec<TopologySpreadConstraint>,
-    /// How long a pod still pending waits before it triggers a round again
+    /// How long pending pods wait, when no round ran, before they ask for one
     /// ([`REQUEUE_AFTER`]; no setting changes it, tests lengthen it).
     pub requeue_after: Duration,
 }
