@@ -245,23 +245,13 @@ async fn scale(world: &World, name: &str, replicas: i32) {
         .expect("scale Deployment");
 }
 
-/// NodeClaims of the NodePool (including deleting ones).
-async fn claims_of(world: &World, pool: &str) -> Vec<NodeClaim> {
-    world
-        .nodeclaims()
-        .list(&ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool}")))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-}
-
 /// Names of the live (not deleting) NodeClaims of the pool once every one is initialized.
 async fn initialized_claims(world: &World, pool: &str, count: usize) -> BTreeSet<String> {
     eventually_within(
         &format!("{count} initialized NodeClaims in {pool}"),
         LONG,
         || async {
-            let claims = claims_of(world, pool).await;
+            let claims = world.claims_of_pool(pool).await;
             let live: Vec<&NodeClaim> = claims
                 .iter()
                 .filter(|c| c.metadata.deletion_timestamp.is_none())
@@ -348,7 +338,7 @@ async fn an_empty_node_is_removed_after_consolidate_after() {
     })
     .await;
     assert!(
-        claims_of(&world, &pool).await.is_empty(),
+        world.claims_of_pool(&pool).await.is_empty(),
         "no replacement for an empty node"
     );
     cleanup(world, operator, &pool).await;
@@ -402,7 +392,7 @@ async fn a_node_whose_pods_fit_elsewhere_is_consolidated_and_its_pods_reschedule
     })
     .await;
     eventually("only the surviving NodeClaim remains", || async {
-        (claims_of(&world, &pool).await.len() == 1).then_some(())
+        (world.claims_of_pool(&pool).await.len() == 1).then_some(())
     })
     .await;
     // The consolidation's simulations are timed beside provisioning's rounds.
@@ -457,7 +447,7 @@ async fn a_nodepool_label_change_drifts_and_replaces_nodes_one_budget_at_a_time(
         "every old NodeClaim replaced",
         Duration::from_secs(420),
         || async {
-            let claims = claims_of(&world, &pool).await;
+            let claims = world.claims_of_pool(&pool).await;
             let disrupting = claims
                 .iter()
                 .filter(|c| old.contains(&c.name_any()))
@@ -494,7 +484,7 @@ async fn a_nodepool_label_change_drifts_and_replaces_nodes_one_budget_at_a_time(
         },
     )
     .await;
-    for claim in claims_of(&world, &pool).await {
+    for claim in world.claims_of_pool(&pool).await {
         assert_eq!(
             claim.labels().get("team").map(String::as_str),
             Some("green"),
@@ -666,7 +656,8 @@ async fn do_not_disrupt_and_a_blocking_pdb_keep_their_nodes() {
     )
     .await;
     assert!(!notes.is_empty());
-    let now: BTreeSet<String> = claims_of(&world, &pool)
+    let now: BTreeSet<String> = world
+        .claims_of_pool(&pool)
         .await
         .iter()
         .filter(|c| c.metadata.deletion_timestamp.is_none())
@@ -774,7 +765,7 @@ const WARMING_TAINT: &str = "e2e.karpenter.sh/warming";
 /// creation.
 async fn registered_nodes(world: &World, pool: &str, count: usize) -> Vec<String> {
     eventually_within(&format!("{count} Nodes in {pool}"), LONG, || async {
-        let mut claims = claims_of(world, pool).await;
+        let mut claims = world.claims_of_pool(pool).await;
         claims.sort_by_key(|c| c.metadata.creation_timestamp.clone());
         let nodes: Vec<String> = claims.iter().filter_map(node_of).collect();
         (claims.len() == count && nodes.len() == count).then_some(nodes)
@@ -891,7 +882,7 @@ async fn two_under_used_nodes_become_one_cheaper_node() {
     bound_pods(&world, "filler-b", 1).await;
     let node_b = bound_pods(&world, "small-b", 1).await;
     assert_ne!(node_a, node_b, "one small pod per node");
-    let old_claims: Vec<NodeClaim> = claims_of(&world, &pool).await;
+    let old_claims: Vec<NodeClaim> = world.claims_of_pool(&pool).await;
     let old_price: f64 = old_claims.iter().map(|c| price_of(&type_of(c))).sum();
 
     // Without the fillers both nodes are under-used: the two small pods fit one tiny node.
@@ -946,7 +937,7 @@ async fn two_under_used_nodes_become_one_cheaper_node() {
         let (old, node_a, node_b) = (&old, &node_a, &node_b);
         let new_claims = &new_claims;
         async move {
-            let claims = claims_of(world, pool).await;
+            let claims = world.claims_of_pool(pool).await;
             new_claims.lock().unwrap().extend(
                 claims
                     .iter()
@@ -1064,7 +1055,7 @@ async fn consolidation_honours_a_nodeoverlay_price() {
         .expect("create NodeOverlay");
 
     let replacement = eventually_within("the tiny node replaced by a small one", LONG, || async {
-        let claims = claims_of(&world, &pool).await;
+        let claims = world.claims_of_pool(&pool).await;
         let done = claims.len() == 1
             && !old.contains(&claims[0].name_any())
             && claims[0]
@@ -1232,7 +1223,7 @@ async fn a_scheduled_zero_budget_blocks_disruption_only_inside_its_window() {
     })
     .await;
     assert!(
-        claims_of(&world, &pool).await.is_empty(),
+        world.claims_of_pool(&pool).await.is_empty(),
         "no replacement for an empty node"
     );
     cleanup(world, operator, &pool).await;

@@ -1395,16 +1395,8 @@ async fn a_pod_whose_planned_room_another_takes_gets_a_node_without_waiting_for_
         .expect("create NodePool");
     let deployments = create_deployment(&world, "planned", "planned", 1, "1200m", "256Mi").await;
 
-    let claims_of_pool = || async {
-        world
-            .nodeclaims()
-            .list(&ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}")))
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-    };
     let node = eventually("the planned pod's NodeClaim registered", || async {
-        let claims = claims_of_pool().await;
+        let claims = world.claims_of_pool(&pool_name).await;
         let [claim] = claims.as_slice() else {
             return None;
         };
@@ -1441,7 +1433,7 @@ async fn a_pod_whose_planned_room_another_takes_gets_a_node_without_waiting_for_
     assert!(planned_pending, "the planned pod must still be pending");
 
     let second = eventually("a second NodeClaim for the displaced pod", || async {
-        let claims = claims_of_pool().await;
+        let claims = world.claims_of_pool(&pool_name).await;
         (claims.len() == 2).then_some(claims)
     })
     .await;
@@ -1495,12 +1487,8 @@ async fn a_nodepool_applied_before_its_nodeclass_provisions_once_the_nodeclass_i
     })
     .await;
     eventually("a NodeClaim for the pods", || async {
-        let claims = world
-            .nodeclaims()
-            .list(&ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}")))
-            .await
-            .ok()?;
-        (!claims.items.is_empty()).then_some(())
+        let claims = world.claims_of_pool(&pool_name).await;
+        (!claims.is_empty()).then_some(())
     })
     .await;
 

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 
+use crate::state::pods::{is_daemonset_pod, is_terminal};
 use crate::state::{ClusterIndex, HeldPod, NamespacedName};
 
 use super::eligibility;
@@ -150,20 +151,10 @@ fn others_on(index: &ClusterIndex, node: &str, planned: &[PlannedPod]) -> usize 
     index
         .pods_on_node_iter(node)
         .filter(|pod| {
-            let finished = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .is_some_and(|p| p == "Succeeded" || p == "Failed");
-            let daemon = pod
-                .metadata
-                .owner_references
-                .as_deref()
-                .unwrap_or_default()
-                .iter()
-                .any(|o| o.kind == "DaemonSet");
             let uid = pod.metadata.uid.as_deref();
-            !finished && !daemon && !planned.iter().any(|p| Some(p.uid.as_str()) == uid)
+            !is_terminal(pod)
+                && !is_daemonset_pod(pod)
+                && !planned.iter().any(|p| Some(p.uid.as_str()) == uid)
         })
         .count()
 }

@@ -504,12 +504,7 @@ impl ClusterIndex {
 
     /// Pods bound to a node (any phase).
     pub fn pods_on_node(&self, node: &str) -> Vec<Arc<Pod>> {
-        self.pods_by_node
-            .get(node)
-            .into_iter()
-            .flatten()
-            .filter_map(|key| self.pods.get(key).cloned())
-            .collect()
+        self.pods_on_node_iter(node).cloned().collect()
     }
 
     /// Nodes reporting this provider ID (more than one is a registration conflict).

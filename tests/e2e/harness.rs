@@ -553,6 +553,15 @@ impl World {
         Api::all(self.client.clone())
     }
 
+    /// NodeClaims of the NodePool (including deleting ones); none while the list fails.
+    pub async fn claims_of_pool(&self, pool: &str) -> Vec<NodeClaim> {
+        self.nodeclaims()
+            .list(&ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool}")))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+    }
+
     pub fn nodes(&self) -> Api<Node> {
         Api::all(self.client.clone())
     }
