@@ -1057,23 +1057,18 @@ async fn an_unhealthy_node_is_repaired_and_replaced() {
     world.start_replica("repair-a").await;
     world.ready_nodeclass().await;
     let pool = format!("repair-{}", suffix(&world));
-    let nodepool: NodePool = serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": pool},
-        "spec": {
-            "template": {"spec": {
-                "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
-                "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
-                "expireAfter": "Never"
-            }},
-            "disruption": {"consolidateAfter": "Never"}
-        }
-    }))
-    .unwrap();
-    let nodepools: Api<NodePool> = Api::all(world.client.clone());
-    nodepools
-        .create(&PostParams::default(), &nodepool)
-        .await
-        .expect("create NodePool");
+    world
+        .create_nodepool(
+            &pool,
+            json!({
+                "template": {"spec": {
+                    "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
+                    "expireAfter": "Never"
+                }},
+                "disruption": {"consolidateAfter": "Never"}
+            }),
+        )
+        .await;
     let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
     let deployment: Deployment = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app"},
@@ -1158,7 +1153,9 @@ async fn an_unhealthy_node_is_repaired_and_replaced() {
         .delete("app", &DeleteParams::default())
         .await
         .expect("delete Deployment");
-    let _ = nodepools.delete(&pool, &DeleteParams::default()).await;
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(&pool, &DeleteParams::default())
+        .await;
     world.finish().await;
 }
 
@@ -1284,19 +1281,15 @@ async fn each_kind_is_watched_once() {
     .await;
     // A NodePool and a pod make the NodePool, NodeClaim and Node controllers reconcile.
     let pool = format!("watch-{}", suffix(&world));
-    let nodepool: karpenter_exoscale::apis::NodePool = serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": pool},
-        "spec": {"template": {"spec": {
-            "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
-            "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass}
-        }}}
-    }))
-    .unwrap();
-    let pools: Api<karpenter_exoscale::apis::NodePool> = Api::all(world.client.clone());
-    pools
-        .create(&PostParams::default(), &nodepool)
-        .await
-        .unwrap();
+    world
+        .create_nodepool(
+            &pool,
+            json!({"template": {"spec": {
+                "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}]
+            }}}),
+        )
+        .await;
+    let pools: Api<NodePool> = Api::all(world.client.clone());
     eventually("the NodePool reconciled", || async {
         let p = pools.get(&pool).await.ok()?;
         p.status

@@ -162,29 +162,24 @@ async fn nodepool_of(
     labels: serde_json::Value,
 ) -> String {
     let name = format!("dis-{}", suffix(world));
-    let pool: NodePool = serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
-        "metadata": {"name": name},
-        "spec": {
-            "disruption": disruption,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "requirements": [
-                        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": types},
-                        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}
-                    ],
-                    "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
-                    "expireAfter": "Never"
+    world
+        .create_nodepool(
+            &name,
+            json!({
+                "disruption": disruption,
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "requirements": [
+                            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": types},
+                            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}
+                        ],
+                        "expireAfter": "Never"
+                    }
                 }
-            }
-        }
-    }))
-    .expect("NodePool");
-    Api::<NodePool>::all(world.client.clone())
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("create NodePool");
+            }),
+        )
+        .await;
     name
 }
 

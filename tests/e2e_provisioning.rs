@@ -27,23 +27,19 @@ async fn create_nodepool(world: &World, name: &str) -> NodePool {
 }
 
 async fn create_nodepool_expiring(world: &World, name: &str, expire_after: &str) -> NodePool {
-    let pool: NodePool = serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
-        "spec": {
-            "template": {"spec": {
-                "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
-                "requirements": [{"key": "karpenter.exoscale.com/instance-family", "operator": "In", "values": ["standard"]}],
-                "expireAfter": expire_after
-            }},
-            "disruption": {"consolidateAfter": "Never"},
-            "limits": {"cpu": "64"}
-        }
-    }))
-    .unwrap();
-    Api::<NodePool>::all(world.client.clone())
-        .create(&PostParams::default(), &pool)
+    world
+        .create_nodepool(
+            name,
+            json!({
+                "template": {"spec": {
+                    "requirements": [{"key": "karpenter.exoscale.com/instance-family", "operator": "In", "values": ["standard"]}],
+                    "expireAfter": expire_after
+                }},
+                "disruption": {"consolidateAfter": "Never"},
+                "limits": {"cpu": "64"}
+            }),
+        )
         .await
-        .expect("create NodePool")
 }
 
 /// Creates Deployment `name` of `replicas` pods labelled `app=<app>`, each requesting `cpu` and
@@ -880,22 +876,18 @@ async fn nodes_the_pods_cannot_use_do_not_cause_a_runaway_scale_up() {
     world.start_replica("runaway").await;
     world.ready_nodeclass().await;
     let pool_name = format!("runaway-{}", &world.namespace[world.namespace.len() - 6..]);
-    let pool: NodePool = serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": pool_name},
-        "spec": {
-            "template": {"spec": {
-                "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
-                "requirements": [{"key": "karpenter.exoscale.com/instance-family", "operator": "In", "values": ["standard"]}]
-            }},
-            "disruption": {"consolidateAfter": "0s"},
-            "limits": {"cpu": "1000"}
-        }
-    }))
-    .unwrap();
-    Api::<NodePool>::all(world.client.clone())
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("create NodePool");
+    world
+        .create_nodepool(
+            &pool_name,
+            json!({
+                "template": {"spec": {
+                    "requirements": [{"key": "karpenter.exoscale.com/instance-family", "operator": "In", "values": ["standard"]}]
+                }},
+                "disruption": {"consolidateAfter": "0s"},
+                "limits": {"cpu": "1000"}
+            }),
+        )
+        .await;
     let deployments = create_deployment(&world, "stuck", "stuck", 3, "500m", "512Mi").await;
 
     let window = Duration::from_secs(300);
@@ -1089,24 +1081,20 @@ async fn a_static_nodepool_keeps_its_replicas_through_a_node_deletion_and_a_scal
     world.start_replica("static-a").await;
     world.ready_nodeclass().await;
     let pool_name = format!("static-{}", &world.namespace[world.namespace.len() - 6..]);
-    let pool: NodePool = serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": pool_name},
-        "spec": {
-            "replicas": 3,
-            "template": {"spec": {
-                "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
-                "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
-                "expireAfter": "Never"
-            }},
-            "limits": {"nodes": "5"}
-        }
-    }))
-    .unwrap();
+    world
+        .create_nodepool(
+            &pool_name,
+            json!({
+                "replicas": 3,
+                "template": {"spec": {
+                    "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
+                    "expireAfter": "Never"
+                }},
+                "limits": {"nodes": "5"}
+            }),
+        )
+        .await;
     let pools = Api::<NodePool>::all(world.client.clone());
-    pools
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("create NodePool");
 
     let nodes = world.nodes();
     let selector = format!("{NODEPOOL_LABEL}={pool_name}");
@@ -1375,24 +1363,20 @@ async fn a_pod_whose_planned_room_another_takes_gets_a_node_without_waiting_for_
     let pool_name = format!("displaced-{}", harness::suffix(&world));
     // One standard.small (2 vCPU) takes one of the 1200m pods below, not two. The startup taint
     // keeps kube-scheduler off the Node until the test has bound its own pod there.
-    let pool: NodePool = serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": pool_name},
-        "spec": {
-            "template": {"spec": {
-                "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": world.nodeclass},
-                "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
-                "startupTaints": [{"key": WARMING_TAINT, "effect": "NoSchedule"}],
-                "expireAfter": "Never"
-            }},
-            "disruption": {"consolidateAfter": "Never"},
-            "limits": {"cpu": "64"}
-        }
-    }))
-    .unwrap();
-    Api::<NodePool>::all(world.client.clone())
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("create NodePool");
+    world
+        .create_nodepool(
+            &pool_name,
+            json!({
+                "template": {"spec": {
+                    "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
+                    "startupTaints": [{"key": WARMING_TAINT, "effect": "NoSchedule"}],
+                    "expireAfter": "Never"
+                }},
+                "disruption": {"consolidateAfter": "Never"},
+                "limits": {"cpu": "64"}
+            }),
+        )
+        .await;
     let deployments = create_deployment(&world, "planned", "planned", 1, "1200m", "256Mi").await;
 
     let node = eventually("the planned pod's NodeClaim registered", || async {

@@ -17,7 +17,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use karpenter_exoscale::apis::labels::{
     INSTANCE_NODECLAIM_LABEL, NODECLASS_LABEL, NODEPOOL_LABEL, TERMINATION_FINALIZER,
 };
-use karpenter_exoscale::apis::{ExoscaleNodeClass, NodeClaim};
+use karpenter_exoscale::apis::{ExoscaleNodeClass, NodeClaim, NodePool};
 use karpenter_exoscale::cloudprovider::exoscale::ExoscaleSettings;
 use karpenter_exoscale::exoscale::models::SksTemplateVariant;
 use karpenter_exoscale::exoscale::{self, Clock, SystemClock};
@@ -507,6 +507,30 @@ impl World {
             .create(&PostParams::default(), &nc)
             .await
             .expect("create NodeClass")
+    }
+
+    /// Creates NodePool `name` with `spec`; its template refers to this world's NodeClass unless
+    /// `spec` names another.
+    pub async fn create_nodepool(&self, name: &str, mut spec: serde_json::Value) -> NodePool {
+        let nodeclass_ref = json!({
+            "group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": self.nodeclass
+        });
+        if let Some(template_spec) = spec
+            .pointer_mut("/template/spec")
+            .and_then(|s| s.as_object_mut())
+        {
+            template_spec.entry("nodeClassRef").or_insert(nodeclass_ref);
+        }
+        let pool: NodePool = serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .expect("NodePool");
+        Api::<NodePool>::all(self.client.clone())
+            .create(&PostParams::default(), &pool)
+            .await
+            .expect("create NodePool")
     }
 
     /// Creates a NodeClaim as provisioning would (labels, smallest instance type).
