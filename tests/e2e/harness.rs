@@ -497,40 +497,23 @@ impl World {
         if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
             spec.extend(extra.clone());
         }
-        let nc: ExoscaleNodeClass = serde_json::from_value(json!({
-            "apiVersion": "karpenter.exoscale.com/v1", "kind": "ExoscaleNodeClass",
-            "metadata": {"name": self.nodeclass},
-            "spec": spec,
-        }))
-        .expect("NodeClass");
-        Api::<ExoscaleNodeClass>::all(self.client.clone())
-            .create(&PostParams::default(), &nc)
+        self.create_cluster_scoped(json!({"name": self.nodeclass}), spec)
             .await
-            .expect("create NodeClass")
     }
 
     /// Creates NodePool `name` with `spec`; its template refers to this world's NodeClass unless
     /// `spec` names another.
     pub async fn create_nodepool(&self, name: &str, mut spec: serde_json::Value) -> NodePool {
-        let nodeclass_ref = json!({
-            "group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": self.nodeclass
-        });
         if let Some(template_spec) = spec
             .pointer_mut("/template/spec")
             .and_then(|s| s.as_object_mut())
         {
-            template_spec.entry("nodeClassRef").or_insert(nodeclass_ref);
+            template_spec
+                .entry("nodeClassRef")
+                .or_insert_with(|| self.nodeclass_ref());
         }
-        let pool: NodePool = serde_json::from_value(json!({
-            "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
-            "metadata": {"name": name},
-            "spec": spec,
-        }))
-        .expect("NodePool");
-        Api::<NodePool>::all(self.client.clone())
-            .create(&PostParams::default(), &pool)
+        self.create_cluster_scoped(json!({"name": name}), spec)
             .await
-            .expect("create NodePool")
     }
 
     /// Creates a NodeClaim as provisioning would (labels, smallest instance type).
@@ -540,21 +523,47 @@ impl World {
                 {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]},
                 {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}
             ],
-            "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": self.nodeclass},
+            "nodeClassRef": self.nodeclass_ref(),
         });
         if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
             spec.extend(extra.clone());
         }
-        let claim: NodeClaim = serde_json::from_value(json!({
-            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
-            "metadata": {"name": name, "labels": {NODEPOOL_LABEL: "e2e", NODECLASS_LABEL: self.nodeclass}},
+        let metadata = json!({
+            "name": name,
+            "labels": {NODEPOOL_LABEL: "e2e", NODECLASS_LABEL: self.nodeclass},
+        });
+        self.create_cluster_scoped(metadata, spec).await
+    }
+
+    /// Creates a cluster-scoped `K` (apiVersion and kind from its type); panics naming the kind.
+    async fn create_cluster_scoped<K>(
+        &self,
+        metadata: serde_json::Value,
+        spec: serde_json::Value,
+    ) -> K
+    where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let kind = K::kind(&());
+        let object: K = serde_json::from_value(json!({
+            "apiVersion": K::api_version(&()), "kind": kind,
+            "metadata": metadata,
             "spec": spec,
         }))
-        .expect("NodeClaim");
-        Api::<NodeClaim>::all(self.client.clone())
-            .create(&PostParams::default(), &claim)
+        .unwrap_or_else(|e| panic!("{kind}: {e}"));
+        Api::<K>::all(self.client.clone())
+            .create(&PostParams::default(), &object)
             .await
-            .expect("create NodeClaim")
+            .unwrap_or_else(|e| panic!("create {kind}: {e}"))
+    }
+
+    /// The template reference to this world's ExoscaleNodeClass.
+    fn nodeclass_ref(&self) -> serde_json::Value {
+        json!({"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": self.nodeclass})
     }
 
     /// Waits until the test's ExoscaleNodeClass reports Ready.
