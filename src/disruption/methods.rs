@@ -1,7 +1,8 @@
 //! The four voluntary disruption methods, tried in upstream's order; the first that yields a
 //! command ends the loop.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use crate::apis::duration::parse_nillable_duration;
 use crate::apis::nodepool::{ConsolidationPolicy, DisruptionReason};
@@ -12,7 +13,7 @@ use super::balanced::{self, PoolTotals};
 use super::budgets::{BudgetCounts, BudgetMapping, PoolBudget};
 use super::candidates::{Candidate, candidates, sort_by_disruption_cost};
 use super::command::{Command, Method, cheaper_than};
-use super::conditions::quiet_since_pod_event;
+use super::conditions::{consolidate_after, quiet_since_pod_event};
 use super::model::ClusterView;
 use super::names;
 use super::simulate::SimulationBase;
@@ -178,6 +179,8 @@ pub struct Outcome {
     /// Consolidation moves evaluated (single-node: each; multi-node: the chosen one).
     pub moves: Vec<ConsolidationMove>,
     pub metrics: BTreeMap<&'static str, MethodMetrics>,
+    /// Candidates whose consolidation replacement was held back ([`hold_replacement`]).
+    pub held_replacements: BTreeSet<String>,
 }
 
 /// Runs the methods in order until one yields a command. `should_stop` is polled between
@@ -208,6 +211,7 @@ pub fn decide(view: &ClusterView, should_stop: &dyn Fn() -> bool) -> Outcome {
     if outcome.command.is_none() {
         outcome.command = waiting;
     }
+    outcome.held_replacements = base.take_held();
     outcome
 }
 
@@ -351,6 +355,7 @@ pub fn run_method(
         events,
         moves,
         metrics: [(key, metrics)].into_iter().collect(),
+        held_replacements: BTreeSet::new(),
     }
 }
 
@@ -685,7 +690,11 @@ pub fn compute_consolidation(
                 standby: Vec::new(),
             });
         }
-        1 => {}
+        1 => {
+            if let Some(why) = hold_replacement(base, candidates) {
+                return Err(why);
+            }
+        }
         n => return Err(format!("Can't remove without creating {n} candidates")),
     }
     let mut claim = claims.remove(0);
@@ -719,6 +728,52 @@ pub fn compute_consolidation(
         replacements: vec![claim],
         standby: Vec::new(),
     })
+}
+
+/// A replacement is held back for settling nodes at most this many times its NodePool's
+/// `consolidateAfter`, and never longer than [`MAX_HOLD`].
+const HOLD_FACTOR: u32 = 2;
+const MAX_HOLD: Duration = Duration::from_secs(600);
+
+/// Why a replacement waits instead (the `Unconsolidatable` event's message).
+pub const HELD_FOR_SETTLING: &str = "Can't replace yet: the pods would fit on nodes that had pod events within consolidateAfter, waiting for them to settle";
+
+/// Holds back a consolidation replacement when the candidates' pods would fit on the rest of
+/// the cluster, with no new node, but for nodes that are settling (a pod event within
+/// `consolidateAfter`; consolidation keeps running pods off those). After a consolidation
+/// deletes a node, kube-scheduler spreads its pods over the others, so every node settles at
+/// once; replacing the next candidate then launches a node that is itself consolidated away
+/// once they settle, evicting the same pods twice. Waiting lets the candidate be deleted with
+/// no new node. Nodes that keep settling (pods churning on them) hold a candidate back only
+/// for [`HOLD_FACTOR`] × `consolidateAfter` (at most [`MAX_HOLD`]) since the first pass that
+/// held it; then it is replaced, as upstream would at once.
+fn hold_replacement(base: &SimulationBase, candidates: &[&Candidate]) -> Option<String> {
+    if !base.any_active_node_settling() {
+        return None;
+    }
+    let view = base.view();
+    let still_held = |c: &&Candidate| {
+        let since = view
+            .held_replacements
+            .get(&c.name)
+            .copied()
+            .unwrap_or(view.now);
+        let limit = view
+            .pools
+            .get(&c.node_pool)
+            .and_then(|p| consolidate_after(&p.nodepool))
+            .map_or(Duration::ZERO, |after| (after * HOLD_FACTOR).min(MAX_HOLD));
+        (view.now - since).to_std().unwrap_or_default() < limit
+    };
+    if !candidates.iter().any(still_held) {
+        return None;
+    }
+    let anywhere = base.simulate(candidates);
+    if !anywhere.all_non_pending_pods_scheduled() || !anywhere.new_node_claims().is_empty() {
+        return None;
+    }
+    base.note_held(candidates);
+    Some(HELD_FOR_SETTLING.to_string())
 }
 
 /// Multi-node replacements must not be a node type being removed unless it is cheaper than

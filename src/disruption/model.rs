@@ -209,6 +209,9 @@ pub struct ClusterView {
     /// Provider IDs of nodes already in the orchestration queue.
     pub queued: HashSet<String>,
     pub scheduler_options: SchedulerOptions,
+    /// Consolidation candidates whose replacement has been held back in consecutive passes,
+    /// and since when (see `methods::hold_replacement`).
+    pub held_replacements: BTreeMap<String, DateTime<Utc>>,
 }
 
 impl ClusterView {

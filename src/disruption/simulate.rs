@@ -1,7 +1,7 @@
 //! "Can these pods go elsewhere, and on what?": one call of the shared scheduler with the
 //! candidates removed from the cluster.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,8 @@ pub struct SimulationBase<'a> {
     /// How long each simulation took since the last [`Self::take_timings`]
     /// (`karpenter_scheduler_scheduling_duration_seconds{controller="disruption"}`).
     timings: Mutex<Vec<Duration>>,
+    /// Candidates whose replacement a consolidation held back (`methods::hold_replacement`).
+    held: Mutex<BTreeSet<String>>,
 }
 
 /// Simulations timed per method at most; a pass stops recording beyond (single-node
@@ -134,6 +136,7 @@ impl<'a> SimulationBase<'a> {
             instance_types,
             whole_cluster: OnceLock::new(),
             timings: Mutex::new(Vec::new()),
+            held: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -230,6 +233,23 @@ impl<'a> SimulationBase<'a> {
     /// nodes (upstream's consolidation simulation).
     pub fn simulate_consolidation(&self, candidates: &[&Candidate]) -> Simulation {
         self.simulate_with(candidates, Move::OffSettlingNodes, Strategy::Fast)
+    }
+
+    /// Whether a node pods may land on is settling (a pod event within its NodePool's
+    /// `consolidateAfter`).
+    pub fn any_active_node_settling(&self) -> bool {
+        self.active.iter().any(|&i| self.settling[i])
+    }
+
+    /// Records candidates whose replacement was held back in this pass.
+    pub fn note_held(&self, candidates: &[&Candidate]) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.extend(candidates.iter().map(|c| c.name.clone()));
+    }
+
+    /// The candidates held back since the last call.
+    pub fn take_held(&self) -> BTreeSet<String> {
+        std::mem::take(&mut *self.held.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The simulations' durations since the last call.

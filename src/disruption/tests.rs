@@ -162,6 +162,81 @@ fn consolidation_does_not_move_running_pods_onto_a_node_that_is_settling() {
 }
 
 #[test]
+fn a_replacement_waits_while_the_pods_would_fit_on_nodes_that_are_settling() {
+    // "spread" just received pods (5 s ago, consolidateAfter 30 s), as every node does when
+    // kube-scheduler spreads the pods of a node consolidation removed. "light"'s pod would fit
+    // there; replacing "light" by a small node would launch a node that is itself removed
+    // once "spread" settles.
+    let light = node(
+        "light",
+        "default",
+        &large(),
+        vec![pod("a", "500m", "256Mi")],
+        hour_ago(),
+    );
+    let mut spread = node(
+        "spread",
+        "default",
+        &large(),
+        vec![pod("b", "3", "1Gi")],
+        hour_ago(),
+    );
+    spread.last_pod_event = Some(now() - chrono::Duration::seconds(5));
+    let v = cluster(AFTER_30S, vec![light.clone(), spread.clone()]);
+    let o = run(&v);
+    assert!(o.command.is_none(), "got {:?}", o.command);
+    assert_eq!(
+        o.held_replacements.iter().collect::<Vec<_>>(),
+        ["light"],
+        "the hold is reported so the next pass knows since when"
+    );
+    assert!(o.events.iter().any(|e| matches!(e,
+        DisruptionEvent::Unconsolidatable { node, message, .. }
+            if node == "light" && message == super::methods::HELD_FOR_SETTLING)));
+
+    // Held back 59 s so far: still within twice consolidateAfter.
+    let mut held = v.clone();
+    held.held_replacements
+        .insert("light".into(), now() - chrono::Duration::seconds(59));
+    assert!(run(&held).command.is_none());
+
+    // A node that keeps settling (pods churning on it) holds the replacement back only so
+    // long: after twice consolidateAfter "light" is replaced, as upstream would at once.
+    held.held_replacements
+        .insert("light".into(), now() - chrono::Duration::seconds(60));
+    let o = run(&held);
+    let cmd = o
+        .command
+        .as_ref()
+        .expect("a replacement once the hold is over");
+    assert_eq!(cmd.decision(), Decision::Replace);
+    assert_eq!(names(&o), ["light"]);
+    assert!(o.held_replacements.is_empty());
+
+    // Once "spread" has settled, "light" is deleted with no new node.
+    let mut settled = v.clone();
+    settled.now = now() + chrono::Duration::seconds(25);
+    let o = run(&settled);
+    let cmd = o.command.as_ref().expect("a deletion once settled");
+    assert_eq!(cmd.decision(), Decision::Delete, "got {:?}", names(&o));
+    assert!(cmd.replacements.is_empty());
+
+    // Pods that fit nowhere without a new node are replaced at once, settling or not.
+    let mut full = spread.clone();
+    full.scheduling.pods.clear();
+    full.pods = vec![pod("b", "3800m", "1Gi")];
+    full.scheduling.pods = full
+        .pods
+        .iter()
+        .map(|p| Arc::new(crate::scheduling::BoundPod::of(&p.pod, None)))
+        .collect();
+    let o = run(&cluster(AFTER_30S, vec![light, full]));
+    let cmd = o.command.as_ref().expect("a replacement");
+    assert_eq!(cmd.decision(), Decision::Replace);
+    assert!(o.held_replacements.is_empty());
+}
+
+#[test]
 fn daemonset_and_mirror_pods_do_not_make_a_node_busy() {
     let mut ds = pod("ds", "100m", "64Mi");
     ds.owner = super::model::PodOwner::DaemonSet;

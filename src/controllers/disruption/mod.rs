@@ -137,6 +137,8 @@ struct Disruption {
     executor: Executor,
     metrics: Arc<DisruptionMetrics>,
     memo: ConsolidationMemo,
+    /// Candidates whose replacement the last pass held back, and since when.
+    held_replacements: BTreeMap<String, DateTime<Utc>>,
     events: Dedupe,
     in_flight: Option<InFlight>,
 }
@@ -152,6 +154,7 @@ impl Disruption {
             nominations,
             metrics,
             memo: ConsolidationMemo::default(),
+            held_replacements: BTreeMap::new(),
             events: Dedupe::default(),
             in_flight: None,
         }
@@ -246,7 +249,8 @@ impl Disruption {
         self.executor.restore_stale().await;
         let version = *self.ctx.cluster.subscribe().borrow();
         let now = self.now();
-        let view = self.view().await;
+        let mut view = self.view().await;
+        view.held_replacements = self.held_replacements.clone();
         if !self.memo.should_run(version, now) {
             // Nothing to decide, but what blocks each node is still reported, as upstream's
             // every pass does.
@@ -271,6 +275,15 @@ impl Disruption {
         };
         self.publish(&outcome, view.now).await;
         self.memo.record(version, now, outcome.command.is_some());
+        // A hold lasts while consecutive passes hold the candidate back.
+        self.held_replacements = outcome
+            .held_replacements
+            .iter()
+            .map(|name| {
+                let since = view.held_replacements.get(name).copied();
+                (name.clone(), since.unwrap_or(view.now))
+            })
+            .collect();
         let Some(command) = outcome.command else {
             return self.settings.poll_interval;
         };

@@ -109,6 +109,8 @@ pub fn build_view(index: &ClusterIndex, mut inputs: ViewInputs<'_>) -> ClusterVi
         pdbs,
         queued: inputs.queued,
         scheduler_options: inputs.options,
+        // The controller's memory of earlier passes, not the cluster's: it fills this in.
+        held_replacements: Default::default(),
     }
 }
 
