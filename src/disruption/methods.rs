@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use crate::apis::duration::parse_nillable_duration;
 use crate::apis::nodepool::{ConsolidationPolicy, DisruptionReason};
 use crate::scheduling::Requirement;
@@ -774,6 +776,19 @@ fn hold_replacement(base: &SimulationBase, candidates: &[&Candidate]) -> Option<
     }
     base.note_held(candidates);
     Some(HELD_FOR_SETTLING.to_string())
+}
+
+/// The holds to remember after a pass: each candidate it held, since the first of the
+/// consecutive passes that held it. A candidate the pass did not hold is forgotten.
+pub fn carry_holds(
+    previous: &BTreeMap<String, DateTime<Utc>>,
+    held_now: &BTreeSet<String>,
+    now: DateTime<Utc>,
+) -> BTreeMap<String, DateTime<Utc>> {
+    held_now
+        .iter()
+        .map(|name| (name.clone(), previous.get(name).copied().unwrap_or(now)))
+        .collect()
 }
 
 /// Multi-node replacements must not be a node type being removed unless it is cheaper than

@@ -1,5 +1,6 @@
 //! Decisions of the disruption methods on small clusters, through the real scheduler.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, TimeZone, Utc};
@@ -7,7 +8,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use super::candidates::{DisruptionClass, candidates, sort_by_disruption_cost};
 use super::command::{Decision, Method};
 use super::fixtures::{instance_type, instance_types, node, nodepool, pod, pool, view};
-use super::methods::{DisruptionEvent, Outcome, decide};
+use super::methods::{DisruptionEvent, Outcome, carry_holds, decide};
 use super::model::{ClusterView, Pdb, StateNode};
 use crate::scheduling::LabelSelector;
 
@@ -161,12 +162,10 @@ fn consolidation_does_not_move_running_pods_onto_a_node_that_is_settling() {
     assert_eq!(names(&o), ["emptying"]);
 }
 
-#[test]
-fn a_replacement_waits_while_the_pods_would_fit_on_nodes_that_are_settling() {
-    // "spread" just received pods (5 s ago, consolidateAfter 30 s), as every node does when
-    // kube-scheduler spreads the pods of a node consolidation removed. "light"'s pod would fit
-    // there; replacing "light" by a small node would launch a node that is itself removed
-    // once "spread" settles.
+/// "light" (one small pod on a large node) and "spread" (room for that pod), which received
+/// pods 5 s ago (consolidateAfter 30 s), as every node does when kube-scheduler spreads the
+/// pods of a node consolidation removed.
+fn light_and_spread() -> (StateNode, StateNode) {
     let light = node(
         "light",
         "default",
@@ -182,6 +181,14 @@ fn a_replacement_waits_while_the_pods_would_fit_on_nodes_that_are_settling() {
         hour_ago(),
     );
     spread.last_pod_event = Some(now() - chrono::Duration::seconds(5));
+    (light, spread)
+}
+
+#[test]
+fn a_replacement_waits_while_the_pods_would_fit_on_nodes_that_are_settling() {
+    // "light"'s pod would fit on "spread"; replacing "light" by a small node would launch a
+    // node that is itself removed once "spread" settles.
+    let (light, spread) = light_and_spread();
     let v = cluster(AFTER_30S, vec![light.clone(), spread.clone()]);
     let o = run(&v);
     assert!(o.command.is_none(), "got {:?}", o.command);
@@ -234,6 +241,50 @@ fn a_replacement_waits_while_the_pods_would_fit_on_nodes_that_are_settling() {
     let cmd = o.command.as_ref().expect("a replacement");
     assert_eq!(cmd.decision(), Decision::Replace);
     assert!(o.held_replacements.is_empty());
+}
+
+#[test]
+fn a_hold_is_carried_from_pass_to_pass_and_ends_after_twice_consolidate_after() {
+    // The controller's loop: each pass sees the holds the one before left. "spread" keeps
+    // settling (a pod event 5 s before every pass: pods churning on it).
+    let (light, spread) = light_and_spread();
+    let pass = |secs: i64, settling: bool, held: &BTreeMap<String, DateTime<Utc>>| {
+        let mut v = cluster(AFTER_30S, vec![light.clone(), spread.clone()]);
+        v.now = now() + chrono::Duration::seconds(secs);
+        let quiet_for = if settling { 5 } else { 40 };
+        v.nodes[1].last_pod_event = Some(v.now - chrono::Duration::seconds(quiet_for));
+        v.held_replacements = held.clone();
+        let o = run(&v);
+        let decision = o.command.as_ref().map(|c| c.decision());
+        (decision, carry_holds(held, &o.held_replacements, v.now))
+    };
+    let since = |held: &BTreeMap<String, DateTime<Utc>>| held.get("light").copied();
+
+    let (decision, held) = pass(0, true, &BTreeMap::new());
+    assert_eq!(decision, None);
+    assert_eq!(since(&held), Some(now()));
+    let (decision, held) = pass(30, true, &held);
+    assert_eq!(decision, None);
+    assert_eq!(since(&held), Some(now()), "the first pass's start is kept");
+    let (decision, held) = pass(59, true, &held);
+    assert_eq!(decision, None);
+    let (decision, held) = pass(60, true, &held);
+    assert_eq!(
+        decision,
+        Some(Decision::Replace),
+        "60 s = 2 x consolidateAfter"
+    );
+    assert!(held.is_empty(), "a candidate not held is forgotten");
+
+    // A pass that does not hold "light" (here "spread" is quiet: a deletion) ends the hold; a
+    // later hold starts over.
+    let (_, held) = pass(0, true, &BTreeMap::new());
+    let (decision, held) = pass(25, false, &held);
+    assert_eq!(decision, Some(Decision::Delete));
+    assert!(held.is_empty());
+    let (decision, held) = pass(70, true, &held);
+    assert_eq!(decision, None);
+    assert_eq!(since(&held), Some(now() + chrono::Duration::seconds(70)));
 }
 
 #[test]

@@ -275,15 +275,11 @@ impl Disruption {
         };
         self.publish(&outcome, view.now).await;
         self.memo.record(version, now, outcome.command.is_some());
-        // A hold lasts while consecutive passes hold the candidate back.
-        self.held_replacements = outcome
-            .held_replacements
-            .iter()
-            .map(|name| {
-                let since = view.held_replacements.get(name).copied();
-                (name.clone(), since.unwrap_or(view.now))
-            })
-            .collect();
+        self.held_replacements = methods::carry_holds(
+            &view.held_replacements,
+            &outcome.held_replacements,
+            view.now,
+        );
         let Some(command) = outcome.command else {
             return self.settings.poll_interval;
         };
