@@ -229,14 +229,14 @@ fn a_replacement_waits_while_the_pods_would_fit_on_nodes_that_are_settling() {
     assert!(cmd.replacements.is_empty());
 
     // Pods that fit nowhere without a new node are replaced at once, settling or not.
-    let mut full = spread.clone();
-    full.scheduling.pods.clear();
-    full.pods = vec![pod("b", "3800m", "1Gi")];
-    full.scheduling.pods = full
-        .pods
-        .iter()
-        .map(|p| Arc::new(crate::scheduling::BoundPod::of(&p.pod, None)))
-        .collect();
+    let mut full = node(
+        "spread",
+        "default",
+        &large(),
+        vec![pod("b", "3800m", "1Gi")],
+        hour_ago(),
+    );
+    full.last_pod_event = spread.last_pod_event;
     let o = run(&cluster(AFTER_30S, vec![light, full]));
     let cmd = o.command.as_ref().expect("a replacement");
     assert_eq!(cmd.decision(), Decision::Replace);
