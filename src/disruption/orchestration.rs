@@ -114,8 +114,19 @@ impl Orchestration {
         now: DateTime<Utc>,
         queued_commands: usize,
     ) -> (Self, Vec<Action>) {
+        Self::begin(command, now, queued_commands, false)
+    }
+
+    /// As [`Orchestration::new`]; `watched` says the command was already re-checked over the
+    /// validation delay ([`super::validation::watched_long_enough`]): it starts at once.
+    pub fn begin(
+        command: Command,
+        now: DateTime<Utc>,
+        queued_commands: usize,
+        watched: bool,
+    ) -> (Self, Vec<Action>) {
         let timeout = command_timeout(queued_commands);
-        if command.method.needs_validation() {
+        if command.method.needs_validation() && !watched {
             let at = now + chrono::Duration::from_std(COMMAND_VALIDATION_DELAY).unwrap_or_default();
             let o = Orchestration {
                 command,

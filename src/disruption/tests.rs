@@ -288,6 +288,70 @@ fn a_hold_is_carried_from_pass_to_pass_and_ends_after_twice_consolidate_after() 
 }
 
 #[test]
+fn a_deletion_held_for_the_validation_delay_starts_at_once_and_others_wait_for_it() {
+    use super::orchestration::{Action, Orchestration, Phase};
+    use super::validation::watched_long_enough;
+    // The controller's loop as above, then what it does with the pass's command.
+    let (light, spread) = light_and_spread();
+    let pass = |secs: i64, settling: bool, held: &BTreeMap<String, DateTime<Utc>>| {
+        let mut v = cluster(AFTER_30S, vec![light.clone(), spread.clone()]);
+        v.now = now() + chrono::Duration::seconds(secs);
+        let quiet_for = if settling { 5 } else { 40 };
+        v.nodes[1].last_pod_event = Some(v.now - chrono::Duration::seconds(quiet_for));
+        v.held_replacements = held.clone();
+        let o = run(&v);
+        let carried = carry_holds(held, &o.held_replacements, v.now);
+        let begun = o.command.map(|cmd| {
+            let watched = watched_long_enough(&cmd, held, v.now);
+            let decision = cmd.decision();
+            let (orchestration, actions) = Orchestration::begin(cmd, v.now, 0, watched);
+            (decision, watched, orchestration.phase, actions)
+        });
+        (begun, carried)
+    };
+    let deletes_now = |actions: &[Action]| {
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::DeleteNodeClaims { .. }))
+    };
+
+    // Held at 0 s; "spread" has settled at 15 s: "light" is deleted at once, its hold having
+    // been the re-check.
+    let (begun, held) = pass(0, true, &BTreeMap::new());
+    assert!(begun.is_none());
+    let (begun, _) = pass(15, false, &held);
+    let (decision, watched, phase, actions) = begun.expect("a deletion");
+    assert_eq!(decision, Decision::Delete);
+    assert!(watched);
+    assert_eq!(phase, Phase::Done);
+    assert!(deletes_now(&actions), "{actions:?}");
+
+    // Held for 14 s only: the deletion waits for validation as any other.
+    let (_, held) = pass(0, true, &BTreeMap::new());
+    let (begun, _) = pass(14, false, &held);
+    let (decision, watched, phase, actions) = begun.expect("a deletion");
+    assert_eq!(decision, Decision::Delete);
+    assert!(!watched);
+    let at = now() + chrono::Duration::seconds(14 + 15);
+    assert_eq!(phase, Phase::Validating { at });
+    assert!(!deletes_now(&actions));
+
+    // Never held: validation.
+    let (begun, _) = pass(30, false, &BTreeMap::new());
+    let (_, watched, phase, _) = begun.expect("a deletion");
+    assert!(!watched);
+    assert!(matches!(phase, Phase::Validating { .. }));
+
+    // The replacement after a hold's limit is validated too.
+    let (_, held) = pass(0, true, &BTreeMap::new());
+    let (begun, _) = pass(60, true, &held);
+    let (decision, watched, phase, _) = begun.expect("a replacement");
+    assert_eq!(decision, Decision::Replace);
+    assert!(!watched);
+    assert!(matches!(phase, Phase::Validating { .. }));
+}
+
+#[test]
 fn daemonset_and_mirror_pods_do_not_make_a_node_busy() {
     let mut ds = pod("ds", "100m", "64Mi");
     ds.owner = super::model::PodOwner::DaemonSet;

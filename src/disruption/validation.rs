@@ -1,8 +1,10 @@
 //! Re-checking a decision after `COMMAND_VALIDATION_DELAY`: the cluster may have changed while
 //! the decision waited (pods landed, a node got nominated, the budget got spent).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 
 use thiserror::Error;
 
@@ -14,6 +16,30 @@ use super::simulate::SimulationBase;
 
 /// How long emptiness and consolidation decisions wait before they are re-checked.
 pub const COMMAND_VALIDATION_DELAY: Duration = Duration::from_secs(15);
+
+/// Whether a consolidation deletion was already watched for the validation delay: each of its
+/// candidates had its replacement held back for settling nodes
+/// ([`super::methods::carry_holds`]) in consecutive passes since at least
+/// [`COMMAND_VALIDATION_DELAY`] ago. Those passes found the candidate eligible and its pods a
+/// place on the settling nodes each time, and this pass places them on settled ones, so the
+/// re-check after the delay has been made; waiting it again would only add 15 s to every
+/// deletion that follows a hold. Replacements and commands with a candidate not held wait.
+pub fn watched_long_enough(
+    command: &Command,
+    held_since: &BTreeMap<String, DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> bool {
+    let delay = chrono::Duration::from_std(COMMAND_VALIDATION_DELAY).unwrap_or_default();
+    command.method.needs_validation()
+        && command.method != Method::Emptiness
+        && command.decision() == Decision::Delete
+        && !command.candidates.is_empty()
+        && command.candidates.iter().all(|c| {
+            held_since
+                .get(&c.name)
+                .is_some_and(|since| now - *since >= delay)
+        })
+}
 
 /// Why a decision was abandoned; the message goes into `ConsolidationRejected` events.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]

@@ -26,6 +26,7 @@ use crate::disruption::methods::{self, DisruptionEvent, MethodMetrics, Outcome};
 use crate::disruption::model::ClusterView;
 use crate::disruption::names;
 use crate::disruption::orchestration::{Orchestration, Phase};
+use crate::disruption::validation;
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
 use crate::provisioning::controller::Nominations;
@@ -283,6 +284,7 @@ impl Disruption {
         let Some(command) = outcome.command else {
             return self.settings.poll_interval;
         };
+        let watched = validation::watched_long_enough(&command, &view.held_replacements, view.now);
         if command.candidates.is_empty() {
             tracing::debug!(
                 standby = command.standby.len(),
@@ -291,9 +293,9 @@ impl Disruption {
         } else {
             tracing::info!(method = ?command.method, candidates = ?command.candidate_names(),
                 standby = command.standby.len(), replacements = command.replacements.len(),
-                savings = command.estimated_savings(), "disrupting");
+                savings = command.estimated_savings(), watched, "disrupting");
         }
-        let (orchestration, actions) = Orchestration::new(command, view.now, 0);
+        let (orchestration, actions) = Orchestration::begin(command, view.now, 0, watched);
         let mut in_flight = InFlight::new(orchestration);
         self.executor.execute(&mut in_flight, actions).await;
         let wait = in_flight
