@@ -183,6 +183,8 @@ pub struct Outcome {
     pub metrics: BTreeMap<&'static str, MethodMetrics>,
     /// Candidates whose consolidation replacement was held back ([`hold_replacement`]).
     pub held_replacements: BTreeSet<String>,
+    /// The nodes emptiness found eligible, within its budget or not.
+    pub empty_nodes: BTreeSet<String>,
 }
 
 /// Runs the methods in order until one yields a command. `should_stop` is polled between
@@ -201,6 +203,7 @@ pub fn decide(view: &ClusterView, should_stop: &dyn Fn() -> bool) -> Outcome {
         outcome.events.extend(step.events);
         outcome.moves.extend(step.moves);
         outcome.metrics.extend(step.metrics);
+        outcome.empty_nodes.extend(step.empty_nodes);
         match step.command {
             Some(cmd) if cmd.candidates.is_empty() => waiting = Some(cmd),
             Some(cmd) => {
@@ -308,6 +311,11 @@ pub fn run_method(
     // this method's.
     base.take_timings();
     let mut moves = Vec::new();
+    let empty_nodes = if method == Method::Emptiness {
+        eligible.iter().map(|c| c.name.clone()).collect()
+    } else {
+        BTreeSet::new()
+    };
     let command = match method {
         Method::Emptiness => emptiness(eligible, &mut budgets),
         Method::StaticDrift => static_drift(view, eligible, &budgets),
@@ -358,6 +366,7 @@ pub fn run_method(
         moves,
         metrics: [(key, metrics)].into_iter().collect(),
         held_replacements: BTreeSet::new(),
+        empty_nodes,
     }
 }
 
@@ -778,8 +787,9 @@ fn hold_replacement(base: &SimulationBase, candidates: &[&Candidate]) -> Option<
     Some(HELD_FOR_SETTLING.to_string())
 }
 
-/// The holds to remember after a pass: each candidate it held, since the first of the
-/// consecutive passes that held it. A candidate the pass did not hold is forgotten.
+/// What to remember after a pass, for held replacements and for empty nodes alike: each node
+/// the pass held (or found empty), since the first of the consecutive passes that did. A node
+/// the pass did not is forgotten.
 pub fn carry_holds(
     previous: &BTreeMap<String, DateTime<Utc>>,
     held_now: &BTreeSet<String>,

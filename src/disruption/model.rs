@@ -212,6 +212,9 @@ pub struct ClusterView {
     /// Consolidation candidates whose replacement has been held back in consecutive passes,
     /// and since when (see `methods::hold_replacement`).
     pub held_replacements: BTreeMap<String, DateTime<Utc>>,
+    /// Empty nodes emptiness found eligible in consecutive passes, and since when (see
+    /// `validation::watched_long_enough`).
+    pub empty_since: BTreeMap<String, DateTime<Utc>>,
 }
 
 impl ClusterView {

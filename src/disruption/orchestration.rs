@@ -98,6 +98,9 @@ pub fn command_timeout(queued_commands: usize) -> Duration {
     scaled.clamp(Duration::from_secs(600), Duration::from_secs(3600))
 }
 
+/// How soon watched empty nodes waiting for the budget look whether it was freed.
+pub const STANDBY_RECHECK: Duration = Duration::from_secs(1);
+
 /// One command on its way through validation and execution.
 #[derive(Clone, Debug)]
 pub struct Orchestration {
@@ -118,7 +121,8 @@ impl Orchestration {
     }
 
     /// As [`Orchestration::new`]; `watched` says the command was already re-checked over the
-    /// validation delay ([`super::validation::watched_long_enough`]): it starts at once.
+    /// validation delay ([`super::validation::watched_long_enough`]): it starts at once, and
+    /// empty nodes waiting for the budget (standby only) look again after [`STANDBY_RECHECK`].
     pub fn begin(
         command: Command,
         now: DateTime<Utc>,
@@ -126,6 +130,15 @@ impl Orchestration {
         watched: bool,
     ) -> (Self, Vec<Action>) {
         let timeout = command_timeout(queued_commands);
+        if watched && command.candidates.is_empty() {
+            let at = now + chrono::Duration::from_std(STANDBY_RECHECK).unwrap_or_default();
+            let o = Orchestration {
+                command,
+                phase: Phase::Validating { at },
+                timeout,
+            };
+            return (o, vec![Action::RequeueAt(at)]);
+        }
         if command.method.needs_validation() && !watched {
             let at = now + chrono::Duration::from_std(COMMAND_VALIDATION_DELAY).unwrap_or_default();
             let o = Orchestration {

@@ -302,7 +302,7 @@ fn a_deletion_held_for_the_validation_delay_starts_at_once_and_others_wait_for_i
         let o = run(&v);
         let carried = carry_holds(held, &o.held_replacements, v.now);
         let begun = o.command.map(|cmd| {
-            let watched = watched_long_enough(&cmd, held, v.now);
+            let watched = watched_long_enough(&cmd, &v);
             let decision = cmd.decision();
             let (orchestration, actions) = Orchestration::begin(cmd, v.now, 0, watched);
             (decision, watched, orchestration.phase, actions)
@@ -1212,6 +1212,85 @@ mod validation_and_orchestration {
             |a| matches!(a, Action::DeleteNodeClaims { nodeclaims } if nodeclaims.len() == 1)
         ));
         assert_eq!(o.command.candidate_names(), ["e1"]);
+    }
+
+    #[test]
+    fn empty_nodes_watched_for_the_validation_delay_go_at_once_while_no_pod_is_pending() {
+        use crate::disruption::methods::carry_holds;
+        use crate::disruption::orchestration::STANDBY_RECHECK;
+        use crate::disruption::validation::watched_long_enough;
+        use std::collections::BTreeMap;
+        type Since = BTreeMap<String, DateTime<Utc>>;
+        // The controller's loop: each pass sees which nodes the passes before found empty.
+        let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"1\"}]}";
+        let empty = |name: &str| node(name, "default", &large(), vec![], hour_ago());
+        let pass = |secs: i64, nodes: Vec<StateNode>, since: &Since, pending: bool| {
+            let mut v = cluster(policy, nodes);
+            v.now = now() + chrono::Duration::seconds(secs);
+            v.empty_since = since.clone();
+            if pending {
+                v.pending_pods
+                    .push(crate::scheduling::fixtures::pod("waiting", "100m", "64Mi"));
+            }
+            let o = run(&v);
+            let carried = carry_holds(since, &o.empty_nodes, v.now);
+            let cmd = o.command.expect("an emptiness command");
+            let watched = watched_long_enough(&cmd, &v);
+            let (orchestration, actions) = Orchestration::begin(cmd, v.now, 0, watched);
+            (watched, orchestration, actions, carried)
+        };
+        let deletes = |actions: &[Action]| {
+            actions
+                .iter()
+                .any(|a| matches!(a, Action::DeleteNodeClaims { .. }))
+        };
+
+        // First seen at 0 s: e1 waits for validation; e2, over the budget, is remembered too.
+        let (watched, o, actions, since) =
+            pass(0, vec![empty("e1"), empty("e2")], &Since::new(), false);
+        assert!(!watched);
+        assert!(matches!(o.phase, Phase::Validating { .. }));
+        assert!(!deletes(&actions));
+        assert_eq!(since.keys().collect::<Vec<_>>(), ["e1", "e2"]);
+
+        // 14 s later: not yet watched long enough.
+        let (watched, ..) = pass(14, vec![empty("e1"), empty("e2")], &since, false);
+        assert!(!watched);
+        // 15 s later: deleted at once, the first seen time kept.
+        let (watched, o, actions, carried) =
+            pass(15, vec![empty("e1"), empty("e2")], &since, false);
+        assert!(watched);
+        assert_eq!(o.phase, Phase::Done);
+        assert!(deletes(&actions), "{actions:?}");
+        assert_eq!(carried.get("e2"), Some(&now()));
+        // A pod pending: validation, it may be about to be nominated to an empty node.
+        let (watched, o, ..) = pass(15, vec![empty("e1"), empty("e2")], &since, true);
+        assert!(!watched);
+        assert!(matches!(o.phase, Phase::Validating { .. }));
+
+        // e1 being torn down spends the budget: e2, watched, looks again in a second, not 15,
+        // and goes once e1 is gone.
+        let mut leaving = empty("e1");
+        leaving.marked_for_deletion = true;
+        let (watched, mut o, _, _) = pass(20, vec![leaving, empty("e2")], &since, false);
+        assert!(watched);
+        assert!(o.command.candidates.is_empty());
+        let recheck = now()
+            + chrono::Duration::seconds(20)
+            + chrono::Duration::from_std(STANDBY_RECHECK).unwrap();
+        assert_eq!(o.phase, Phase::Validating { at: recheck });
+        let mut fresh = cluster(policy, vec![empty("e2")]);
+        fresh.now = recheck;
+        assert!(deletes(&o.validate(&fresh)));
+        assert_eq!(o.command.candidate_names(), ["e2"]);
+
+        // A pass that finds e2 busy forgets it: its next deletion waits for validation again.
+        let mut busy = empty("e2");
+        busy.pods.push(pod("arrived", "100m", "64Mi"));
+        let (_, _, _, since) = pass(30, vec![empty("e1"), busy], &since, false);
+        assert_eq!(since.keys().collect::<Vec<_>>(), ["e1"]);
+        let (watched, ..) = pass(40, vec![empty("e2")], &since, false);
+        assert!(!watched);
     }
 
     #[test]

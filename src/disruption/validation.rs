@@ -17,28 +17,39 @@ use super::simulate::SimulationBase;
 /// How long emptiness and consolidation decisions wait before they are re-checked.
 pub const COMMAND_VALIDATION_DELAY: Duration = Duration::from_secs(15);
 
-/// Whether a consolidation deletion was already watched for the validation delay: each of its
-/// candidates had its replacement held back for settling nodes
-/// ([`super::methods::carry_holds`]) in consecutive passes since at least
-/// [`COMMAND_VALIDATION_DELAY`] ago. Those passes found the candidate eligible and its pods a
-/// place on the settling nodes each time, and this pass places them on settled ones, so the
-/// re-check after the delay has been made; waiting it again would only add 15 s to every
-/// deletion that follows a hold. Replacements and commands with a candidate not held wait.
-pub fn watched_long_enough(
-    command: &Command,
-    held_since: &BTreeMap<String, DateTime<Utc>>,
-    now: DateTime<Utc>,
-) -> bool {
+/// Whether a deletion was already watched for the validation delay by the passes before the one
+/// that decided it (`view` is that pass's), so the re-check after [`COMMAND_VALIDATION_DELAY`]
+/// has been made and waiting it again would only slow every deletion of a scale-down:
+/// - a consolidation deletion, each of whose candidates had its replacement held back for
+///   settling nodes (`methods::hold_replacement`) in consecutive passes since at least the
+///   delay ago: those passes found it eligible and its pods a place on the settling nodes, and
+///   this pass places them on settled ones;
+/// - an emptiness command (its standby included), each of whose nodes every pass found empty
+///   and eligible since at least the delay ago, while no pod is pending: a pending pod could be
+///   about to be nominated to an empty node, which validation is there to see.
+///
+/// Replacements, and commands with a node not watched that long, wait for validation.
+pub fn watched_long_enough(command: &Command, view: &ClusterView) -> bool {
     let delay = chrono::Duration::from_std(COMMAND_VALIDATION_DELAY).unwrap_or_default();
-    command.method.needs_validation()
-        && command.method != Method::Emptiness
-        && command.decision() == Decision::Delete
-        && !command.candidates.is_empty()
-        && command.candidates.iter().all(|c| {
-            held_since
-                .get(&c.name)
-                .is_some_and(|since| now - *since >= delay)
-        })
+    let watched = |since: &BTreeMap<String, DateTime<Utc>>, c: &Candidate| {
+        since
+            .get(&c.name)
+            .is_some_and(|first| view.now - *first >= delay)
+    };
+    if !command.method.needs_validation() || command.decision() != Decision::Delete {
+        return false;
+    }
+    if command.method == Method::Emptiness {
+        let mut nodes = command.candidates.iter().chain(&command.standby).peekable();
+        return view.pending_pods.is_empty()
+            && nodes.peek().is_some()
+            && nodes.all(|c| watched(&view.empty_since, c));
+    }
+    !command.candidates.is_empty()
+        && command
+            .candidates
+            .iter()
+            .all(|c| watched(&view.held_replacements, c))
 }
 
 /// Why a decision was abandoned; the message goes into `ConsolidationRejected` events.

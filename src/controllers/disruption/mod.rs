@@ -140,6 +140,8 @@ struct Disruption {
     memo: ConsolidationMemo,
     /// Candidates whose replacement the last pass held back, and since when.
     held_replacements: BTreeMap<String, DateTime<Utc>>,
+    /// Empty nodes found eligible in consecutive passes, since the first (`view.empty_since`).
+    empty_since: BTreeMap<String, DateTime<Utc>>,
     events: Dedupe,
     in_flight: Option<InFlight>,
 }
@@ -156,6 +158,7 @@ impl Disruption {
             metrics,
             memo: ConsolidationMemo::default(),
             held_replacements: BTreeMap::new(),
+            empty_since: BTreeMap::new(),
             events: Dedupe::default(),
             in_flight: None,
         }
@@ -252,6 +255,7 @@ impl Disruption {
         let now = self.now();
         let mut view = self.view().await;
         view.held_replacements = self.held_replacements.clone();
+        view.empty_since = self.empty_since.clone();
         if !self.memo.should_run(version, now) {
             // Nothing to decide, but what blocks each node is still reported, as upstream's
             // every pass does.
@@ -281,10 +285,11 @@ impl Disruption {
             &outcome.held_replacements,
             view.now,
         );
+        self.empty_since = methods::carry_holds(&view.empty_since, &outcome.empty_nodes, view.now);
         let Some(command) = outcome.command else {
             return self.settings.poll_interval;
         };
-        let watched = validation::watched_long_enough(&command, &view.held_replacements, view.now);
+        let watched = validation::watched_long_enough(&command, &view);
         if command.candidates.is_empty() {
             tracing::debug!(
                 standby = command.standby.len(),

@@ -111,6 +111,7 @@ pub fn build_view(index: &ClusterIndex, mut inputs: ViewInputs<'_>) -> ClusterVi
         scheduler_options: inputs.options,
         // The controller's memory of earlier passes, not the cluster's: it fills this in.
         held_replacements: Default::default(),
+        empty_since: Default::default(),
     }
 }
 
