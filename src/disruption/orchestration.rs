@@ -107,6 +107,9 @@ pub struct Orchestration {
     pub command: Command,
     pub phase: Phase,
     pub timeout: Duration,
+    /// Watched standby nodes looking again after [`STANDBY_RECHECK`], not after validation's
+    /// delay: a pod pending by then sends them back to a validated command.
+    pub standby_recheck: bool,
 }
 
 impl Orchestration {
@@ -136,6 +139,7 @@ impl Orchestration {
                 command,
                 phase: Phase::Validating { at },
                 timeout,
+                standby_recheck: true,
             };
             return (o, vec![Action::RequeueAt(at)]);
         }
@@ -145,6 +149,7 @@ impl Orchestration {
                 command,
                 phase: Phase::Validating { at },
                 timeout,
+                standby_recheck: false,
             };
             return (o, vec![Action::RequeueAt(at)]);
         }
@@ -152,6 +157,7 @@ impl Orchestration {
             command,
             phase: Phase::Done,
             timeout,
+            standby_recheck: false,
         };
         let actions = o.start(now);
         (o, actions)
@@ -164,6 +170,11 @@ impl Orchestration {
         };
         if fresh.now < at {
             return vec![Action::RequeueAt(at)];
+        }
+        if self.standby_recheck && !fresh.pending_pods.is_empty() {
+            // Nothing was decided yet: the next pass decides with validation.
+            self.phase = Phase::Done;
+            return Vec::new();
         }
         match validate(&self.command, fresh) {
             Ok(validated) => {

@@ -1281,6 +1281,16 @@ mod validation_and_orchestration {
         assert_eq!(o.phase, Phase::Validating { at: recheck });
         let mut fresh = cluster(policy, vec![empty("e2")]);
         fresh.now = recheck;
+        let mut with_pending = fresh.clone();
+        with_pending
+            .pending_pods
+            .push(crate::scheduling::fixtures::pod("waiting", "100m", "64Mi"));
+        let mut waits = o.clone();
+        assert!(
+            waits.validate(&with_pending).is_empty(),
+            "a pod pending by then"
+        );
+        assert_eq!(waits.phase, Phase::Done);
         assert!(deletes(&o.validate(&fresh)));
         assert_eq!(o.command.candidate_names(), ["e2"]);
 
