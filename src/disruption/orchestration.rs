@@ -133,23 +133,21 @@ impl Orchestration {
         watched: bool,
     ) -> (Self, Vec<Action>) {
         let timeout = command_timeout(queued_commands);
-        if watched && command.candidates.is_empty() {
-            let at = now + chrono::Duration::from_std(STANDBY_RECHECK).unwrap_or_default();
+        let standby_recheck = watched && command.candidates.is_empty();
+        let wait = if standby_recheck {
+            Some(STANDBY_RECHECK)
+        } else if command.method.needs_validation() && !watched {
+            Some(COMMAND_VALIDATION_DELAY)
+        } else {
+            None
+        };
+        if let Some(wait) = wait {
+            let at = now + chrono::Duration::from_std(wait).unwrap_or_default();
             let o = Orchestration {
                 command,
                 phase: Phase::Validating { at },
                 timeout,
-                standby_recheck: true,
-            };
-            return (o, vec![Action::RequeueAt(at)]);
-        }
-        if command.method.needs_validation() && !watched {
-            let at = now + chrono::Duration::from_std(COMMAND_VALIDATION_DELAY).unwrap_or_default();
-            let o = Orchestration {
-                command,
-                phase: Phase::Validating { at },
-                timeout,
-                standby_recheck: false,
+                standby_recheck,
             };
             return (o, vec![Action::RequeueAt(at)]);
         }

@@ -243,20 +243,32 @@ fn a_replacement_waits_while_the_pods_would_fit_on_nodes_that_are_settling() {
     assert!(o.held_replacements.is_empty());
 }
 
+/// One pass of the controller's loop over [`light_and_spread`], `secs` after [`now`], with the
+/// holds the pass before left; "spread" had a pod event 5 s before (`settling`) or 40 s before.
+/// Returns the pass's view and outcome and the holds it leaves.
+fn light_and_spread_pass(
+    secs: i64,
+    settling: bool,
+    held: &BTreeMap<String, DateTime<Utc>>,
+) -> (ClusterView, Outcome, BTreeMap<String, DateTime<Utc>>) {
+    let (light, spread) = light_and_spread();
+    let mut v = cluster(AFTER_30S, vec![light, spread]);
+    v.now = now() + chrono::Duration::seconds(secs);
+    let quiet_for = if settling { 5 } else { 40 };
+    v.nodes[1].last_pod_event = Some(v.now - chrono::Duration::seconds(quiet_for));
+    v.held_replacements = held.clone();
+    let o = run(&v);
+    let carried = carry_holds(held, &o.held_replacements, v.now);
+    (v, o, carried)
+}
+
 #[test]
 fn a_hold_is_carried_from_pass_to_pass_and_ends_after_twice_consolidate_after() {
     // The controller's loop: each pass sees the holds the one before left. "spread" keeps
     // settling (a pod event 5 s before every pass: pods churning on it).
-    let (light, spread) = light_and_spread();
     let pass = |secs: i64, settling: bool, held: &BTreeMap<String, DateTime<Utc>>| {
-        let mut v = cluster(AFTER_30S, vec![light.clone(), spread.clone()]);
-        v.now = now() + chrono::Duration::seconds(secs);
-        let quiet_for = if settling { 5 } else { 40 };
-        v.nodes[1].last_pod_event = Some(v.now - chrono::Duration::seconds(quiet_for));
-        v.held_replacements = held.clone();
-        let o = run(&v);
-        let decision = o.command.as_ref().map(|c| c.decision());
-        (decision, carry_holds(held, &o.held_replacements, v.now))
+        let (_, o, carried) = light_and_spread_pass(secs, settling, held);
+        (o.command.as_ref().map(|c| c.decision()), carried)
     };
     let since = |held: &BTreeMap<String, DateTime<Utc>>| held.get("light").copied();
 
@@ -292,15 +304,8 @@ fn a_deletion_held_for_the_validation_delay_starts_at_once_and_others_wait_for_i
     use super::orchestration::{Action, Orchestration, Phase};
     use super::validation::watched_long_enough;
     // The controller's loop as above, then what it does with the pass's command.
-    let (light, spread) = light_and_spread();
     let pass = |secs: i64, settling: bool, held: &BTreeMap<String, DateTime<Utc>>| {
-        let mut v = cluster(AFTER_30S, vec![light.clone(), spread.clone()]);
-        v.now = now() + chrono::Duration::seconds(secs);
-        let quiet_for = if settling { 5 } else { 40 };
-        v.nodes[1].last_pod_event = Some(v.now - chrono::Duration::seconds(quiet_for));
-        v.held_replacements = held.clone();
-        let o = run(&v);
-        let carried = carry_holds(held, &o.held_replacements, v.now);
+        let (v, o, carried) = light_and_spread_pass(secs, settling, held);
         let begun = o.command.map(|cmd| {
             let watched = watched_long_enough(&cmd, &v);
             let decision = cmd.decision();
