@@ -790,7 +790,7 @@ fn hold_replacement(base: &SimulationBase, candidates: &[&Candidate]) -> Option<
 /// What to remember after a pass, for held replacements and for empty nodes alike: each node
 /// the pass held (or found empty), since the first of the consecutive passes that did. A node
 /// the pass did not is forgotten.
-pub fn carry_holds(
+pub fn carry_first_seen(
     previous: &BTreeMap<String, DateTime<Utc>>,
     held_now: &BTreeSet<String>,
     now: DateTime<Utc>,

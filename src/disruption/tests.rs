@@ -8,7 +8,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use super::candidates::{DisruptionClass, candidates, sort_by_disruption_cost};
 use super::command::{Decision, Method};
 use super::fixtures::{instance_type, instance_types, node, nodepool, pod, pool, view};
-use super::methods::{DisruptionEvent, Outcome, carry_holds, decide};
+use super::methods::{DisruptionEvent, Outcome, carry_first_seen, decide};
 use super::model::{ClusterView, Pdb, StateNode};
 use crate::scheduling::LabelSelector;
 
@@ -243,6 +243,13 @@ fn a_replacement_waits_while_the_pods_would_fit_on_nodes_that_are_settling() {
     assert!(o.held_replacements.is_empty());
 }
 
+/// Whether an orchestration's actions delete NodeClaims now.
+fn deletes_now(actions: &[super::orchestration::Action]) -> bool {
+    actions
+        .iter()
+        .any(|a| matches!(a, super::orchestration::Action::DeleteNodeClaims { .. }))
+}
+
 /// One pass of the controller's loop over [`light_and_spread`], `secs` after [`now`], with the
 /// holds the pass before left; "spread" had a pod event 5 s before (`settling`) or 40 s before.
 /// Returns the pass's view and outcome and the holds it leaves.
@@ -258,7 +265,7 @@ fn light_and_spread_pass(
     v.nodes[1].last_pod_event = Some(v.now - chrono::Duration::seconds(quiet_for));
     v.held_replacements = held.clone();
     let o = run(&v);
-    let carried = carry_holds(held, &o.held_replacements, v.now);
+    let carried = carry_first_seen(held, &o.held_replacements, v.now);
     (v, o, carried)
 }
 
@@ -301,7 +308,7 @@ fn a_hold_is_carried_from_pass_to_pass_and_ends_after_twice_consolidate_after() 
 
 #[test]
 fn a_deletion_held_for_the_validation_delay_starts_at_once_and_others_wait_for_it() {
-    use super::orchestration::{Action, Orchestration, Phase};
+    use super::orchestration::{Orchestration, Phase};
     use super::validation::watched_long_enough;
     // The controller's loop as above, then what it does with the pass's command.
     let pass = |secs: i64, settling: bool, held: &BTreeMap<String, DateTime<Utc>>| {
@@ -313,11 +320,6 @@ fn a_deletion_held_for_the_validation_delay_starts_at_once_and_others_wait_for_i
             (decision, watched, orchestration.phase, actions)
         });
         (begun, carried)
-    };
-    let deletes_now = |actions: &[Action]| {
-        actions
-            .iter()
-            .any(|a| matches!(a, Action::DeleteNodeClaims { .. }))
     };
 
     // Held at 0 s; "spread" has settled at 15 s: "light" is deleted at once, its hold having
@@ -1221,7 +1223,7 @@ mod validation_and_orchestration {
 
     #[test]
     fn empty_nodes_watched_for_the_validation_delay_go_at_once_while_no_pod_is_pending() {
-        use crate::disruption::methods::carry_holds;
+        use crate::disruption::methods::carry_first_seen;
         use crate::disruption::orchestration::STANDBY_RECHECK;
         use crate::disruption::validation::watched_long_enough;
         use std::collections::BTreeMap;
@@ -1238,16 +1240,11 @@ mod validation_and_orchestration {
                     .push(crate::scheduling::fixtures::pod("waiting", "100m", "64Mi"));
             }
             let o = run(&v);
-            let carried = carry_holds(since, &o.empty_nodes, v.now);
+            let carried = carry_first_seen(since, &o.empty_nodes, v.now);
             let cmd = o.command.expect("an emptiness command");
             let watched = watched_long_enough(&cmd, &v);
             let (orchestration, actions) = Orchestration::begin(cmd, v.now, 0, watched);
             (watched, orchestration, actions, carried)
-        };
-        let deletes = |actions: &[Action]| {
-            actions
-                .iter()
-                .any(|a| matches!(a, Action::DeleteNodeClaims { .. }))
         };
 
         // First seen at 0 s: e1 waits for validation; e2, over the budget, is remembered too.
@@ -1255,7 +1252,7 @@ mod validation_and_orchestration {
             pass(0, vec![empty("e1"), empty("e2")], &Since::new(), false);
         assert!(!watched);
         assert!(matches!(o.phase, Phase::Validating { .. }));
-        assert!(!deletes(&actions));
+        assert!(!deletes_now(&actions));
         assert_eq!(since.keys().collect::<Vec<_>>(), ["e1", "e2"]);
 
         // 14 s later: not yet watched long enough.
@@ -1266,7 +1263,7 @@ mod validation_and_orchestration {
             pass(15, vec![empty("e1"), empty("e2")], &since, false);
         assert!(watched);
         assert_eq!(o.phase, Phase::Done);
-        assert!(deletes(&actions), "{actions:?}");
+        assert!(deletes_now(&actions), "{actions:?}");
         assert_eq!(carried.get("e2"), Some(&now()));
         // A pod pending: validation, it may be about to be nominated to an empty node.
         let (watched, o, ..) = pass(15, vec![empty("e1"), empty("e2")], &since, true);
@@ -1296,7 +1293,7 @@ mod validation_and_orchestration {
             "a pod pending by then"
         );
         assert_eq!(waits.phase, Phase::Done);
-        assert!(deletes(&o.validate(&fresh)));
+        assert!(deletes_now(&o.validate(&fresh)));
         assert_eq!(o.command.candidate_names(), ["e2"]);
 
         // A pass that finds e2 busy forgets it: its next deletion waits for validation again.

@@ -280,12 +280,13 @@ impl Disruption {
         };
         self.publish(&outcome, view.now).await;
         self.memo.record(version, now, outcome.command.is_some());
-        self.held_replacements = methods::carry_holds(
+        self.held_replacements = methods::carry_first_seen(
             &view.held_replacements,
             &outcome.held_replacements,
             view.now,
         );
-        self.empty_since = methods::carry_holds(&view.empty_since, &outcome.empty_nodes, view.now);
+        self.empty_since =
+            methods::carry_first_seen(&view.empty_since, &outcome.empty_nodes, view.now);
         let Some(command) = outcome.command else {
             return self.settings.poll_interval;
         };
