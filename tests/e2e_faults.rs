@@ -12,18 +12,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use harness::{
-    World, bound_pod, eventually, eventually_within, gone, instances_of, joins, suffix,
+    World, bound_pod, eventually, eventually_within, free_port, gone, instances_of, joins, suffix,
     volume_attachment,
 };
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use karpenter_exoscale::apis::labels::DISRUPTED_TAINT_KEY;
-use karpenter_exoscale::apis::{ConditionsExt, NodeClaim};
+use karpenter_exoscale::apis::{ConditionStatus, ConditionsExt, NodeClaim};
 use karpenter_exoscale::sim::kubelet::{Join, KubeletBehaviour};
 use karpenter_exoscale::sim::{Fault, FaultAction, HoldGate};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
+use support::kube_proxy::{KubeProxy, list_of};
 use tokio::process::Child;
 
 /// Sends SIGKILL and reaps the process.
@@ -144,6 +146,44 @@ async fn killed_after_post() {
     world.finish().await;
 }
 
+/// Killed after the create was committed, before its answer arrived; then the NodeClaim is
+/// deleted. It has no provider ID, yet its instance exists: the new controller finds it by its
+/// NodeClaim label and deletes it before the finalizer goes. (Instance GC, which would collect
+/// it too, is kept out of the way by an hour's grace.)
+#[tokio::test]
+async fn killed_after_post_then_deleted() {
+    let Some(mut world) = World::start("crash-post-del", joins()).await else {
+        return;
+    };
+    world
+        .env
+        .insert("INSTANCE_GC_GRACE_PERIOD".into(), "1h".into());
+    world.create_nodeclass(json!({})).await;
+    let controller = world.spawn_controller("first");
+    world.ready_nodeclass().await;
+    let (gate, action) = hold(true);
+    world.sim.inject(Fault::on("create-instance", action));
+    let claim = format!("crash-post-del-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    parked(&gate, "the committed create's answer withheld").await;
+    sigkill(controller).await;
+    assert_eq!(world.live_instances().len(), 1, "the create was committed");
+    world
+        .nodeclaims()
+        .delete(&claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    let pending = world.nodeclaims().get(&claim).await.unwrap();
+    assert!(pending.status.and_then(|s| s.provider_id).is_none());
+    let _restarted = world.spawn_controller("second");
+    gone(&world.nodeclaims(), &claim, "NodeClaim").await;
+    assert!(
+        world.live_instances().is_empty(),
+        "the finalizer went while the instance lived"
+    );
+    world.finish().await;
+}
+
 /// Killed after the create answered, before the provider ID was written to the NodeClaim.
 /// A launch without private networks writes the provider ID straight from the create's
 /// answer; one with them reads the new instance first (to attach what it lacks), and that
@@ -252,6 +292,140 @@ async fn killed_after_the_disrupted_taint() {
     sigkill(controller).await;
     assert_eq!(world.live_instances().len(), 1, "the drain was blocked");
     let _restarted = world.spawn_controller("second");
+    pdbs.delete("guard", &DeleteParams::default())
+        .await
+        .unwrap();
+    terminated_cleanly(&world, &claim, &node).await;
+    world.finish().await;
+}
+
+/// A NodeClaim being deleted whose drain a PodDisruptionBudget blocks, its controller killed.
+async fn blocked_drain(world: &World, claim: &str) -> (String, Api<PodDisruptionBudget>) {
+    let node = running_node(world, claim).await.name_any();
+    bound_pod(world, "guarded", &node, json!({"app": "guarded"})).await;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(world.client.clone(), &world.namespace);
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "guard"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}}
+    }))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    world
+        .nodeclaims()
+        .delete(claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the drain started", || async {
+        let c = world.nodeclaims().get(claim).await.ok()?;
+        c.status?
+            .conditions
+            .get_condition("Drained")
+            .filter(|d| d.status == ConditionStatus::Unknown)
+            .map(|_| ())
+    })
+    .await;
+    (node, pdbs)
+}
+
+/// Events with `reason` about the cluster-scoped object `name`.
+async fn events_of(world: &World, name: &str, reason: &str) -> Vec<Event> {
+    let events: Api<Event> = Api::namespaced(world.client.clone(), "default");
+    let list = events.list(&ListParams::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .collect()
+}
+
+/// The `AwaitingClusterState` event on the object named `name`.
+async fn awaiting_cluster_state(world: &World, name: &str) -> Event {
+    eventually("an AwaitingClusterState event", || async {
+        events_of(world, name, "AwaitingClusterState").await.pop()
+    })
+    .await
+}
+
+/// Restarted during a blocked drain, the new controller's Pod list held back (its Nodes and
+/// NodeClaims listed): a node whose pods are not known yet is not an empty one. Nothing is
+/// marked drained or deleted until the Pods are listed; then the PDB holds the drain as before.
+#[tokio::test]
+async fn restarted_before_its_pod_list() {
+    let Some((world, controller)) = started("late-pods", joins()).await else {
+        return;
+    };
+    let claim = format!("late-pods-{}", suffix(&world));
+    let (node, pdbs) = blocked_drain(&world, &claim).await;
+    sigkill(controller).await;
+    let plane = support::shared().expect("control plane");
+    let proxy = KubeProxy::start(
+        &plane.apiserver_url,
+        &plane.ca_cert_pem,
+        list_of("/api/v1/pods"),
+    )
+    .await;
+    let kubeconfig = proxy.kubeconfig(&plane.kubeconfig_file);
+    let _restarted = world.spawn_controller_with("second", free_port(), &kubeconfig);
+    let waiting = awaiting_cluster_state(&world, &node).await;
+    assert!(waiting.note.unwrap_or_default().contains("Pod list"));
+    assert!(proxy.held() >= 1, "the Pod list was not held");
+    assert_eq!(
+        world.live_instances().len(),
+        1,
+        "deleted before the Pod list"
+    );
+    let drained = world.nodeclaims().get(&claim).await.unwrap().status;
+    assert!(!drained.is_some_and(|s| s.conditions.is_true("Drained")));
+    proxy.release();
+    // The guarded pod is seen now: the new controller's eviction is refused too.
+    eventually("the new controller's eviction refused", || async {
+        events_of(&world, &node, "FailedDraining")
+            .await
+            .into_iter()
+            .find(|e| e.reporting_instance.as_deref() == Some("second"))
+    })
+    .await;
+    assert_eq!(world.live_instances().len(), 1, "the PDB was ignored");
+    pdbs.delete("guard", &DeleteParams::default())
+        .await
+        .unwrap();
+    terminated_cleanly(&world, &claim, &node).await;
+    world.finish().await;
+}
+
+/// Restarted during a blocked drain, the new controller's Node list held back: the NodeClaim's
+/// teardown finds no Node in its index, which does not mean its Node is gone. The instance
+/// stays until the Nodes are listed and the Node is drained.
+#[tokio::test]
+async fn restarted_before_its_node_list() {
+    let Some((world, controller)) = started("late-nodes", joins()).await else {
+        return;
+    };
+    let claim = format!("late-nodes-{}", suffix(&world));
+    let (node, pdbs) = blocked_drain(&world, &claim).await;
+    sigkill(controller).await;
+    let plane = support::shared().expect("control plane");
+    let proxy = KubeProxy::start(
+        &plane.apiserver_url,
+        &plane.ca_cert_pem,
+        list_of("/api/v1/nodes"),
+    )
+    .await;
+    let kubeconfig = proxy.kubeconfig(&plane.kubeconfig_file);
+    let _restarted = world.spawn_controller_with("second", free_port(), &kubeconfig);
+    let waiting = awaiting_cluster_state(&world, &claim).await;
+    assert!(waiting.note.unwrap_or_default().contains("Node list"));
+    assert!(proxy.held() >= 1, "the Node list was not held");
+    assert_eq!(
+        world.live_instances().len(),
+        1,
+        "deleted before its Node was drained"
+    );
+    assert_eq!(world.sim.call_count("delete-instance"), 0);
+    proxy.release();
     pdbs.delete("guard", &DeleteParams::default())
         .await
         .unwrap();

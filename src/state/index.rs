@@ -421,6 +421,13 @@ impl ClusterIndex {
         self.listed.contains(&kind)
     }
 
+    /// Whether what the index holds of `kind` is complete: listed, and its watch has not failed
+    /// since. Only then does the absence of an object (a pod on a node, a Node of a NodeClaim)
+    /// prove it does not exist.
+    pub fn current(&self, kind: Kind) -> bool {
+        self.listed.contains(&kind) && !self.stale.contains(&kind)
+    }
+
     pub fn node(&self, name: &str) -> Option<Arc<Node>> {
         self.nodes.get(name).cloned()
     }

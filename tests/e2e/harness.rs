@@ -356,13 +356,23 @@ impl World {
         metrics_port: u16,
     ) -> tokio::process::Child {
         let plane = support::shared().expect("control plane");
+        self.spawn_controller_with(identity, metrics_port, &plane.kubeconfig_file)
+    }
+
+    /// [`Self::spawn_controller`], reaching kube-apiserver through `kubeconfig` (a proxy's).
+    pub fn spawn_controller_with(
+        &self,
+        identity: &str,
+        metrics_port: u16,
+        kubeconfig: &std::path::Path,
+    ) -> tokio::process::Child {
         let credentials = self.sim.credentials();
         let log = std::env::temp_dir().join(format!("{}-{identity}.log", self.namespace));
         let log = std::fs::File::create(&log).expect("controller log file");
         tokio::process::Command::new(env!("CARGO_BIN_EXE_karpenter-exoscale"))
             .arg("run")
             .envs(&self.env)
-            .env("KUBECONFIG", &plane.kubeconfig_file)
+            .env("KUBECONFIG", kubeconfig)
             .env("EXOSCALE_API_ENDPOINT", self.sim.endpoint())
             .env("EXOSCALE_API_KEY", &credentials.key)
             .env("EXOSCALE_API_SECRET", credentials.secret.expose())

@@ -93,6 +93,8 @@ impl Options {
 pub struct ControlPlane {
     pub apiserver_url: String,
     pub kubeconfig_file: PathBuf,
+    /// The CA that signed kube-apiserver's serving certificate (PEM).
+    pub ca_cert_pem: String,
     pub bin_dir: PathBuf,
     kubeconfig: Kubeconfig,
     components: Mutex<Vec<Component>>,
@@ -234,6 +236,7 @@ impl ControlPlane {
         let mut plane = Self {
             apiserver_url: String::new(),
             kubeconfig_file: dir.path().join("kubeconfig"),
+            ca_cert_pem: String::new(),
             bin_dir: bin_dir.to_path_buf(),
             kubeconfig: Kubeconfig::default(),
             components: Mutex::new(Vec::new()),
@@ -353,6 +356,7 @@ impl ControlPlane {
         )?;
 
         self.apiserver_url = format!("https://127.0.0.1:{apiserver_port}");
+        self.ca_cert_pem = pki.ca_cert_pem.clone();
         let kubeconfig_text = kubeconfig_yaml(&self.apiserver_url, &pki.ca_cert_pem, &token);
         std::fs::write(&self.kubeconfig_file, &kubeconfig_text)
             .map_err(|e| format!("writing the kubeconfig: {e}"))?;

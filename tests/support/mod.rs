@@ -4,6 +4,7 @@
 
 pub mod control_plane;
 pub mod crds;
+pub mod kube_proxy;
 pub mod openapi;
 pub mod pki;
 pub mod process;

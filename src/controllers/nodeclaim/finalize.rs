@@ -12,18 +12,21 @@ use crate::apis::labels::{
     NODECLAIM_TERMINATION_TIMESTAMP_ANNOTATION, TERMINATION_FINALIZER, ZONE_LABEL, conditions,
 };
 use crate::apis::{ConditionStatus, ConditionsExt, NodeClaim};
+use crate::controllers::node::termination::AWAITING_CLUSTER_STATE;
 use crate::controllers::{
     Context, Result, absent_ok, ignore_not_found, patch_nodeclaim_status, patch_object,
     remove_finalizer,
 };
 use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
-use crate::state::{ClusterIndex, nodeclaim_provider_id};
+use crate::state::{ClusterIndex, Kind, nodeclaim_provider_id};
 
 use super::reconcile::{deadline_annotation, nodepool_of, termination_deadline};
 
 /// How often the instance is polled while it terminates.
 const INSTANCE_POLL: Duration = Duration::from_secs(5);
+/// How soon a teardown waiting for the Node list looks again.
+const NODE_LIST_POLL: Duration = Duration::from_secs(1);
 
 /// Teardown of a deleted NodeClaim: deadline annotation, Nodes, instance, finalizer.
 pub async fn finalize(claim: &NodeClaim, ctx: &Context) -> Result<Action> {
@@ -51,6 +54,18 @@ pub async fn finalize(claim: &NodeClaim, ctx: &Context) -> Result<Action> {
         .await;
     }
     if let Some(provider_id) = nodeclaim_provider_id(claim) {
+        // Before the Node list is complete (or while its watch is down), no Node in the index
+        // does not mean no Node: the instance would go before its Node was drained.
+        if !ctx.cluster.read().current(Kind::Node) {
+            ctx.event(
+                claim,
+                Severity::Normal,
+                AWAITING_CLUSTER_STATE,
+                "Termination waits for the Node list before it deletes the instance",
+            )
+            .await;
+            return Ok(Action::requeue(NODE_LIST_POLL));
+        }
         // Node termination drains; the instance goes only once every Node is gone.
         let nodes = ctx.cluster.read().nodes_by_provider_id(provider_id);
         if !nodes.is_empty() {
@@ -66,39 +81,42 @@ pub async fn finalize(claim: &NodeClaim, ctx: &Context) -> Result<Action> {
             }
             return Ok(Action::requeue(INSTANCE_POLL));
         }
-        match ctx.cloud.delete(claim).await {
-            Ok(()) => {
-                let mut status = claim.status.clone().unwrap_or_default();
-                if status.conditions.set_condition(
-                    conditions::INSTANCE_TERMINATING,
-                    ConditionStatus::True,
-                    conditions::INSTANCE_TERMINATING,
-                    "",
-                    claim.metadata.generation,
-                    ctx.now(),
-                ) {
-                    absent_ok(patch_nodeclaim_status(ctx, claim, &status).await)?;
-                }
-                return Ok(Action::requeue(INSTANCE_POLL));
+    }
+    // Without a provider ID the instance may still exist: a create whose answer was lost and
+    // whose lookup found nothing yet. The provider finds it by its NodeClaim label; the
+    // finalizer goes only once it answers that no instance is left.
+    match ctx.cloud.delete(claim).await {
+        Ok(()) => {
+            let mut status = claim.status.clone().unwrap_or_default();
+            if status.conditions.set_condition(
+                conditions::INSTANCE_TERMINATING,
+                ConditionStatus::True,
+                conditions::INSTANCE_TERMINATING,
+                "",
+                claim.metadata.generation,
+                ctx.now(),
+            ) {
+                absent_ok(patch_nodeclaim_status(ctx, claim, &status).await)?;
             }
-            Err(e) if e.is_not_found() => {
-                if let Some(since) = claim
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.get_condition(conditions::INSTANCE_TERMINATING))
-                {
-                    let secs = ctx
-                        .now()
-                        .duration_since(since.last_transition_time.0)
-                        .as_secs_f64();
-                    ctx.metrics
-                        .nodeclaims_instance_termination_duration
-                        .get_or_create(&labels([("nodepool", &nodepool_of(claim))]))
-                        .observe(secs.max(0.0));
-                }
-            }
-            Err(e) => return Err(e.into()),
+            return Ok(Action::requeue(INSTANCE_POLL));
         }
+        Err(e) if e.is_not_found() => {
+            if let Some(since) = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.get_condition(conditions::INSTANCE_TERMINATING))
+            {
+                let secs = ctx
+                    .now()
+                    .duration_since(since.last_transition_time.0)
+                    .as_secs_f64();
+                ctx.metrics
+                    .nodeclaims_instance_termination_duration
+                    .get_or_create(&labels([("nodepool", &nodepool_of(claim))]))
+                    .observe(secs.max(0.0));
+            }
+        }
+        Err(e) => return Err(e.into()),
     }
     remove_finalizer(&api, claim, TERMINATION_FINALIZER).await?;
     let pool = nodepool_of(claim);

@@ -15,8 +15,8 @@ use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::Action;
 
 use crate::apis::labels::{
-    DISRUPTED_TAINT_KEY, NODE_EXCLUDE_FROM_LB_LABEL, NODECLASS_LABEL, NODEPOOL_LABEL,
-    TERMINATION_FINALIZER, ZONE_LABEL, conditions,
+    DISRUPTED_TAINT_KEY, NODE_EXCLUDE_FROM_LB_LABEL, NODEPOOL_LABEL, TERMINATION_FINALIZER,
+    ZONE_LABEL, conditions,
 };
 use crate::apis::{ConditionStatus, ConditionsExt, NodeClaim};
 use crate::cloudprovider::NodeClassKind;
@@ -27,12 +27,13 @@ use crate::controllers::{
 };
 use crate::state::HeldPod as Pod;
 
+use crate::operator::events::Severity;
 use crate::operator::metrics::labels;
 use crate::state::node_provider_id;
 
 use super::eviction::EvictionQueue;
 use super::throttle::EventThrottle;
-use crate::state::node_ready;
+use crate::state::{Kind, node_ready};
 
 mod detaching;
 mod draining;
@@ -43,10 +44,24 @@ const DRAIN_REQUEUE: Duration = Duration::from_secs(1);
 const VOLUME_REQUEUE: Duration = Duration::from_secs(1);
 const INSTANCE_POLL: Duration = Duration::from_secs(5);
 
-/// Nodes Karpenter manages: labelled with our NodeClass or a NodePool.
-pub fn is_managed(node: &Node) -> bool {
-    let labels = node.labels();
-    labels.contains_key(NODECLASS_LABEL) || labels.contains_key(NODEPOOL_LABEL)
+/// Event reason while termination waits for cluster state to be complete.
+pub const AWAITING_CLUSTER_STATE: &str = "AwaitingClusterState";
+
+/// What termination still waits for before it may act, if anything. A kind not yet listed, or
+/// whose watch failed, is not an empty one: a restarted controller whose Node list came before
+/// its Pod list would otherwise find a node being drained without pods, call it drained and
+/// delete its instance, PodDisruptionBudgets and all. Without its NodeClaim the node would
+/// lose its termination deadline and the drain's bookkeeping.
+fn awaiting_cluster_state(ctx: &Context) -> Option<String> {
+    let index = ctx.cluster.read();
+    let mut waiting = Vec::new();
+    if !index.current(Kind::Pod) {
+        waiting.push("the Pod list (a node whose pods are not all known is not drained)");
+    }
+    if !index.listed(Kind::NodeClaim) {
+        waiting.push("the NodeClaim list");
+    }
+    (!waiting.is_empty()).then(|| waiting.join(" and "))
 }
 
 /// The taint list with `karpenter.sh/disrupted:NoSchedule` replacing any taint of that key;
@@ -150,6 +165,16 @@ pub async fn reconcile(
         || !node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER)
     {
         return Ok(Action::await_change());
+    }
+    if let Some(waiting) = awaiting_cluster_state(&ctx) {
+        ctx.event(
+            node.as_ref(),
+            Severity::Normal,
+            AWAITING_CLUSTER_STATE,
+            format!("Termination waits for {waiting}"),
+        )
+        .await;
+        return Ok(Action::requeue(DRAIN_REQUEUE));
     }
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     let claims: Api<NodeClaim> = Api::all(ctx.client.clone());
