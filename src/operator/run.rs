@@ -361,6 +361,13 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
     } = runtime;
     let stop = shutdown_signal(shutdown.clone());
     let cluster = Cluster::with_clock(clock.clone());
+    // Another Karpenter may share the cluster: only our NodeClass kinds are ours to act on.
+    let served: Vec<(String, String)> = cloud
+        .supported_node_classes()
+        .into_iter()
+        .map(|k| (k.group, k.kind))
+        .collect();
+    cluster.update(|index| index.set_managed_kinds(served));
     // The one watch of each kind: the cluster index and the Controllers share it.
     let feeds = state::feed(
         client.clone(),

@@ -88,8 +88,10 @@ pub fn scheduler_options(
     }
 }
 
-/// Every NodePool with the instance types the cloud offers it; the lookups are timed in
+/// Every NodePool of ours with the instance types the cloud offers it; the lookups are timed in
 /// `karpenter_cloudprovider_duration_seconds`. NodePools whose lookup failed come back apart.
+/// Another Karpenter's pools (a NodeClass kind we do not serve) are left out silently: they are
+/// not ours to launch for, consolidate into, or report on.
 pub async fn pools_with_types(
     cloud: &dyn CloudProvider,
     metrics: &Metrics,
@@ -101,6 +103,9 @@ pub async fn pools_with_types(
     let mut found = Vec::new();
     let mut failed = Vec::new();
     for pool in pools {
+        if !cloud.serves(&pool.spec.template.spec.node_class_ref) {
+            continue;
+        }
         let started = Instant::now();
         let types = cloud.instance_types(&pool).await;
         metrics.observe_cloud_call(
@@ -158,13 +163,17 @@ pub fn with_nodeclass_additions(cloud: &dyn CloudProvider, pool: Arc<NodePool>) 
     Arc::new(merged)
 }
 
-fn being_disrupted(node: &Node) -> bool {
+/// Deleted, or tainted by our disruption. Another Karpenter's disrupted taint says nothing of
+/// when it will delete the node (it may still be validating, or give up): its pods stay put
+/// until the Node is deleted, as upstream counts unmanaged nodes.
+fn being_disrupted(index: &ClusterIndex, node: &Node) -> bool {
     node.metadata.deletion_timestamp.is_some()
-        || node
+        || (node
             .spec
             .as_ref()
             .and_then(|s| s.taints.as_ref())
             .is_some_and(|t| t.iter().any(|t| t.key == DISRUPTED_TAINT_KEY))
+            && index.manages_node(node))
 }
 
 /// What a NodePool's nodes and in-flight NodeClaims hold, as scheduler resources (plus `nodes`).
@@ -394,7 +403,7 @@ pub fn prepare(
     for node in &nodes {
         let name = node.node.name_any();
         let pods = index.pods_on_node(&name);
-        if being_disrupted(&node.node) {
+        if being_disrupted(index, &node.node) {
             // Their pods need a new home: upstream simulates them as pending.
             disrupted_pods.extend(pods.into_iter().filter(|p| is_reschedulable(p)));
             continue;
@@ -544,6 +553,32 @@ mod tests {
             "a disrupted node offers no capacity"
         );
         assert_eq!(prepared.pods.len(), 1);
+    }
+
+    /// Another Karpenter's disrupted taint is its own business until it deletes the Node: the
+    /// pods stay where they are, and we launch nothing for them.
+    #[test]
+    fn pods_on_another_providers_disrupted_node_stay_put() {
+        let mut index = testing::managed_index();
+        index.apply_nodeclaim(testing::foreign(testing::nodeclaim(
+            "c1",
+            "kwok",
+            Some("kwok://1"),
+        )));
+        index.apply_node(testing::node(
+            "n1",
+            Some("kwok://1"),
+            &[(DISRUPTED_TAINT_KEY, "NoSchedule")],
+        ));
+        index.apply_pod(testing::pod("default", "web", Some("n1")));
+        let prepared = prepare(
+            &index,
+            vec![],
+            SchedulerOptions::default(),
+            PodsToPlace::Pending,
+        );
+        assert!(prepared.pods.is_empty(), "{:?}", prepared.pods.len());
+        assert_eq!(prepared.input.existing_nodes.len(), 1);
     }
 
     #[test]

@@ -86,6 +86,9 @@ pub struct ClusterIndex {
     relisting: BTreeMap<Kind, BTreeSet<String>>,
     /// When pods last came to or left each node (after the first complete pod list).
     pod_events: PodEventMarks,
+    /// The NodeClass kinds this process serves (group, kind); `None` serves every kind (tests
+    /// that index objects of one provider only).
+    managed: Option<Vec<(String, String)>>,
 }
 
 /// Whether the Node's `Ready` condition is True.
@@ -264,6 +267,48 @@ impl ClusterIndex {
         self.overlays.remove(name);
     }
 
+    /// The NodeClass kinds (group, kind) this process serves. NodePools, NodeClaims and Nodes
+    /// of other kinds belong to another Karpenter in the same cluster: they count as capacity,
+    /// but nothing of ours writes to them, deletes them or waits for them.
+    pub fn set_managed_kinds(&mut self, kinds: Vec<(String, String)>) {
+        self.managed = Some(kinds);
+    }
+
+    fn manages(&self, group: &str, kind: &str) -> bool {
+        self.managed
+            .as_ref()
+            .is_none_or(|m| m.iter().any(|(g, k)| g == group && k == kind))
+    }
+
+    /// Whether the NodeClaim's NodeClass is of a kind this process serves (upstream's
+    /// `nodeclaimutils.IsManaged`).
+    pub fn manages_claim(&self, claim: &NodeClaim) -> bool {
+        let class = &claim.spec.node_class_ref;
+        self.manages(&class.group, &class.kind)
+    }
+
+    /// Whether the NodePool's NodeClass is of a kind this process serves.
+    pub fn manages_pool(&self, pool: &NodePool) -> bool {
+        let class = &pool.spec.template.spec.node_class_ref;
+        self.manages(&class.group, &class.kind)
+    }
+
+    /// Whether the Node is one of ours: its NodeClaim is, or (without a NodeClaim) it carries
+    /// the `<group>/<kind>` label of a served NodeClass kind (upstream's `nodeutils.IsManaged`).
+    pub fn manages_node(&self, node: &Node) -> bool {
+        let Some(managed) = &self.managed else {
+            return true;
+        };
+        if let Some(claim) = node_provider_id(node).and_then(|id| self.nodeclaim_by_provider_id(id))
+        {
+            return self.manages_claim(&claim);
+        }
+        let labels = node.labels();
+        managed
+            .iter()
+            .any(|(group, kind)| labels.contains_key(&format!("{group}/{}", kind.to_lowercase())))
+    }
+
     /// Makes an optional kind (one outside [`Kind::ALL`]) a condition of [`Self::synced`].
     pub fn require(&mut self, kind: Kind) {
         self.required.insert(kind);
@@ -385,11 +430,12 @@ impl ClusterIndex {
             .filter(|k| !self.listed.contains(k))
     }
 
-    /// NodeClaims without a providerID yet.
+    /// Our NodeClaims without a providerID yet (another provider's launches are its own:
+    /// waiting for them would stall every controller here while it launches).
     fn launching(&self) -> usize {
         self.nodeclaims
             .values()
-            .filter(|c| nodeclaim_provider_id(c).is_none())
+            .filter(|c| nodeclaim_provider_id(c).is_none() && self.manages_claim(c))
             .count()
     }
 
@@ -826,6 +872,49 @@ mod tests {
         index.finish_list(Kind::Pod);
         assert!(index.synced());
         assert!(index.unsynced_because().is_empty());
+    }
+
+    /// Another Karpenter's launch in flight is not ours to wait for; its nodes are told apart
+    /// by their NodeClaim, or without one by the NodeClass label.
+    #[test]
+    fn another_providers_objects_are_not_ours() {
+        let mut index = ClusterIndex::default();
+        index.set_managed_kinds(crate::state::testing::served_kinds());
+        for kind in Kind::ALL {
+            index.begin_list(kind);
+            index.finish_list(kind);
+        }
+        let theirs = crate::state::testing::foreign(nodeclaim("k1", "kwok", None));
+        index.apply_nodeclaim(theirs.clone());
+        assert!(index.synced(), "{:?}", index.unsynced_because());
+        index.apply_nodeclaim(nodeclaim("c1", "default", None));
+        assert_eq!(
+            index.unsynced_because(),
+            ["1 NodeClaim(s) without a providerID yet"]
+        );
+
+        let mut with_claim = theirs;
+        with_claim
+            .status
+            .get_or_insert_with(Default::default)
+            .provider_id = Some("kwok://1".into());
+        index.apply_nodeclaim(with_claim);
+        index.apply_nodeclaim(nodeclaim("c1", "default", Some("exoscale://1")));
+        assert!(index.manages_node(&node("ours", Some("exoscale://1"), &[])));
+        assert!(!index.manages_node(&node("theirs", Some("kwok://1"), &[])));
+        let mut labelled = node("labelled", Some("exoscale://9"), &[]);
+        labelled.metadata.labels = Some(
+            [(
+                "karpenter.test.sh/testnodeclass".to_string(),
+                "x".to_string(),
+            )]
+            .into(),
+        );
+        assert!(
+            index.manages_node(&labelled),
+            "our NodeClass label, no claim"
+        );
+        assert!(!index.manages_node(&node("bare", Some("kwok://2"), &[])));
     }
 
     #[test]

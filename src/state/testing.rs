@@ -119,6 +119,31 @@ pub fn nodeclaim(name: &str, nodepool: &str, provider_id: Option<&str>) -> NodeC
     claim
 }
 
+/// The test provider's NodeClass kind, the one [`managed_index`] serves.
+pub fn served_kinds() -> Vec<(String, String)> {
+    vec![(
+        crate::cloudprovider::fake::NODECLASS_GROUP.into(),
+        crate::cloudprovider::fake::NODECLASS_KIND.into(),
+    )]
+}
+
+/// An index that serves only the test provider's NodeClass kind.
+pub fn managed_index() -> crate::state::ClusterIndex {
+    let mut index = crate::state::ClusterIndex::default();
+    index.set_managed_kinds(served_kinds());
+    index
+}
+
+/// A NodeClaim of another Karpenter in the same cluster (upstream's KWOK provider).
+pub fn foreign(mut claim: NodeClaim) -> NodeClaim {
+    claim.spec.node_class_ref = NodeClassReference {
+        group: "karpenter.kwok.sh".into(),
+        kind: "KWOKNodeClass".into(),
+        name: "default".into(),
+    };
+    claim
+}
+
 pub fn with_capacity(mut claim: NodeClaim, pairs: &[(&str, &str)]) -> NodeClaim {
     let status = claim.status.get_or_insert_with(Default::default);
     status.capacity = resources(pairs);

@@ -112,7 +112,10 @@ impl ConditionsController {
         self.provider_drift.retain(|name, _| live.contains(name));
         let mut writes = Vec::new();
         for claim in claims {
-            if claim.metadata.deletion_timestamp.is_some() {
+            // Another Karpenter's claims get their disruption conditions from it.
+            if claim.metadata.deletion_timestamp.is_some()
+                || !self.ctx.cloud.serves(&claim.spec.node_class_ref)
+            {
                 continue;
             }
             match self.desired_status(&claim).await {

@@ -103,7 +103,7 @@ pub fn apply_decision(
 /// Nodes left tainted (with their NodeClaims, which may carry `DisruptionReason`) by a command
 /// this process no longer runs — a restart or a lost leadership mid-command — and not being
 /// deleted: upstream restores them before each loop. `held` are the provider IDs of the command
-/// in flight.
+/// in flight. Another Karpenter's nodes carry the same taint while it disrupts them: theirs.
 pub fn stale_disruptions(
     index: &ClusterIndex,
     held: &HashSet<String>,
@@ -111,7 +111,7 @@ pub fn stale_disruptions(
     index
         .nodes()
         .iter()
-        .filter(|n| n.metadata.deletion_timestamp.is_none())
+        .filter(|n| n.metadata.deletion_timestamp.is_none() && index.manages_node(n))
         .filter(|n| {
             let taints = n
                 .spec
@@ -247,7 +247,14 @@ mod tests {
     #[test]
     fn stale_disruption_taints_are_those_no_command_holds_on_live_nodes() {
         let tainted = [(DISRUPTED_TAINT_KEY, "NoSchedule")];
-        let mut index = ClusterIndex::default();
+        let mut index = testing::managed_index();
+        // Another Karpenter's node, tainted by its own disruption.
+        index.apply_node(testing::node("theirs", Some("kwok://6"), &tainted));
+        index.apply_nodeclaim(testing::foreign(testing::nodeclaim(
+            "c6",
+            "kwok",
+            Some("kwok://6"),
+        )));
         index.apply_node(testing::node("held", Some("exoscale://1"), &tainted));
         index.apply_node(testing::node("stale", Some("exoscale://2"), &tainted));
         index.apply_node(testing::node("clean", Some("exoscale://3"), &[]));

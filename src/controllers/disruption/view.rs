@@ -78,6 +78,19 @@ pub fn build_view(index: &ClusterIndex, mut inputs: ViewInputs<'_>) -> ClusterVi
             .iter()
             .map(|claim| unregistered_claim(claim, &inputs)),
     );
+    // Another Karpenter's nodes are capacity to simulate with, never candidates: without a
+    // NodeClaim of ours a state node is not disrupted, and no event is written about it (as
+    // upstream's state has no NodeClaim for an unmanaged node).
+    for node in &mut nodes {
+        let foreign = node
+            .nodeclaim
+            .as_deref()
+            .and_then(|name| index.nodeclaim(name))
+            .is_some_and(|claim| !index.manages_claim(&claim));
+        if foreign {
+            node.nodeclaim = None;
+        }
+    }
     // `Consolidatable` is written every few seconds; a node that became quiet since counts
     // now, as the next pass will write. Without this, a node emptied 30 s ago was not yet a
     // candidate for Emptiness but already a place consolidation could move other pods to.

@@ -145,7 +145,8 @@ pub fn plan(
 
     let live_ids: BTreeSet<&str> = instances.iter().filter_map(nodeclaim_provider_id).collect();
     for claim in &claims {
-        if claim.metadata.deletion_timestamp.is_some() {
+        // Another provider's claim is never in our instance list: its instances are its own.
+        if claim.metadata.deletion_timestamp.is_some() || !index.manages_claim(claim) {
             continue;
         }
         let Some(id) = nodeclaim_provider_id(claim) else {
@@ -494,5 +495,26 @@ mod tests {
             &mut BTreeMap::new(),
         );
         assert_eq!(p.delete_nodeclaims, vec!["lost".to_string()]);
+    }
+
+    /// Another Karpenter's claims are never in our instance list: a NotReady Node of theirs
+    /// does not make us delete them.
+    #[test]
+    fn another_providers_claims_are_left_alone() {
+        let mut index = managed_index();
+        index.apply_nodeclaim(registered(nodeclaim("ours", "p", Some("exoscale://x"))));
+        index.apply_nodeclaim(registered(foreign(nodeclaim(
+            "theirs",
+            "kwok",
+            Some("kwok://y"),
+        ))));
+        let p = plan_proven(
+            &[],
+            &index,
+            ts(10).0,
+            Duration::from_secs(60),
+            &mut BTreeMap::new(),
+        );
+        assert_eq!(p.delete_nodeclaims, vec!["ours".to_string()]);
     }
 }

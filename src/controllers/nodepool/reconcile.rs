@@ -70,7 +70,11 @@ impl StatusWrites {
 }
 
 pub async fn reconcile(pool: Arc<NodePool>, ctx: Arc<Context>) -> Result<Action> {
-    if pool.metadata.deletion_timestamp.is_some() {
+    // Another Karpenter's pool (its NodeClass is of a kind we do not serve): its hash, status
+    // and counts are that Karpenter's to write; ours would call its NodeClass missing.
+    if pool.metadata.deletion_timestamp.is_some()
+        || !ctx.cloud.serves(&pool.spec.template.spec.node_class_ref)
+    {
         return Ok(Action::await_change());
     }
     let name = pool.name_any();

@@ -114,7 +114,8 @@ pub fn decide(
     else {
         return Decision::Healthy;
     };
-    if claim.metadata.deletion_timestamp.is_some() {
+    // Another Karpenter's node is judged by its own repair policies, not ours.
+    if claim.metadata.deletion_timestamp.is_some() || !index.manages_claim(&claim) {
         return Decision::Healthy;
     }
     let pool = node.labels().get(NODEPOOL_LABEL).map(String::as_str);
@@ -256,6 +257,26 @@ mod tests {
                 unhealthy: 3,
                 total: 10
             }
+        );
+    }
+
+    /// Another Karpenter's unhealthy node is its to repair: ours never deletes its claim.
+    #[test]
+    fn another_providers_nodes_are_not_repaired() {
+        let policies = default_repair_policies();
+        let mut index = crate::state::testing::managed_index();
+        let claim = registered(nodeclaim("theirs", "kwok", Some("kwok://0")));
+        index.apply_nodeclaim(crate::state::testing::foreign(claim));
+        index.apply_node(with_condition(
+            node("n0", Some("kwok://0"), &[]),
+            "Ready",
+            "False",
+            0,
+        ));
+        let sick = index.node("n0").unwrap();
+        assert_eq!(
+            decide(&index, &sick, &policies, ts(900).0),
+            Decision::Healthy
         );
     }
 

@@ -166,6 +166,13 @@ pub async fn reconcile(
     {
         return Ok(Action::await_change());
     }
+    // Another Karpenter's node carries the same finalizer: its termination is that one's.
+    {
+        let index = ctx.cluster.read();
+        if index.listed(Kind::NodeClaim) && !index.manages_node(&node) {
+            return Ok(Action::await_change());
+        }
+    }
     if let Some(waiting) = awaiting_cluster_state(&ctx) {
         ctx.event(
             node.as_ref(),
