@@ -354,6 +354,53 @@ async fn create_once_adopts_an_existing_instance() {
     ));
 }
 
+/// A create whose answer names no instance ID (missing, or not a UUID) did something unknown:
+/// the instance is looked up by its labels, never taken from the answer, never created again.
+#[tokio::test]
+async fn a_create_answer_without_an_instance_id_is_looked_up() {
+    use karpenter_exoscale::sim::{Fault, FaultAction};
+    let sim = ExoscaleSim::start().await.expect("sim starts");
+    let config = karpenter_exoscale::exoscale::ClientConfig {
+        create_lookup_wait: Duration::from_secs(1),
+        ..sim.client_config()
+    };
+    let client = Client::new(config).unwrap();
+    let req = create_request(&sim, &client, "node-b").await;
+    let identity = InstanceFilter::labels([("exoscale.com/node-claim", "node-b")]);
+    let bogus = r#"{"id":"op-1","state":"success","reference":{"id":"../zone/x"}}"#;
+    let answer_bogus = || {
+        Fault::on(
+            "create-instance",
+            FaultAction::Status {
+                status: 200,
+                body: bogus.into(),
+            },
+        )
+    };
+    sim.inject(answer_bogus());
+    assert!(
+        matches!(
+            client.create_instance_known_new(&req, &identity).await,
+            Err(Error::CreateOutcomeUnknown { .. })
+        ),
+        "nothing was created, so nothing may be returned"
+    );
+    // Now an instance with those labels exists: the same answer adopts it.
+    let real = client.create_instance_once(&req, &identity).await.unwrap();
+    client
+        .wait_operation(real.operation.as_ref().unwrap())
+        .await
+        .unwrap();
+    sim.inject(answer_bogus());
+    let adopted = client
+        .create_instance_known_new(&req, &identity)
+        .await
+        .unwrap();
+    assert!(adopted.adopted);
+    assert_eq!(adopted.instance.id, real.instance.id);
+    assert_eq!(sim.instances().len(), 1);
+}
+
 #[tokio::test]
 async fn anti_affinity_group_limit_is_a_capacity_error() {
     let (sim, client) = setup().await;

@@ -204,3 +204,53 @@ async fn a_huge_forging_error_message_is_bounded_and_escaped() {
         "{text:?}"
     );
 }
+
+/// An answer about another instance than the one asked for is refused: acting on it would
+/// read, or delete, what nobody asked for.
+#[tokio::test]
+async fn an_answer_about_another_instance_is_refused() {
+    let other = serde_json::json!({
+        "id": "22222222-2222-4222-8222-222222222222",
+        "name": "someone-elses", "state": "running",
+        "instance-type": {"id": "t"}, "template": {"id": "tpl"},
+    });
+    let server = serve(Behaviour::Answer(200, other.to_string())).await;
+    let asked = "11111111-1111-4111-8111-111111111111";
+    let err = client_for(&server).get_instance(asked).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Decode { message, .. } if message.contains(asked) && message.contains("2222")),
+        "{err:?}"
+    );
+}
+
+/// serde quotes a value it cannot take whole; the error keeps a bounded, escaped part of it.
+#[tokio::test]
+async fn a_huge_undecodable_value_is_bounded_in_the_error() {
+    let huge = format!(r"\u001b[2J{}", "z".repeat(4 * 1024 * 1024));
+    let server = serve(Behaviour::Answer(200, format!(r#"{{"zones":"{huge}"}}"#))).await;
+    let err = client_for(&server).list_zones().await.unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::Decode { .. }), "{err:?}");
+    assert!(text.len() < 2048, "{} bytes of error", text.len());
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+}
+
+/// A failed operation's reason and message come from the API: bounded and escaped too.
+#[tokio::test]
+async fn a_failed_operations_text_is_bounded_and_escaped() {
+    let server = serve(Behaviour::Answer(500, "{}".into())).await;
+    let failed: karpenter_exoscale::exoscale::models::Operation =
+        serde_json::from_value(serde_json::json!({
+            "id": "op", "state": "failure",
+            "reason": format!("\u{1b}[2K{}", "r".repeat(100_000)),
+            "message": format!("line\nforged{}", "m".repeat(1_000_000)),
+        }))
+        .unwrap();
+    let err = client_for(&server)
+        .wait_operation(&failed)
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.len() < 4096, "{} bytes of error", text.len());
+    assert!(!text.contains('\u{1b}') && !text.contains('\n'), "{text:?}");
+}

@@ -253,9 +253,25 @@ fn segment(value: &str, what: &str) -> Result<String, Error> {
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, Error> {
+    // serde quotes the offending value whole: a 16 MiB string would be a 16 MiB error.
     serde_json::from_slice(bytes).map_err(|e| Error::Decode {
         what: what.to_string(),
-        message: e.to_string(),
+        message: error::sanitize_api_text(&e.to_string()),
+    })
+}
+
+/// An answer about another object than the one asked for (a broken or hostile API): acting on
+/// it would read, or delete, what nobody asked for.
+fn answer_about(what: &str, asked: &str, answered: &str) -> Result<(), Error> {
+    if asked == answered {
+        return Ok(());
+    }
+    Err(Error::Decode {
+        what: what.to_string(),
+        message: format!(
+            "asked for {what} {asked}, the answer is about {:?}",
+            error::sanitize_api_text(answered)
+        ),
     })
 }
 
@@ -523,11 +539,13 @@ impl Client {
             .cloned()
             .ok_or_else(|| Error::UnknownZone {
                 zone: zone.to_string(),
-                known: zones
-                    .iter()
-                    .map(|z| z.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                known: error::sanitize_api_text(
+                    &zones
+                        .iter()
+                        .map(|z| z.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
             })
     }
 
@@ -608,11 +626,22 @@ impl Client {
         };
         match self.create_instance(req).await {
             Ok(op) => {
-                let Some(id) = op.reference_id().map(str::to_string) else {
-                    return Err(Error::Decode {
+                // Not an instance ID: the create did something, what is unknown. Look it up
+                // rather than trust (or repeat) it.
+                let Some(id) = op
+                    .reference_id()
+                    .filter(|id| uuid::Uuid::parse_str(id).is_ok())
+                    .map(str::to_string)
+                else {
+                    let err = Error::Decode {
                         what: "create-instance operation".into(),
-                        message: "operation has no reference id".into(),
-                    });
+                        message: format!(
+                            "operation has no instance reference (reference id {:?})",
+                            error::sanitize_api_text(op.reference_id().unwrap_or_default())
+                        ),
+                    };
+                    tracing::warn!(error = %err, "create-instance answer without an instance ID; looking the instance up");
+                    return self.await_unknown_create(identity, err).await.map(adopted);
                 };
                 Ok(CreatedInstance {
                     instance: Instance { id, ..preview(req) },
@@ -661,7 +690,9 @@ impl Client {
 
     pub async fn get_instance(&self, id: &str) -> Result<Instance, Error> {
         let id = segment(id, "instance id")?;
-        self.get_json(format!("/instance/{id}"), "instance").await
+        let instance: Instance = self.get_json(format!("/instance/{id}"), "instance").await?;
+        answer_about("instance", &id, &instance.id)?;
+        Ok(instance)
     }
 
     /// `GET /instance`, filtered client-side (the server's `labels` query format is undocumented).
@@ -897,7 +928,11 @@ impl Client {
 
     pub async fn get_operation(&self, id: &str) -> Result<Operation, Error> {
         let id = segment(id, "operation id")?;
-        self.get_json(format!("/operation/{id}"), "operation").await
+        let operation: Operation = self
+            .get_json(format!("/operation/{id}"), "operation")
+            .await?;
+        answer_about("operation", &id, &operation.id)?;
+        Ok(operation)
     }
 
     /// Polls until the operation leaves `pending`. `success` → Ok; `failure`/`timeout` →
@@ -913,10 +948,14 @@ impl Client {
                 OperationState::Success => return Ok(current),
                 state => {
                     return Err(Error::OperationFailed {
-                        id: current.id.clone(),
+                        id: error::sanitize_api_text(&current.id),
                         state: state.as_str().to_string(),
-                        reason: current.reason.clone().unwrap_or_default(),
-                        message: current.message.clone().unwrap_or_default(),
+                        reason: error::sanitize_api_text(
+                            current.reason.as_deref().unwrap_or_default(),
+                        ),
+                        message: error::sanitize_api_text(
+                            current.message.as_deref().unwrap_or_default(),
+                        ),
                     });
                 }
             }
@@ -925,7 +964,8 @@ impl Client {
                 return Err(Error::Timeout {
                     what: format!(
                         "operation {} still pending after {:?}",
-                        current.id, policy.timeout
+                        error::sanitize_api_text(&current.id),
+                        policy.timeout
                     ),
                 });
             }

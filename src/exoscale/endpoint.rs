@@ -46,14 +46,34 @@ impl Endpoint {
     }
 
     /// Parses an explicit base URL; `/v2` is appended when the path is empty.
+    /// Plain `http` only reaches a loopback address (the simulated API on this machine):
+    /// requests carry signed credentials and user data with bootstrap tokens.
     pub fn parse(url: &str) -> Result<Endpoint, EndpointError> {
         let invalid = |reason: &str| EndpointError::InvalidUrl {
             url: url.to_string(),
             reason: reason.to_string(),
         };
         let mut parsed = Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(invalid("scheme must be http or https"));
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            // Not echoed: the URL holds a secret.
+            return Err(EndpointError::InvalidUrl {
+                url: "(withheld: it carries credentials)".into(),
+                reason: "must not carry a user name or password".into(),
+            });
+        }
+        match parsed.scheme() {
+            "https" => {}
+            "http" if is_loopback(&parsed) => {}
+            "http" => {
+                return Err(invalid(
+                    "plain http is only allowed to a loopback address; use https",
+                ));
+            }
+            _ => {
+                return Err(invalid(
+                    "scheme must be https (or http to a loopback address)",
+                ));
+            }
         }
         if parsed.query().is_some() || parsed.fragment().is_some() {
             return Err(invalid("must not carry a query or fragment"));
@@ -78,6 +98,15 @@ impl Endpoint {
 impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.0.as_str())
+    }
+}
+
+fn is_loopback(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        None => false,
     }
 }
 
@@ -137,5 +166,28 @@ mod tests {
             Endpoint::parse("ftp://x"),
             Err(EndpointError::InvalidUrl { .. })
         ));
+    }
+
+    /// Signed requests and bootstrap tokens never travel in plain text beyond this machine,
+    /// and a URL with credentials in it is refused without being repeated.
+    #[test]
+    fn plain_http_only_to_loopback_and_no_credentials_in_the_url() {
+        for local in [
+            "http://127.0.0.1:8080",
+            "http://[::1]:80",
+            "http://localhost:1",
+        ] {
+            assert!(Endpoint::parse(local).is_ok(), "{local}");
+        }
+        for remote in ["http://api-ch-gva-2.exoscale.com", "http://10.0.0.1:8080"] {
+            let Err(EndpointError::InvalidUrl { reason, .. }) = Endpoint::parse(remote) else {
+                panic!("{remote} accepted");
+            };
+            assert!(reason.contains("loopback"), "{reason}");
+        }
+        let Err(e) = Endpoint::parse("https://key:s3cret@api-ch-gva-2.exoscale.com/v2") else {
+            panic!("credentials in the URL accepted");
+        };
+        assert!(!e.to_string().contains("s3cret"), "{e}");
     }
 }

@@ -104,7 +104,11 @@ pub fn nodeclaim_from_instance(
     status.provider_id = Some(instance::provider_id(&instance.id));
     status.image_id = Some(instance.template.id.clone());
     if let Some(t) = discovered {
-        let disk = instance.disk_size.unwrap_or(0) as i64;
+        // Exoscale disks are at most a few TiB; a size past i64 is no size at all.
+        let disk = instance
+            .disk_size
+            .and_then(|gib| i64::try_from(gib).ok())
+            .unwrap_or(0);
         status.capacity = to_resource_list(&instance_types::capacity(
             t,
             disk,

@@ -732,7 +732,15 @@ impl CloudProvider for ExoscaleCloudProvider {
                     .and_then(|l| l.get(NODEPOOL_LABEL))
                     .map(String::as_str),
             );
-            if let Some(labels) = drift::labels_to_heal(&instance.labels, &expected) {
+            // Another cluster's identity on it is reported by garbage collection, never
+            // overwritten: healing would claim an instance that may not be ours.
+            let foreign = matches!(
+                self.instances.identity().ownership(&instance.labels),
+                Ownership::Foreign
+            );
+            if foreign {
+                tracing::warn!(nodeclaim = %name, instance = %instance.id, "the instance carries another cluster's identity; its labels are left as they are");
+            } else if let Some(labels) = drift::labels_to_heal(&instance.labels, &expected) {
                 match self.instances.set_labels(&instance.id, &labels).await {
                     // The list no longer says what the instance carries.
                     Ok(()) => self.listed.lock().await.forget(),
