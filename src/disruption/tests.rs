@@ -306,6 +306,26 @@ fn a_hold_is_carried_from_pass_to_pass_and_ends_after_twice_consolidate_after() 
     assert_eq!(since(&held), Some(now() + chrono::Duration::seconds(70)));
 }
 
+/// What passes watched counts across a command's validation, not across a wait for
+/// replacements or a leadership gap.
+#[test]
+fn watched_nodes_are_forgotten_after_a_gap_between_passes() {
+    use super::validation::passes_close_enough;
+    let poll = std::time::Duration::from_secs(10);
+    let at = |s: i64| now() + chrono::Duration::seconds(s);
+    assert!(passes_close_enough(at(0), at(1), poll), "a standby recheck");
+    assert!(
+        passes_close_enough(at(0), at(16), poll),
+        "across a validation"
+    );
+    assert!(passes_close_enough(at(0), at(35), poll));
+    assert!(!passes_close_enough(at(0), at(36), poll));
+    assert!(
+        !passes_close_enough(at(0), at(300), poll),
+        "replacements waited for"
+    );
+}
+
 #[test]
 fn a_deletion_held_for_the_validation_delay_starts_at_once_and_others_wait_for_it() {
     use super::orchestration::{Orchestration, Phase};
@@ -1265,6 +1285,13 @@ mod validation_and_orchestration {
         assert_eq!(o.phase, Phase::Done);
         assert!(deletes_now(&actions), "{actions:?}");
         assert_eq!(carried.get("e2"), Some(&now()));
+        // A pod came and left between two passes (its event at 14 s): every pass saw e1 empty,
+        // yet it was not empty throughout. Validation.
+        let mut churned = empty("e1");
+        churned.last_pod_event = Some(now() + chrono::Duration::seconds(14));
+        let (watched, o, ..) = pass(16, vec![churned, empty("e2")], &since, false);
+        assert!(!watched);
+        assert!(matches!(o.phase, Phase::Validating { .. }));
         // A pod pending: validation, it may be about to be nominated to an empty node.
         let (watched, o, ..) = pass(15, vec![empty("e1"), empty("e2")], &since, true);
         assert!(!watched);

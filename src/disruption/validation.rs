@@ -28,13 +28,22 @@ pub const COMMAND_VALIDATION_DELAY: Duration = Duration::from_secs(15);
 ///   and eligible since at least the delay ago, while no pod is pending: a pending pod could be
 ///   about to be nominated to an empty node, which validation is there to see.
 ///
+/// In both, no pod may have come to or left the node within the delay: passes are samples
+/// (10 s apart, or further while a command runs), and a pod that came and went between two of
+/// them is seen only in the node's pod events, which the watch records as they happen.
+///
 /// Replacements, and commands with a node not watched that long, wait for validation.
 pub fn watched_long_enough(command: &Command, view: &ClusterView) -> bool {
     let delay = chrono::Duration::from_std(COMMAND_VALIDATION_DELAY).unwrap_or_default();
     let watched = |since: &BTreeMap<String, DateTime<Utc>>, c: &Candidate| {
-        since
-            .get(&c.name)
-            .is_some_and(|first| view.now - *first >= delay)
+        let quiet = view
+            .nodes
+            .get(c.index)
+            .is_some_and(|n| n.last_pod_event.is_none_or(|at| view.now - at >= delay));
+        quiet
+            && since
+                .get(&c.name)
+                .is_some_and(|first| view.now - *first >= delay)
     };
     if !command.method.needs_validation() || command.decision() != Decision::Delete {
         return false;
@@ -50,6 +59,19 @@ pub fn watched_long_enough(command: &Command, view: &ClusterView) -> bool {
             .candidates
             .iter()
             .all(|c| watched(&view.held_replacements, c))
+}
+
+/// Whether what the pass at `last_pass` watched still counts at `now`: passes come every
+/// `poll_interval`, or one validation delay apart around a command. A longer gap (a wait for
+/// replacements, lost leadership) left the held candidates unwatched meanwhile.
+pub fn passes_close_enough(
+    last_pass: DateTime<Utc>,
+    now: DateTime<Utc>,
+    poll_interval: Duration,
+) -> bool {
+    let max_gap = chrono::Duration::from_std(COMMAND_VALIDATION_DELAY + poll_interval * 2)
+        .unwrap_or_default();
+    now - last_pass <= max_gap
 }
 
 /// Why a decision was abandoned; the message goes into `ConsolidationRejected` events.

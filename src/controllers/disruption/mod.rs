@@ -110,6 +110,10 @@ pub async fn run(
             }
             wait = controller.step().await;
             wait = wait.min(conditions_due.saturating_duration_since(Instant::now()));
+        } else {
+            // Not watching now: what earlier passes saw says nothing of the time until the
+            // next one (leadership may come back hours later, a watch may have missed pods).
+            controller.forget_watched();
         }
         tokio::select! {
             _ = shutdown.clone() => return,
@@ -142,6 +146,8 @@ struct Disruption {
     held_replacements: BTreeMap<String, DateTime<Utc>>,
     /// Empty nodes found eligible in consecutive passes, since the first (`view.empty_since`).
     empty_since: BTreeMap<String, DateTime<Utc>>,
+    /// When the last pass decided (the two maps above are as of then).
+    last_pass: Option<DateTime<Utc>>,
     events: Dedupe,
     in_flight: Option<InFlight>,
 }
@@ -159,6 +165,7 @@ impl Disruption {
             memo: ConsolidationMemo::default(),
             held_replacements: BTreeMap::new(),
             empty_since: BTreeMap::new(),
+            last_pass: None,
             events: Dedupe::default(),
             in_flight: None,
         }
@@ -249,10 +256,24 @@ impl Disruption {
         self.decide().await
     }
 
+    /// Forgets the nodes earlier passes watched: a hold or an empty node counts as watched only
+    /// through passes close enough together.
+    fn forget_watched(&mut self) {
+        self.held_replacements.clear();
+        self.empty_since.clear();
+        self.last_pass = None;
+    }
+
     async fn decide(&mut self) -> Duration {
         self.executor.restore_stale().await;
         let version = *self.ctx.cluster.subscribe().borrow();
         let now = self.now();
+        if self.last_pass.is_some_and(|last| {
+            !validation::passes_close_enough(last, now, self.settings.poll_interval)
+        }) {
+            self.forget_watched();
+        }
+        self.last_pass = Some(now);
         let mut view = self.view().await;
         view.held_replacements = self.held_replacements.clone();
         view.empty_since = self.empty_since.clone();
