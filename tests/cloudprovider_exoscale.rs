@@ -217,6 +217,8 @@ fn claim(name: &str, types: &[&str]) -> NodeClaim {
         },
     );
     nc.metadata.labels = Some([(labels::NODEPOOL_LABEL.to_string(), "default".to_string())].into());
+    // As the API server gives every NodeClaim (a stand-in from the instance list has none).
+    nc.metadata.uid = Some(format!("uid-{name}"));
     nc
 }
 
@@ -701,6 +703,49 @@ async fn tokens_are_recorded_on_the_nodeclaim_and_deleted_by_another_replica() {
         w.bootstrap.tokens().is_empty(),
         "the recorded token goes with the instance"
     );
+}
+
+/// Garbage collection deletes the twin of a lost create through a stand-in built from the
+/// instance list, which carries the live NodeClaim's name but no UID: the live claim's token,
+/// which its own instance still needs to join, stays.
+#[tokio::test]
+async fn deleting_a_twin_keeps_the_live_claims_token() {
+    let w = world().await;
+    let nc = w.launch("twin", &["standard.medium"]).await;
+    let real = parse_provider_id(&provider_id(&nc)).unwrap().to_string();
+    let original = w.client.get_instance(&real).await.unwrap();
+    let mut req = exoscale::models::CreateInstanceRequest::new(
+        &original.instance_type.id,
+        &original.template.id,
+        50,
+    );
+    req.name = Some(original.name.clone());
+    req.labels = original.labels.clone();
+    let twin = w.client.create_instance(&req).await.unwrap();
+    let twin = twin.reference_id().unwrap().to_string();
+    let stand_in = w
+        .provider
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| provider_id(c).ends_with(&twin))
+        .expect("the twin is listed");
+    assert_eq!(stand_in.metadata.name.as_deref(), Some("twin"));
+    w.provider.delete(&stand_in).await.unwrap();
+    eventually("twin removal", || async { w.sim.instance(&twin).is_none() }).await;
+    assert!(
+        w.provider
+            .delete(&stand_in)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+    assert!(
+        w.bootstrap.tokens().contains_key("twin"),
+        "the live claim's token went with its twin"
+    );
+    assert!(w.sim.instance(&real).is_some());
 }
 
 #[tokio::test]

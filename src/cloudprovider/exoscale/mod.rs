@@ -398,13 +398,20 @@ impl ExoscaleCloudProvider {
     /// written; the bootstrap-token controller then deletes the recorded tokens and only then
     /// drops the record. So a registered claim's issued tokens are either still recorded or
     /// already deleted (deleting them again was one more call per removed node, answered 404).
+    ///
+    /// A stand-in built from the instance list (garbage collection's view of an orphan, which
+    /// has no UID) shares only the name of the NodeClaim its instance was launched for: the
+    /// twin of a lost create carries the live claim's name. Its deletion must not take the
+    /// tokens that claim's own instance still needs to join.
     async fn forget_tokens(&self, claim: &NodeClaim) {
         let name = claim.metadata.name.clone().unwrap_or_default();
         let mut names = recorded_tokens(claim);
-        let issued = self.issued_tokens().remove(&name).unwrap_or_default();
-        let registered = claim.condition_is_true(conditions::REGISTERED);
-        if !registered {
-            names.extend(issued);
+        if claim.metadata.uid.is_some() {
+            let issued = self.issued_tokens().remove(&name).unwrap_or_default();
+            let registered = claim.condition_is_true(conditions::REGISTERED);
+            if !registered {
+                names.extend(issued);
+            }
         }
         if names.is_empty() {
             return;
