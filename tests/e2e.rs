@@ -359,6 +359,63 @@ async fn a_node_registers_while_more_launches_wait_on_the_cloud_than_cpu_sized_s
     world.finish().await;
 }
 
+/// Fault: someone edits a running instance's labels (the console, a script), so it drops out
+/// of the label-filtered instance list, while its Node is NotReady. The list alone would call
+/// the instance gone and its NodeClaim garbage; the instance's own read says it exists, so the
+/// NodeClaim, and with it the VM, are kept.
+#[tokio::test]
+async fn gc_keeps_a_nodeclaim_whose_instance_left_the_list_but_exists() {
+    use karpenter_exoscale::sim::kubelet::Fault as KubeletFault;
+    let sick: harness::KubeletPolicy = Arc::new(|_: &str| KubeletBehaviour {
+        fault: KubeletFault::NotReadyAfter(Duration::from_secs(3)),
+        ..KubeletBehaviour::default()
+    });
+    let Some(world) = World::start("e2e-gc-labels", sick).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("a").await;
+    world.ready_nodeclass().await;
+    let claim = format!("relabelled-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    let node = world.initialized_node(&claim).await.name_any();
+    eventually("the Node NotReady", || async {
+        let n = world.nodes().get(&node).await.ok()?;
+        let ready = n
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.status == "False").then_some(())
+    })
+    .await;
+    let instance = world.live_instances().into_iter().next().expect("its VM");
+    let mut labels = instance.labels.clone();
+    assert!(labels.remove(INSTANCE_CLUSTER_ID_LABEL).is_some());
+    let op = world
+        .exo
+        .update_instance_labels(&instance.id, &labels)
+        .await
+        .unwrap();
+    world.exo.wait_operation(&op).await.unwrap();
+    let lists = world.sim.call_count("list-instances");
+    eventually_within("five more GC passes", Duration::from_secs(120), || async {
+        (world.sim.call_count("list-instances") >= lists + 5).then_some(())
+    })
+    .await;
+    let kept = world.nodeclaims().get(&claim).await.unwrap();
+    assert!(
+        kept.metadata.deletion_timestamp.is_none(),
+        "the NodeClaim of a running instance was collected"
+    );
+    assert_eq!(world.live_instances().len(), 1, "its VM was deleted");
+    assert!(
+        world.sim.call_count("get-instance") > 0,
+        "GC confirmed by a read"
+    );
+    world.finish().await;
+}
+
 /// Fault: another cluster runs with OUR `EXOSCALE_SKS_CLUSTER_ID` (a mistyped setting, here or
 /// there). Its instances carry our cluster-id label and its own kube-system UID. Garbage
 /// collection deletes our orphan, and never another cluster's instance (other ID, or our ID

@@ -213,6 +213,24 @@ impl Collector {
         let api: Api<NodeClaim> = Api::all(ctx.client.clone());
         for name in &plan.delete_nodeclaims {
             let claim = ctx.cluster.read().nodeclaim(name);
+            // The list is filtered by our labels: an instance whose labels were edited (or a
+            // changed cluster ID) drops out of it while it runs. Only the instance's own read
+            // proves it gone.
+            let provider_id = claim.as_deref().and_then(nodeclaim_provider_id);
+            let Some(provider_id) = provider_id else {
+                continue;
+            };
+            match ctx.cloud.get(provider_id).await {
+                Err(e) if e.is_not_found() => {}
+                Ok(_) => {
+                    tracing::warn!(nodeclaim = %name, provider_id, "the instance is missing from the instance list but exists (its labels changed?); NodeClaim kept");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(nodeclaim = %name, provider_id, error = %e, "cannot confirm the instance is gone; NodeClaim kept");
+                    continue;
+                }
+            }
             tracing::info!(nodeclaim = %name, "deleting NodeClaim whose instance is gone");
             ignore_not_found(api.delete(name, &DeleteParams::default()).await)?;
             if let Some(claim) = claim {
