@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Preconditions};
 
 use crate::apis::NodeClaim;
 use crate::apis::labels::{INSTANCE_NODECLAIM_LABEL, conditions};
@@ -232,7 +232,18 @@ impl Collector {
                 }
             }
             tracing::info!(nodeclaim = %name, "deleting NodeClaim whose instance is gone");
-            ignore_not_found(api.delete(name, &DeleteParams::default()).await)?;
+            // The very NodeClaim judged: not one recreated under its name since (a 409 then).
+            let only_this = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: claim.as_ref().and_then(|c| c.metadata.uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(name, &only_this).await {
+                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                other => ignore_not_found(other)?,
+            };
             if let Some(claim) = claim {
                 ctx.metrics.nodeclaim_disrupted(
                     "garbage_collected",
