@@ -111,7 +111,7 @@ pub fn stale_disruptions(
     index
         .nodes()
         .iter()
-        .filter(|n| n.metadata.deletion_timestamp.is_none() && index.manages_node(n))
+        .filter(|n| n.metadata.deletion_timestamp.is_none())
         .filter(|n| {
             let taints = n
                 .spec
@@ -120,6 +120,8 @@ pub fn stale_disruptions(
                 .unwrap_or_default();
             taints.iter().any(is_disrupted_taint)
         })
+        // After the taint test: finding a node's NodeClaim scans them all.
+        .filter(|n| index.manages_node(n))
         .filter_map(|n| {
             let pid = node_provider_id(n)?;
             if held.contains(pid) {
