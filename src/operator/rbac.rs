@@ -196,6 +196,13 @@ pub const PERMISSIONS: &[Permission] = &[
         reason: "the cluster CA written into node user data",
     },
     Permission {
+        target: resource("", "configmaps"),
+        verbs: &["get"],
+        scope: Scope::Namespace("kube-system"),
+        resource_names: &[ResourceName::Fixed("kube-root-ca.crt")],
+        reason: "the cluster CA where a cluster publishes no cluster-info (the Go provider's fallback)",
+    },
+    Permission {
         target: resource("coordination.k8s.io", "leases"),
         verbs: &["create"],
         scope: Scope::ReleaseNamespace,
