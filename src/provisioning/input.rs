@@ -265,7 +265,25 @@ pub fn existing_node(node: &RegisteredNode, pods: &[Arc<HeldPod>]) -> Result<Exi
         .map(|c| c.spec.startup_taints.iter().map(taint).collect())
         .unwrap_or_default();
     let active = pods.iter().filter(|p| !is_terminal(p)).map(|p| &**p);
-    convert::existing_node_from_k8s(&node.node, active, &startup).map_err(|e| e.to_string())
+    let mut existing =
+        convert::existing_node_from_k8s(&node.node, active, &startup).map_err(|e| e.to_string())?;
+    // A kubelet creates its Node, then reports its status: in between the Node offers no room,
+    // and its NodeClaim, matched to it, no longer counts as capacity on the way. Until the node
+    // is initialized, what it does not report (or reports as zero) is its NodeClaim's, as
+    // upstream's state node falls back; else a round in that moment launches a NodeClaim more.
+    if let Some(claim) = &node.claim
+        && !existing.initialized
+    {
+        let from_claim = claim.status.as_ref().map(|s| &s.allocatable);
+        for (resource, q) in from_claim.into_iter().flatten() {
+            if let Ok(q) = Quantity::parse(&q.0)
+                && existing.allocatable.get(resource).is_zero()
+            {
+                existing.allocatable.set(resource, q);
+            }
+        }
+    }
+    Ok(existing)
 }
 
 /// A NodeClaim whose Node has not registered: the capacity it will bring (empty allocatable
@@ -579,6 +597,62 @@ mod tests {
         );
         assert!(prepared.pods.is_empty(), "{:?}", prepared.pods.len());
         assert_eq!(prepared.input.existing_nodes.len(), 1);
+    }
+
+    /// The kubelet created the Node but has not reported its status yet: the node's room is
+    /// its NodeClaim's, so pods pending for it get no NodeClaim more.
+    #[test]
+    fn a_node_without_status_yet_offers_its_nodeclaims_room() {
+        let mut index = ClusterIndex::default();
+        let mut claim = testing::nodeclaim("p-1", "p", Some("exoscale://1"));
+        claim
+            .status
+            .get_or_insert_with(Default::default)
+            .allocatable = testing::resources(&[("cpu", "4"), ("memory", "8Gi"), ("pods", "110")]);
+        index.apply_nodeclaim(claim);
+        let mut node = testing::node("n1", Some("exoscale://1"), &[]);
+        node.status = None;
+        index.apply_node(node.clone());
+        let prepared = prepare(
+            &index,
+            vec![],
+            SchedulerOptions::default(),
+            PodsToPlace::Pending,
+        );
+        assert_eq!(prepared.input.existing_nodes.len(), 1);
+        let room = &prepared.input.existing_nodes[0].allocatable;
+        assert_eq!(room.cpu(), Quantity::parse("4").unwrap());
+        assert_eq!(room.pods(), Quantity::parse("110").unwrap());
+
+        // A node reporting zero is not trusted either until initialized; once initialized,
+        // what the Node reports is the truth.
+        node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            allocatable: Some(testing::resources(&[("cpu", "0"), ("pods", "110")])),
+            ..Default::default()
+        });
+        index.apply_node(node.clone());
+        let prepared = prepare(
+            &index,
+            vec![],
+            SchedulerOptions::default(),
+            PodsToPlace::Pending,
+        );
+        assert_eq!(
+            prepared.input.existing_nodes[0].allocatable.cpu(),
+            Quantity::parse("4").unwrap()
+        );
+        node.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("karpenter.sh/initialized".into(), "true".into());
+        index.apply_node(node);
+        let prepared = prepare(
+            &index,
+            vec![],
+            SchedulerOptions::default(),
+            PodsToPlace::Pending,
+        );
+        assert!(prepared.input.existing_nodes[0].allocatable.cpu().is_zero());
     }
 
     #[test]
