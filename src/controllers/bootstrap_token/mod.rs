@@ -48,20 +48,51 @@ pub async fn cleanup_once(ctx: &Context) -> Result<usize, super::Error> {
     }
     let plan = release_plan(&ctx.cluster.read());
     let api: Api<NodeClaim> = Api::all(ctx.client.clone());
+    let client = &ctx.client;
+    let released = release(plan, |name| async move {
+        bootstrap_token::delete_token(client, &name)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
     let mut deleted = 0;
-    for (claim, names) in plan {
-        for name in &names {
-            tracing::info!(secret = %name, nodeclaim = %claim, "deleting bootstrap token: its node registered");
-            bootstrap_token::delete_token(&ctx.client, name)
-                .await
-                .map_err(|e| super::Error::Invalid(e.to_string()))?;
-            deleted += 1;
-        }
+    for (claim, count) in released {
+        deleted += count;
         let forget =
             serde_json::json!({"metadata": {"annotations": {NODECLAIM_TOKENS_ANNOTATION: null}}});
         absent_ok(patch_object(&api, &claim, forget, None).await)?;
     }
     Ok(deleted)
+}
+
+/// Deletes the planned tokens, NodeClaim by NodeClaim. A token that cannot be deleted (a name
+/// someone else wrote on the NodeClaim that the admission policy refuses, an API error) keeps
+/// its NodeClaim's record for the next pass and stops nothing else: claims are visited in name
+/// order, so one failing first every pass would otherwise keep every token after it alive.
+/// Returns the NodeClaims whose tokens are all gone, with how many were deleted.
+pub async fn release<F, Fut>(
+    plan: Vec<(String, BTreeSet<String>)>,
+    delete: F,
+) -> Vec<(String, usize)>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let mut released = Vec::new();
+    for (claim, names) in plan {
+        let mut failed = false;
+        for name in &names {
+            tracing::info!(secret = %name, nodeclaim = %claim, "deleting bootstrap token: its node registered");
+            if let Err(error) = delete(name.clone()).await {
+                tracing::warn!(secret = %name, nodeclaim = %claim, %error, "cannot delete bootstrap token; kept on record for the next pass");
+                failed = true;
+            }
+        }
+        if !failed {
+            released.push((claim, names.len()));
+        }
+    }
+    released
 }
 
 #[cfg(test)]
@@ -76,6 +107,36 @@ mod tests {
             .get_or_insert_with(Default::default)
             .insert(NODECLAIM_TOKENS_ANNOTATION.into(), value.into());
         claim
+    }
+
+    /// One token the API refuses to delete keeps its own NodeClaim's record, and every other
+    /// NodeClaim's tokens still go.
+    #[tokio::test]
+    async fn a_token_that_cannot_be_deleted_stops_no_other() {
+        let plan = vec![
+            (
+                "a".to_string(),
+                BTreeSet::from(["bootstrap-token-refused".to_string()]),
+            ),
+            (
+                "b".to_string(),
+                BTreeSet::from(["bootstrap-token-bbbbbb".to_string()]),
+            ),
+        ];
+        let deleted = std::sync::Mutex::new(Vec::new());
+        let released = release(plan, |name| {
+            let deleted = &deleted;
+            async move {
+                if name.ends_with("refused") {
+                    return Err("403 Forbidden".to_string());
+                }
+                deleted.lock().unwrap().push(name);
+                Ok(())
+            }
+        })
+        .await;
+        assert_eq!(released, vec![("b".to_string(), 1)]);
+        assert_eq!(*deleted.lock().unwrap(), ["bootstrap-token-bbbbbb"]);
     }
 
     #[test]
