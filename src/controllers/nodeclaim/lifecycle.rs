@@ -71,6 +71,23 @@ pub fn merge_launched(claim: &NodeClaim, launched: &NodeClaim) -> NodeClaim {
     out.metadata.labels = Some(labels);
     let mut annotations = launched.annotations().clone();
     annotations.extend(claim.annotations().clone());
+    // Both records of bootstrap tokens: a relaunch issues a token the claim's older record
+    // lacks, and a name missing from the record is a token nothing deletes.
+    let tokens = |c: &NodeClaim| {
+        crate::providers::bootstrap_token::recorded(
+            c.annotations()
+                .get(NODECLAIM_TOKENS_ANNOTATION)
+                .map(String::as_str),
+        )
+    };
+    let mut recorded = tokens(claim);
+    recorded.extend(tokens(launched));
+    if !recorded.is_empty() {
+        annotations.insert(
+            NODECLAIM_TOKENS_ANNOTATION.to_string(),
+            crate::providers::bootstrap_token::record(&recorded),
+        );
+    }
     out.metadata.annotations = (!annotations.is_empty()).then_some(annotations);
     let from = launched.status.clone().unwrap_or_default();
     let status = out.status.get_or_insert_with(NodeClaimStatus::default);
@@ -438,6 +455,20 @@ mod tests {
             "standard.small"
         );
         assert_eq!(merged.labels()["karpenter.sh/nodepool"], "pool");
+        // A relaunch's token joins the record the claim already had.
+        let mut relaunched = claim.clone();
+        relaunched.annotations_mut().insert(
+            NODECLAIM_TOKENS_ANNOTATION.into(),
+            "bootstrap-token-aaaaaa".into(),
+        );
+        let mut second = launched.clone();
+        second.annotations_mut().insert(
+            NODECLAIM_TOKENS_ANNOTATION.into(),
+            "bootstrap-token-bbbbbb".into(),
+        );
+        let record =
+            merge_launched(&relaunched, &second).annotations()[NODECLAIM_TOKENS_ANNOTATION].clone();
+        assert_eq!(record, "bootstrap-token-aaaaaa,bootstrap-token-bbbbbb");
         let status = merged.status.unwrap();
         assert_eq!(status.provider_id.as_deref(), Some("exoscale://i"));
         assert_eq!(status.capacity["cpu"], Quantity("2".into()));
