@@ -349,6 +349,31 @@ async fn awaiting_cluster_state(world: &World, name: &str) -> Event {
     .await
 }
 
+/// The world's controller killed during a blocked drain of `claim`'s node and restarted
+/// behind a proxy that holds the LIST of `held`; waits until the new controller says it is
+/// waiting (an `AwaitingClusterState` event about `waiting_on`, naming `what`). Returns the
+/// proxy (to release), the new controller, the node and the PDBs.
+async fn restarted_behind_a_held_list(
+    world: &World,
+    controller: Child,
+    claim: &str,
+    held: &'static str,
+    what: &str,
+) -> (KubeProxy, Child, String, Api<PodDisruptionBudget>) {
+    let (node, pdbs) = blocked_drain(world, claim).await;
+    sigkill(controller).await;
+    let plane = support::shared().expect("control plane");
+    let proxy = KubeProxy::start(&plane.apiserver_url, &plane.ca_cert_pem, list_of(held)).await;
+    let kubeconfig = proxy.kubeconfig(&plane.kubeconfig_file);
+    let restarted = world.spawn_controller_with("second", free_port(), &kubeconfig);
+    let waiting_on = if held.ends_with("pods") { &node } else { claim };
+    let waiting = awaiting_cluster_state(world, waiting_on).await;
+    assert!(waiting.note.unwrap_or_default().contains(what));
+    assert!(proxy.held() >= 1, "the {what} was not held");
+    assert_eq!(world.live_instances().len(), 1, "deleted before the {what}");
+    (proxy, restarted, node, pdbs)
+}
+
 /// Restarted during a blocked drain, the new controller's Pod list held back (its Nodes and
 /// NodeClaims listed): a node whose pods are not known yet is not an empty one. Nothing is
 /// marked drained or deleted until the Pods are listed; then the PDB holds the drain as before.
@@ -358,25 +383,8 @@ async fn restarted_before_its_pod_list() {
         return;
     };
     let claim = format!("late-pods-{}", suffix(&world));
-    let (node, pdbs) = blocked_drain(&world, &claim).await;
-    sigkill(controller).await;
-    let plane = support::shared().expect("control plane");
-    let proxy = KubeProxy::start(
-        &plane.apiserver_url,
-        &plane.ca_cert_pem,
-        list_of("/api/v1/pods"),
-    )
-    .await;
-    let kubeconfig = proxy.kubeconfig(&plane.kubeconfig_file);
-    let _restarted = world.spawn_controller_with("second", free_port(), &kubeconfig);
-    let waiting = awaiting_cluster_state(&world, &node).await;
-    assert!(waiting.note.unwrap_or_default().contains("Pod list"));
-    assert!(proxy.held() >= 1, "the Pod list was not held");
-    assert_eq!(
-        world.live_instances().len(),
-        1,
-        "deleted before the Pod list"
-    );
+    let (proxy, _restarted, node, pdbs) =
+        restarted_behind_a_held_list(&world, controller, &claim, "/api/v1/pods", "Pod list").await;
     let drained = world.nodeclaims().get(&claim).await.unwrap().status;
     assert!(!drained.is_some_and(|s| s.conditions.is_true("Drained")));
     proxy.release();
@@ -405,25 +413,9 @@ async fn restarted_before_its_node_list() {
         return;
     };
     let claim = format!("late-nodes-{}", suffix(&world));
-    let (node, pdbs) = blocked_drain(&world, &claim).await;
-    sigkill(controller).await;
-    let plane = support::shared().expect("control plane");
-    let proxy = KubeProxy::start(
-        &plane.apiserver_url,
-        &plane.ca_cert_pem,
-        list_of("/api/v1/nodes"),
-    )
-    .await;
-    let kubeconfig = proxy.kubeconfig(&plane.kubeconfig_file);
-    let _restarted = world.spawn_controller_with("second", free_port(), &kubeconfig);
-    let waiting = awaiting_cluster_state(&world, &claim).await;
-    assert!(waiting.note.unwrap_or_default().contains("Node list"));
-    assert!(proxy.held() >= 1, "the Node list was not held");
-    assert_eq!(
-        world.live_instances().len(),
-        1,
-        "deleted before its Node was drained"
-    );
+    let (proxy, _restarted, node, pdbs) =
+        restarted_behind_a_held_list(&world, controller, &claim, "/api/v1/nodes", "Node list")
+            .await;
     assert_eq!(world.sim.call_count("delete-instance"), 0);
     proxy.release();
     pdbs.delete("guard", &DeleteParams::default())
