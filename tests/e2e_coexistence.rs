@@ -24,7 +24,7 @@ mod harness;
 mod support;
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use harness::{World, joins, suffix};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -72,26 +72,18 @@ fn summary(conditions: &[Condition]) -> Vec<String> {
 }
 
 /// Polls `check` until it yields a value; after `limit`, the missing signal and the last thing
-/// the check saw. Unlike the harness's waits it does not panic: the test cleans up first.
-async fn signal<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<T, String>
+/// the check saw. Unlike the harness's panicking waits, the test cleans up first.
+async fn signal<T, F, Fut>(what: &str, limit: Duration, check: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
 {
-    let started = Instant::now();
-    loop {
-        let seen = match check().await {
-            Ok(value) => return Ok(value),
-            Err(seen) => seen,
-        };
-        if started.elapsed() >= limit {
-            return Err(format!(
-                "no sign within {} s that {what}; last seen: {seen}",
-                limit.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    harness::within_showing(limit, check).await.map_err(|seen| {
+        format!(
+            "no sign within {} s that {what}; last seen: {seen}",
+            limit.as_secs()
+        )
+    })
 }
 
 /// Five more instance garbage-collection passes (GC lists the cloud's instances every 2 s,
@@ -578,12 +570,9 @@ async fn conclude(
 /// their own, and leave all of them as the other Karpenter wrote them.
 #[tokio::test]
 async fn another_karpenters_objects_are_left_alone() {
-    let Some(world) = World::start("coexist", joins()).await else {
+    let Some((world, controller)) = World::started("coexist", joins(), "ours").await else {
         return;
     };
-    world.create_nodeclass(json!({})).await;
-    let controller = world.spawn_controller("ours");
-    world.ready_nodeclass().await;
     let sfx = suffix(&world);
     let mut created = Created::default();
 
@@ -747,12 +736,9 @@ async fn another_karpenters_objects_are_left_alone() {
 /// the other Karpenter wrote it.
 #[tokio::test]
 async fn another_karpenters_launch_in_flight_does_not_hold_ours_back() {
-    let Some(world) = World::start("coexist-launch", joins()).await else {
+    let Some((world, controller)) = World::started("coexist-launch", joins(), "ours").await else {
         return;
     };
-    world.create_nodeclass(json!({})).await;
-    let controller = world.spawn_controller("ours");
-    world.ready_nodeclass().await;
     let sfx = suffix(&world);
     let mut created = Created::default();
 

@@ -35,11 +35,7 @@ async fn sigkill(mut child: Child) {
 
 /// A world with a Ready NodeClass and a controller process running.
 async fn started(test: &str, policy: harness::KubeletPolicy) -> Option<(World, Child)> {
-    let world = World::start(test, policy).await?;
-    world.create_nodeclass(json!({})).await;
-    let controller = world.spawn_controller("first");
-    world.ready_nodeclass().await;
-    Some((world, controller))
+    World::started(test, policy, "first").await
 }
 
 fn hold(after_commit: bool) -> (HoldGate, FaultAction) {

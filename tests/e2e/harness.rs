@@ -63,7 +63,20 @@ where
 
 /// As [`eventually_within`], for a check that says what it saw when it is not satisfied: a
 /// timeout's panic names the last of it, so a failure in CI can be read from its log.
-pub async fn eventually_within_showing<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+pub async fn eventually_within_showing<T, F, Fut>(what: &str, limit: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    match within_showing(limit, check).await {
+        Ok(value) => value,
+        Err(seen) => panic!("timed out waiting for {what}; the last check saw: {seen}"),
+    }
+}
+
+/// Polls `check` until it yields a value, or `limit` passes: then the last thing it saw.
+/// Never panics, for a test that cleans up before it fails.
+pub async fn within_showing<T, F, Fut>(limit: Duration, mut check: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
@@ -71,13 +84,12 @@ where
     let started = Instant::now();
     loop {
         let seen = match check().await {
-            Ok(value) => return value,
+            Ok(value) => return Ok(value),
             Err(seen) => seen,
         };
-        assert!(
-            started.elapsed() < limit,
-            "timed out waiting for {what}; the last check saw: {seen}"
-        );
+        if started.elapsed() >= limit {
+            return Err(seen);
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -242,6 +254,19 @@ impl World {
     }
 
     /// Starts one controller replica named `identity`.
+    /// A world with a Ready NodeClass and the real binary running as replica `identity`.
+    pub async fn started(
+        test: &str,
+        policy: KubeletPolicy,
+        identity: &str,
+    ) -> Option<(World, tokio::process::Child)> {
+        let world = World::start(test, policy).await?;
+        world.create_nodeclass(serde_json::json!({})).await;
+        let controller = world.spawn_controller(identity);
+        world.ready_nodeclass().await;
+        Some((world, controller))
+    }
+
     pub async fn start_replica(&self, identity: &str) {
         self.start_replica_with(identity, self.client.clone()).await
     }
