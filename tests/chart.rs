@@ -964,7 +964,9 @@ async fn the_secret_admission_policy_admits_only_our_bootstrap_tokens() {
     };
     use k8s_openapi::api::core::v1::Secret;
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-    use karpenter_exoscale::providers::bootstrap_token::{BootstrapToken, build_secret};
+    use karpenter_exoscale::providers::bootstrap_token::{
+        BootstrapToken, TokenOwner, build_secret,
+    };
     use kube::api::{Api, DeleteParams, PostParams};
 
     let Some(plane) = support::shared() else {
@@ -1060,7 +1062,12 @@ async fn the_secret_admission_policy_admits_only_our_bootstrap_tokens() {
 
     let now = chrono::Utc::now();
     let token = BootstrapToken::generate();
-    let ours = build_secret(&token, "claim", now, std::time::Duration::from_secs(600));
+    // As the controller makes it: owned by its NodeClaim (the reference is not checked).
+    let owner = TokenOwner {
+        name: "claim",
+        uid: Some("3d0a8b7e-1f42-4c6e-8f0e-6a9b2c1d4e5f"),
+    };
+    let ours = build_secret(&token, owner, now, std::time::Duration::from_secs(600));
     let denied = |secret: Secret, why: &'static str| {
         let api = as_controller.clone();
         async move {
@@ -1074,7 +1081,7 @@ async fn the_secret_admission_policy_admits_only_our_bootstrap_tokens() {
     };
     let mut unlabelled = build_secret(
         &BootstrapToken::generate(),
-        "claim",
+        TokenOwner::named("claim"),
         now,
         std::time::Duration::from_secs(600),
     );
@@ -1086,7 +1093,7 @@ async fn the_secret_admission_policy_admits_only_our_bootstrap_tokens() {
     .await;
     let mut renamed = build_secret(
         &BootstrapToken::generate(),
-        "claim",
+        TokenOwner::named("claim"),
         now,
         std::time::Duration::from_secs(600),
     );

@@ -483,11 +483,13 @@ cluster-certificate = "Q0E="
 /// The bootstrap token of [`USER_DATA`] as the controller would publish it: the simulated
 /// kubelet authenticates with it as kube-apiserver would. Idempotent (tests run concurrently).
 async fn publish_test_token(client: &Client) {
-    use karpenter_exoscale::providers::bootstrap_token::{BootstrapToken, build_secret};
+    use karpenter_exoscale::providers::bootstrap_token::{
+        BootstrapToken, TokenOwner, build_secret,
+    };
     let token = BootstrapToken::from_parts("abcdef", "0123456789abcdef").expect("token");
     let secret = build_secret(
         &token,
-        "cluster-tests",
+        TokenOwner::named("cluster-tests"),
         chrono::Utc::now(),
         karpenter_exoscale::providers::bootstrap_token::TOKEN_TTL,
     );

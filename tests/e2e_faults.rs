@@ -15,10 +15,10 @@ use harness::{
     World, bound_pod, eventually, eventually_within, free_port, gone, instances_of, joins, suffix,
     volume_attachment,
 };
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use karpenter_exoscale::apis::labels::DISRUPTED_TAINT_KEY;
+use karpenter_exoscale::apis::labels::{BOOTSTRAP_TOKEN_ANNOTATION, DISRUPTED_TAINT_KEY};
 use karpenter_exoscale::apis::{ConditionStatus, ConditionsExt, NodeClaim};
 use karpenter_exoscale::sim::kubelet::{Join, KubeletBehaviour};
 use karpenter_exoscale::sim::{Fault, FaultAction, HoldGate};
@@ -116,9 +116,40 @@ async fn killed_after_nodeclaim_create() {
     parked(&gate, "the create request parked before it acts").await;
     sigkill(controller).await;
     assert!(world.live_instances().is_empty());
+    assert_eq!(
+        token_secrets_of(&world, &claim).await,
+        1,
+        "the first launch's token exists, its name recorded nowhere"
+    );
     let _restarted = world.spawn_controller("second");
     launch_resumed_cleanly(&world, &claim).await;
+    // The second launch's token was recorded and deleted once its Node registered; the first
+    // one's goes with the NodeClaim it is owned by (Kubernetes' garbage collector).
+    eventually(
+        "no bootstrap token Secret left for the NodeClaim",
+        || async { (token_secrets_of(&world, &claim).await == 0).then_some(()) },
+    )
+    .await;
     world.finish().await;
+}
+
+/// How many bootstrap-token Secrets exist for `claim` (read as an admin: the controller itself
+/// may not list Secrets).
+async fn token_secrets_of(world: &World, claim: &str) -> usize {
+    let secrets: Api<Secret> = Api::namespaced(world.client.clone(), "kube-system");
+    secrets
+        .list(&ListParams::default().fields("type=bootstrap.kubernetes.io/token"))
+        .await
+        .expect("list token Secrets")
+        .items
+        .iter()
+        .filter(|s| {
+            s.annotations()
+                .get(BOOTSTRAP_TOKEN_ANNOTATION)
+                .map(String::as_str)
+                == Some(claim)
+        })
+        .count()
 }
 
 /// Killed after the create was committed, before its answer arrived.

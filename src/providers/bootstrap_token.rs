@@ -11,12 +11,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Resource;
 use kube::api::{DeleteParams, PostParams};
 use kube::core::ObjectMeta;
 use kube::{Api, Client};
 use rand::Rng;
 use thiserror::Error;
 
+use crate::apis::NodeClaim;
 use crate::apis::labels::{
     BOOTSTRAP_TOKEN_ANNOTATION, TOKEN_CREATED_ANNOTATION, TOKEN_PROVIDER_LABEL,
     TOKEN_PROVIDER_VALUE,
@@ -136,17 +139,51 @@ fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-/// The Secret for `token`, owned by `nodeclaim`, created at `now`, valid for `ttl`.
+/// The NodeClaim a token is made for. With its UID the Secret carries an owner reference to
+/// it, so Kubernetes' garbage collector deletes the Secret with the NodeClaim even when this
+/// controller never got to record the token's name on it (killed between the Secret's create
+/// and the launch's write, or a launch whose answer was lost and that a fresh process redid
+/// with a new token). The controller itself never lists Secrets, so without the reference such
+/// a Secret would stay forever (expired, but an object) where kube-controller-manager's
+/// `tokencleaner` is not enabled, which is its default.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenOwner<'a> {
+    pub name: &'a str,
+    pub uid: Option<&'a str>,
+}
+
+impl<'a> TokenOwner<'a> {
+    pub fn named(name: &'a str) -> Self {
+        TokenOwner { name, uid: None }
+    }
+
+    fn reference(&self) -> Option<OwnerReference> {
+        let uid = self.uid.filter(|u| !u.is_empty())?;
+        Some(OwnerReference {
+            api_version: NodeClaim::api_version(&()).into_owned(),
+            kind: NodeClaim::kind(&()).into_owned(),
+            name: self.name.into(),
+            uid: uid.into(),
+            // Blocking the owner's deletion would need `update` on NodeClaim finalizers, and a
+            // NodeClaim must never wait on its token.
+            block_owner_deletion: None,
+            controller: None,
+        })
+    }
+}
+
+/// The Secret for `token`, owned by `owner`, created at `now`, valid for `ttl`.
 ///
 /// Only `usage-bootstrap-authentication`: the node gets the cluster CA in its user data, so no
 /// joining path reads `kube-public/cluster-info`, and a signing token would publish there (to
 /// anyone) a JWS keyed by the token secret, open to offline guessing.
 pub fn build_secret(
     token: &BootstrapToken,
-    nodeclaim: &str,
+    owner: TokenOwner<'_>,
     now: DateTime<Utc>,
     ttl: Duration,
 ) -> Secret {
+    let nodeclaim = owner.name;
     let ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
     let expiration = now
         .checked_add_signed(ttl)
@@ -169,6 +206,7 @@ pub fn build_secret(
         metadata: ObjectMeta {
             name: Some(token.secret_name()),
             namespace: Some(NAMESPACE.into()),
+            owner_references: owner.reference().map(|r| vec![r]),
             labels: Some(BTreeMap::from([(
                 TOKEN_PROVIDER_LABEL.to_string(),
                 TOKEN_PROVIDER_VALUE.to_string(),
@@ -263,7 +301,7 @@ fn secrets(client: &Client) -> Api<Secret> {
 /// Creates a fresh token Secret for `nodeclaim`, retrying on an id collision.
 pub async fn create_for_nodeclaim(
     client: &Client,
-    nodeclaim: &str,
+    nodeclaim: TokenOwner<'_>,
     now: DateTime<Utc>,
     ttl: Duration,
 ) -> Result<BootstrapToken, TokenError> {
@@ -354,7 +392,7 @@ mod tests {
     fn the_ttl_follows_the_registration_ttl() {
         let t = BootstrapToken::from_parts("abc123", "def456ghi789jkl0").unwrap();
         let ttl = Duration::from_secs(30 * 60) + TOKEN_TTL_MARGIN;
-        let s = build_secret(&t, "nc", at(0), ttl);
+        let s = build_secret(&t, TokenOwner::named("nc"), at(0), ttl);
         assert_eq!(text(&s, "expiration"), rfc3339(at(32 * 60)));
         assert_eq!(remaining(&s, at(60)), Duration::from_secs(31 * 60));
         assert!(
@@ -376,7 +414,7 @@ mod tests {
     fn secret_has_the_go_provider_shape() {
         let t = BootstrapToken::from_parts("abc123", "def456ghi789jkl0").unwrap();
         assert_eq!(t.token(), "abc123.def456ghi789jkl0");
-        let s = build_secret(&t, "default-x7k2p", at(0), TOKEN_TTL);
+        let s = build_secret(&t, TokenOwner::named("default-x7k2p"), at(0), TOKEN_TTL);
         assert_eq!(s.metadata.name.as_deref(), Some("bootstrap-token-abc123"));
         assert_eq!(s.metadata.namespace.as_deref(), Some("kube-system"));
         assert!(is_ours(&s));
@@ -396,20 +434,46 @@ mod tests {
         assert_eq!(created_at(&s), Some(at(0)));
     }
 
+    /// Kubernetes deletes the Secret with its NodeClaim; only a NodeClaim with a UID can own.
+    #[test]
+    fn the_nodeclaim_owns_its_token_secret() {
+        let t = BootstrapToken::generate();
+        let owner = TokenOwner {
+            name: "default-x7k2p",
+            uid: Some("0f6c1a52-5c1e-4d2a-9a43-1d1f4c0e7b11"),
+        };
+        let s = build_secret(&t, owner, at(0), TOKEN_TTL);
+        let refs = s.metadata.owner_references.expect("an owner reference");
+        assert_eq!(refs.len(), 1);
+        assert_eq!(refs[0].api_version, "karpenter.sh/v1");
+        assert_eq!(refs[0].kind, "NodeClaim");
+        assert_eq!(refs[0].name, "default-x7k2p");
+        assert_eq!(refs[0].uid, "0f6c1a52-5c1e-4d2a-9a43-1d1f4c0e7b11");
+        assert_eq!(refs[0].block_owner_deletion, None);
+        for uid in [None, Some("")] {
+            let owner = TokenOwner {
+                name: "default-x7k2p",
+                uid,
+            };
+            let s = build_secret(&t, owner, at(0), TOKEN_TTL);
+            assert_eq!(s.metadata.owner_references, None, "{uid:?}");
+        }
+    }
+
     #[test]
     fn ownership_needs_type_and_label() {
         let t = BootstrapToken::generate();
-        let mut s = build_secret(&t, "nc", at(0), TOKEN_TTL);
+        let mut s = build_secret(&t, TokenOwner::named("nc"), at(0), TOKEN_TTL);
         s.type_ = Some("Opaque".into());
         assert!(!is_ours(&s));
-        let mut s = build_secret(&t, "nc", at(0), TOKEN_TTL);
+        let mut s = build_secret(&t, TokenOwner::named("nc"), at(0), TOKEN_TTL);
         s.metadata
             .labels
             .as_mut()
             .unwrap()
             .insert(TOKEN_PROVIDER_LABEL.into(), "other-provider".into());
         assert!(!is_ours(&s));
-        let mut s = build_secret(&t, "nc", at(0), TOKEN_TTL);
+        let mut s = build_secret(&t, TokenOwner::named("nc"), at(0), TOKEN_TTL);
         s.metadata.labels = None;
         assert!(!is_ours(&s));
     }
@@ -417,14 +481,14 @@ mod tests {
     #[test]
     fn expiry_uses_the_expiration_then_the_creation_time() {
         let t = BootstrapToken::generate();
-        let s = build_secret(&t, "nc", at(0), TOKEN_TTL);
+        let s = build_secret(&t, TokenOwner::named("nc"), at(0), TOKEN_TTL);
         assert!(!is_expired(&s, at(5 * 60)));
         assert!(is_expired(&s, at(11 * 60)));
         assert_eq!(remaining(&s, at(60)), Duration::from_secs(9 * 60));
 
         // Without an `expiration` (a Secret of an older version): created + the default TTL.
         let without_expiration = || {
-            let mut s = build_secret(&t, "nc", at(0), TOKEN_TTL);
+            let mut s = build_secret(&t, TokenOwner::named("nc"), at(0), TOKEN_TTL);
             s.data.as_mut().unwrap().remove("expiration");
             s
         };

@@ -9,7 +9,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::apis::labels::NODECLAIM_TOKENS_ANNOTATION;
 use crate::apis::{ExoscaleNodeClass, NodeClaim};
-use crate::providers::bootstrap_token::{self, BootstrapToken};
+use crate::providers::bootstrap_token::{self, BootstrapToken, TokenOwner};
 use crate::providers::cluster_ca;
 
 /// Where NodeClasses are read from (a reflector store in production).
@@ -37,7 +37,7 @@ impl NodeClassSource for Store<ExoscaleNodeClass> {
 pub trait NodeBootstrap: Send + Sync {
     fn create_token<'a>(
         &'a self,
-        nodeclaim: &'a str,
+        nodeclaim: TokenOwner<'a>,
     ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>>;
     /// Deletes the token Secrets of these names (never listed: found by recorded name).
     fn delete_tokens<'a>(
@@ -69,7 +69,7 @@ impl KubeNodeBootstrap {
 impl NodeBootstrap for KubeNodeBootstrap {
     fn create_token<'a>(
         &'a self,
-        nodeclaim: &'a str,
+        nodeclaim: TokenOwner<'a>,
     ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>> {
         Box::pin(async move {
             bootstrap_token::create_for_nodeclaim(

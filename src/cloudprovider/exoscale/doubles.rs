@@ -7,7 +7,7 @@ use std::sync::{Mutex, RwLock};
 use futures::future::BoxFuture;
 
 use crate::apis::ExoscaleNodeClass;
-use crate::providers::bootstrap_token::BootstrapToken;
+use crate::providers::bootstrap_token::{BootstrapToken, TokenOwner};
 
 use super::cluster::{NodeBootstrap, NodeClassSource};
 
@@ -69,7 +69,7 @@ impl InMemoryNodeBootstrap {
 impl NodeBootstrap for InMemoryNodeBootstrap {
     fn create_token<'a>(
         &'a self,
-        nodeclaim: &'a str,
+        nodeclaim: TokenOwner<'a>,
     ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>> {
         Box::pin(async move {
             {
@@ -83,7 +83,7 @@ impl NodeBootstrap for InMemoryNodeBootstrap {
             self.tokens
                 .lock()
                 .expect("lock")
-                .insert(nodeclaim.to_string(), token.clone());
+                .insert(nodeclaim.name.to_string(), token.clone());
             Ok(token)
         })
     }

@@ -35,7 +35,7 @@ use crate::apis::{
 use crate::clock::Clock;
 use crate::exoscale;
 use crate::exoscale::models::{Instance, Labels};
-use crate::providers::bootstrap_token;
+use crate::providers::bootstrap_token::{self, TokenOwner};
 use crate::providers::drift::{self, DesiredState};
 use crate::providers::instance::{
     self, ClusterIdentity, DeleteOutcome, InstanceProvider, LaunchSpec, Ownership, is_live,
@@ -307,7 +307,11 @@ impl ExoscaleCloudProvider {
             .cluster_ca()
             .await
             .map_err(|e| CloudProviderError::create(reasons::USER_DATA_GENERATION_FAILED, e))?;
-        let token = self.bootstrap.create_token(&name).await.map_err(|e| {
+        let owner = TokenOwner {
+            name: &name,
+            uid: claim.metadata.uid.as_deref(),
+        };
+        let token = self.bootstrap.create_token(owner).await.map_err(|e| {
             CloudProviderError::create(
                 reasons::BOOTSTRAP_TOKEN_CREATION_FAILED,
                 format!("failed to create bootstrap token: {e}"),

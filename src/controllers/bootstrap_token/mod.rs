@@ -3,9 +3,10 @@
 //! the recorded tokens once the NodeClaim's Node registered, then drops the record. Tokens of a
 //! NodeClaim deleted before that go with its instance (the provider's delete). Secrets are
 //! never listed or read — the controller may only create and delete them — so a token whose
-//! name was never recorded (a crash between creating it and recording it) is left to expire:
-//! its lifetime is the registration TTL plus a margin. Runs on the leader only, on a timer,
-//! reading NodeClaims from cluster state.
+//! name was never recorded (a crash between creating it and recording it) expires after the
+//! registration TTL plus a margin, and its Secret, owned by the NodeClaim, goes with the
+//! NodeClaim (Kubernetes' garbage collector). Runs on the leader only, on a timer, reading
+//! NodeClaims from cluster state.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
