@@ -305,6 +305,59 @@ async fn cleanup(world: World, operator: Operator, pool: &str) {
     world.finish().await;
 }
 
+/// A Running pod of a DaemonSet `name` (created here, selecting no node) on `node`, with
+/// the node affinity the DaemonSet controller gives each of its pods.
+async fn daemonset_pod(world: &World, name: &str, node: &str) {
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(world.client.clone(), &world.namespace);
+    let labels = json!({"app": name});
+    let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"nodeSelector": {"example.com/no-node": "true"},
+                "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}]}}}
+    }))
+    .unwrap();
+    let ds = daemonsets
+        .create(&PostParams::default(), &ds)
+        .await
+        .expect("create DaemonSet");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-{node}"), "labels": labels, "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "name": name,
+            "uid": ds.uid().unwrap(), "controller": true}]},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
+            "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}]
+        }
+    }))
+    .unwrap();
+    let pod = world
+        .pods()
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create DaemonSet pod");
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = json!({"status": {"phase": "Running", "conditions": [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+        {"type": "Ready", "status": "True", "lastTransitionTime": now},
+    ]}});
+    world
+        .pods()
+        .patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
+        .await
+        .expect("DaemonSet pod status");
+}
+
 #[tokio::test]
 async fn an_empty_node_is_removed_after_consolidate_after() {
     let Some(world) = World::start("dis-empty", joins()).await else {
@@ -323,6 +376,10 @@ async fn an_empty_node_is_removed_after_consolidate_after() {
     let claims = initialized_claims(&world, &pool, 1).await;
     bound_pods(&world, "web", 1).await;
     let claim = claims.into_iter().next().unwrap();
+    // As on every real node, a DaemonSet pod runs there too, pinned by the DaemonSet
+    // controller's `matchFields` (this control plane runs no DaemonSet controller).
+    let node = world.initialized_node(&claim).await.name_any();
+    daemonset_pod(&world, "agent", &node).await;
 
     scale(&world, "web", 0).await;
     let nodeclaims = world.nodeclaims();

@@ -655,6 +655,61 @@ mod tests {
         assert!(prepared.input.existing_nodes[0].allocatable.cpu().is_zero());
     }
 
+    /// Every real node runs DaemonSet pods, each pinned by the DaemonSet controller with
+    /// `matchFields: metadata.name`: the node still offers its room. A pending pod pinned the
+    /// same way fits only its node, and one pinned to a name no node has gets no NodeClaim.
+    #[test]
+    fn nodes_running_daemonset_pods_are_capacity_and_pinned_pods_fit_only_their_node() {
+        let mut index = ClusterIndex::default();
+        let mut node = testing::node("n1", Some("exoscale://1"), &[]);
+        node.metadata.labels = Some(std::collections::BTreeMap::from([
+            ("kubernetes.io/hostname".to_string(), "n1".to_string()),
+            ("karpenter.sh/nodepool".to_string(), "p".to_string()),
+            ("karpenter.sh/initialized".to_string(), "true".to_string()),
+        ]));
+        node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            allocatable: Some(testing::resources(&[("cpu", "4"), ("pods", "110")])),
+            ..Default::default()
+        });
+        index.apply_node(node);
+        index.apply_pod(testing::owned_by_daemonset(testing::pod(
+            "kube-system",
+            "kube-proxy-x",
+            Some("n1"),
+        )));
+        let pinned = |name: &str, node: &str| {
+            let mut pod = pending(name, "1");
+            pod.spec.as_mut().unwrap().affinity = Some(
+                serde_json::from_value(serde_json::json!({"nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]}
+                }}))
+                .unwrap(),
+            );
+            pod
+        };
+        index.apply_pod(pinned("to-n1", "n1"));
+        index.apply_pod(pinned("to-gone", "gone"));
+        let prepared = prepare(
+            &index,
+            vec![(pool("p"), fixtures::instance_types(10))],
+            SchedulerOptions::default(),
+            PodsToPlace::Pending,
+        );
+        assert!(prepared.left_out.is_empty(), "{:?}", prepared.left_out);
+        assert!(prepared.invalid.is_empty());
+        assert_eq!(prepared.input.existing_nodes.len(), 1);
+        assert_eq!(prepared.input.existing_nodes[0].pods.len(), 1);
+        let pods: Vec<Pod> = prepared.pods.iter().map(|p| p.pod.clone()).collect();
+        let results = crate::scheduling::Scheduler::new(prepared.input).solve(&pods);
+        assert!(results.new_node_claims.is_empty(), "{results:?}");
+        assert_eq!(results.existing_nodes.len(), 1);
+        assert_eq!(results.existing_nodes[0].pods.len(), 1);
+        assert_eq!(results.unschedulable.len(), 1);
+        assert_eq!(pods[results.unschedulable[0].pod].name, "to-gone");
+    }
+
     #[test]
     fn launched_nodeclaims_without_nodes_count_as_capacity() {
         let mut index = ClusterIndex::default();

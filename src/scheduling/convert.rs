@@ -34,8 +34,8 @@ pub enum ConvertError {
         object: String,
         source: RequirementError,
     },
-    #[error("{object}: matchFields in node affinity is not supported")]
-    MatchFields { object: String },
+    #[error("{object}: node affinity matchFields {field:?}: only metadata.name In/NotIn exists")]
+    MatchFields { object: String, field: String },
     #[error("{object}: unknown taint effect {effect:?}")]
     TaintEffect { object: String, effect: String },
     #[error("{object}: unknown {field} {value:?}")]
@@ -356,23 +356,37 @@ fn tolerations(
         .collect()
 }
 
+/// The one field a node selector term may match (`matchFields`).
+const NODE_NAME_FIELD: &str = "metadata.name";
+
 pub fn node_selector_term(
     object: &str,
     term: &core::NodeSelectorTerm,
 ) -> Result<Requirements, ConvertError> {
-    if term.match_fields.as_ref().is_some_and(|f| !f.is_empty()) {
-        return Err(ConvertError::MatchFields {
-            object: object.to_string(),
-        });
-    }
+    let err = |source| ConvertError::Requirement {
+        object: object.to_string(),
+        source,
+    };
     let mut reqs = Requirements::new();
     for e in term.match_expressions.iter().flatten() {
-        let err = |source| ConvertError::Requirement {
-            object: object.to_string(),
-            source,
-        };
         let op = Operator::parse(&e.operator).map_err(err)?;
         reqs.add(Requirement::new(&e.key, op, e.values.clone().unwrap_or_default()).map_err(err)?);
+    }
+    // The DaemonSet controller pins each of its pods to its node with `metadata.name In
+    // [<node>]`, the one field Kubernetes accepts here: every node runs such pods. A node's
+    // name is its hostname label on Exoscale (the instance name), which the simulation knows
+    // for existing nodes and never gives a new one; where the two differ, the pod fits no node,
+    // which keeps it where it is.
+    for f in term.match_fields.iter().flatten() {
+        let op = Operator::parse(&f.operator).map_err(err)?;
+        if f.key != NODE_NAME_FIELD || !matches!(op, Operator::In | Operator::NotIn) {
+            return Err(ConvertError::MatchFields {
+                object: object.to_string(),
+                field: format!("{} {}", f.key, f.operator),
+            });
+        }
+        let values = f.values.clone().unwrap_or_default();
+        reqs.add(Requirement::new(HOSTNAME, op, values).map_err(err)?);
     }
     Ok(reqs)
 }
@@ -1085,10 +1099,20 @@ mod tests {
                 ]}
             }}}
         }));
-        assert!(matches!(
-            pod_from_k8s(&fields),
-            Err(ConvertError::MatchFields { .. })
-        ));
+        let pinned = pod_from_k8s(&fields).expect("metadata.name is the node's name");
+        let term = &pinned.required_node_affinity[0];
+        assert_eq!(term.get(HOSTNAME).unwrap().values(), ["n1"]);
+        let other_field = k8s_pod(json!({
+            "metadata": {"name": "r", "namespace": "ns"},
+            "spec": {"containers": [{"name": "c"}], "affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.uid", "operator": "In", "values": ["u"]}]}
+                ]}
+            }}}
+        }));
+        let err = pod_from_k8s(&other_field).unwrap_err();
+        assert!(matches!(err, ConvertError::MatchFields { .. }), "{err}");
+        assert!(err.to_string().contains("metadata.uid In"), "{err}");
     }
 
     #[test]

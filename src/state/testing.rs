@@ -36,8 +36,20 @@ pub fn pod(namespace: &str, name: &str, node: Option<&str>) -> Pod {
     pod
 }
 
-/// `pod`, owned (as its controller) by the DaemonSet `ds`.
+/// `pod`, owned (as its controller) by the DaemonSet `ds`, and pinned to its node as the
+/// DaemonSet controller pins it (`matchFields: metadata.name In [<node>]`).
 pub fn owned_by_daemonset(mut pod: Pod) -> Pod {
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    if let (Some(node), Some(spec)) = (node, pod.spec.as_mut()) {
+        spec.affinity = Some(
+            serde_json::from_value(serde_json::json!({"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]}
+            }}))
+            .expect("a node affinity"),
+        );
+    }
     pod.metadata.owner_references = Some(vec![
         k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
             api_version: "apps/v1".into(),
