@@ -276,6 +276,70 @@ async fn killed_before_registration() {
     world.finish().await;
 }
 
+/// Killed after the launch, before the Node registered; the Node joins while no controller
+/// runs, and the new one starts past the registration TTL (20 s) with its Node list held back.
+/// The NodeClaim is not "unregistered" until the Nodes are listed: nothing is deleted, and
+/// once they are, it registers.
+#[tokio::test]
+async fn restarted_past_the_registration_ttl_before_its_node_list() {
+    let slow: harness::KubeletPolicy = Arc::new(|_: &str| KubeletBehaviour {
+        join: Join::After(Duration::from_secs(5)),
+        ..KubeletBehaviour::default()
+    });
+    let Some((world, controller)) = started("late-reg", slow).await else {
+        return;
+    };
+    let claim = format!("late-reg-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    let provider_id = eventually("the provider ID written", || async {
+        let c = world.nodeclaims().get(&claim).await.ok()?;
+        c.status.and_then(|s| s.provider_id)
+    })
+    .await;
+    let launched = std::time::Instant::now();
+    sigkill(controller).await;
+    let registered = |c: NodeClaim| c.status.is_some_and(|s| s.conditions.is_true("Registered"));
+    let written = world.nodeclaims().get(&claim).await.unwrap();
+    assert!(!registered(written), "the Node registered before the kill");
+    eventually("the Node joined with no controller running", || async {
+        let nodes = world.nodes().list(&ListParams::default()).await.ok()?;
+        nodes
+            .items
+            .into_iter()
+            .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(&provider_id))
+    })
+    .await;
+    eventually_within(
+        "past the registration TTL",
+        Duration::from_secs(60),
+        || async { (launched.elapsed() > Duration::from_secs(25)).then_some(()) },
+    )
+    .await;
+
+    let plane = support::shared().expect("control plane");
+    let proxy = KubeProxy::start(
+        &plane.apiserver_url,
+        &plane.ca_cert_pem,
+        list_of("/api/v1/nodes"),
+    )
+    .await;
+    let kubeconfig = proxy.kubeconfig(&plane.kubeconfig_file);
+    let _restarted = world.spawn_controller_with("second", free_port(), &kubeconfig);
+    let waiting = awaiting_cluster_state(&world, &claim).await;
+    assert!(waiting.note.unwrap_or_default().contains("Node list"));
+    assert!(proxy.held() >= 1, "the Node list was not held");
+    let waiting = world.nodeclaims().get(&claim).await.unwrap();
+    assert!(
+        waiting.metadata.deletion_timestamp.is_none(),
+        "deleted as unregistered before the Nodes were listed"
+    );
+    assert_eq!(world.sim.call_count("delete-instance"), 0);
+    proxy.release();
+    launch_resumed_cleanly(&world, &claim).await;
+    assert_eq!(world.sim.call_count("create-instance"), 1, "created twice");
+    world.finish().await;
+}
+
 // ---- termination -----------------------------------------------------------------------------
 
 /// A launched NodeClaim and its Node.

@@ -323,6 +323,9 @@ fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
     Duration::from_secs(secs.max(0) as u64)
 }
 
+/// Why a launched NodeClaim whose Node never registered is deleted (the disruption reason).
+pub const REGISTRATION_TIMEOUT: &str = "registration_timeout";
+
 /// Launch timeout counts from the Launched condition's last transition (or creation); the
 /// registration TTL from the Registered condition's (set Unknown at launch).
 pub fn liveness(
@@ -358,7 +361,7 @@ pub fn liveness(
         .unwrap_or(created);
     let age = elapsed(since, now);
     if age >= registration_ttl {
-        Liveness::Expired("registration_timeout")
+        Liveness::Expired(REGISTRATION_TIMEOUT)
     } else {
         Liveness::RecheckAfter(registration_ttl - age)
     }
