@@ -71,15 +71,19 @@ impl ParsedBudget {
         })
     }
 
-    /// Active when the first schedule hit after `now - duration` is not after `now`.
+    /// Active when the first schedule hit after `now - duration` is not after `now`. A window
+    /// reaching back beyond the first representable instant covers all time: always active
+    /// (its `nodes` limit applies), as a duration too long for `TimeDelta` already was.
     pub fn is_active(&self, now: DateTime<Utc>) -> bool {
         let Some((cron, duration)) = &self.window else {
             return true;
         };
-        let Ok(duration) = chrono::Duration::from_std(*duration) else {
+        let Some(checkpoint) = chrono::Duration::from_std(*duration)
+            .ok()
+            .and_then(|duration| now.checked_sub_signed(duration))
+        else {
             return true;
         };
-        let checkpoint = now - duration;
         cron.find_next_occurrence(&checkpoint, false)
             .is_ok_and(|hit| hit <= now)
     }
@@ -322,6 +326,27 @@ mod tests {
         let mut half = budget("1");
         half.schedule = Some("0 9 * * *".into());
         assert!(ParsedBudget::parse(&half).is_err());
+    }
+
+    #[test]
+    fn a_window_reaching_back_beyond_representable_time_is_always_active() {
+        // CRD-valid; `now - 3000000000h` is before chrono's first year.
+        let mut b = budget("3");
+        b.schedule = Some("0 9 * * *".into());
+        b.duration = Some("3000000000h".into());
+        let parsed = ParsedBudget::parse(&b).unwrap();
+        assert!(parsed.is_active(at(8, 0)));
+        let budgets = vec![budget("10"), b];
+        let (allowed, errors) =
+            allowed_disruptions(&budgets, at(8, 0), 10, DisruptionReason::Empty);
+        assert_eq!((allowed, errors.len()), (3, 0));
+        // The same through the pool budget static capacity uses.
+        let counts = BudgetCounts {
+            nodes: 10,
+            disrupting: 0,
+        };
+        let (pool, _) = PoolBudget::compute(&budgets, counts, at(8, 0), DisruptionReason::Empty);
+        assert_eq!(pool.allowed, 3);
     }
 
     #[test]

@@ -252,7 +252,16 @@ pub fn do_not_disrupt_events(view: &ClusterView) -> Vec<DisruptionEvent> {
                 // Not started yet: protected, and no instant to report.
                 (Some(_), None) => {}
                 (Some(grace), Some(start)) => {
-                    let until = start + chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::MAX);
+                    // Ends beyond the last representable instant: protected for good, as
+                    // `do_not_disrupt_active` has it.
+                    let Some(until) = super::model::do_not_disrupt_until(start, grace) else {
+                        events.push(event(
+                            names::EVENT_DO_NOT_DISRUPT_UNTIL,
+                            false,
+                            "The karpenter.sh/do-not-disrupt grace period ends too far in the future to represent, the pod is protected as by \"true\"".into(),
+                        ));
+                        continue;
+                    };
                     events.push(if until > view.now {
                         event(
                             names::EVENT_DO_NOT_DISRUPT_UNTIL,
@@ -945,6 +954,43 @@ mod tests {
             nodeclaim: Some(format!("{node}-claim")),
             message: message.into(),
         }
+    }
+
+    #[test]
+    fn a_do_not_disrupt_duration_beyond_representable_time_protects_without_panicking() {
+        use crate::disruption::fixtures::{
+            instance_type, instance_types, node, nodepool, pod, pool, view,
+        };
+        let now = chrono::DateTime::from_timestamp(1_800_000_000, 0).expect("valid instant");
+        let mut pinned = pod("pinned", "100m", "64Mi");
+        pinned.do_not_disrupt = Some("9999999999h".into());
+        pinned.started_at = Some(now);
+        assert!(pinned.do_not_disrupt_active(now));
+        assert!(!pinned.is_evictable(now));
+
+        let v = view(
+            now,
+            vec![pool(
+                nodepool("default", "{budgets: [{nodes: \"100%\"}]}"),
+                instance_types(),
+            )],
+            vec![node(
+                "n",
+                "default",
+                &instance_type("large", 4),
+                vec![pinned],
+                now,
+            )],
+        );
+        let events = do_not_disrupt_events(&v);
+        assert!(
+            matches!(
+                events.as_slice(),
+                [DisruptionEvent::DoNotDisrupt { reason, warning: false, .. }]
+                    if *reason == names::EVENT_DO_NOT_DISRUPT_UNTIL
+            ),
+            "{events:?}"
+        );
     }
 
     #[test]

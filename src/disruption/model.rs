@@ -61,7 +61,8 @@ impl NodePod {
     }
 
     /// The do-not-disrupt annotation blocks disruption now: `"true"`, or a duration that has
-    /// not yet elapsed since the pod started (a pod not started yet is protected).
+    /// not yet elapsed since the pod started (a pod not started yet is protected, and so is one
+    /// whose protection ends beyond the last representable instant).
     pub fn do_not_disrupt_active(&self, now: DateTime<Utc>) -> bool {
         let Some(value) = self.do_not_disrupt.as_deref() else {
             return false;
@@ -73,9 +74,7 @@ impl NodePod {
             return true;
         }
         match (parse_duration(value), self.started_at) {
-            (Ok(d), Some(start)) => {
-                start + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX) > now
-            }
+            (Ok(d), Some(start)) => do_not_disrupt_until(start, d).is_none_or(|end| end > now),
             (Ok(_), None) => true,
             (Err(_), _) => false,
         }
@@ -100,6 +99,13 @@ impl NodePod {
         }
         cost.clamp(-10.0, 10.0)
     }
+}
+
+/// When a `karpenter.sh/do-not-disrupt` duration counted from `start` ends; `None` when that is
+/// beyond the last representable instant (the annotation's value comes from the pod's author,
+/// so `9999999999h` must not panic: it protects for good).
+pub fn do_not_disrupt_until(start: DateTime<Utc>, grace: Duration) -> Option<DateTime<Utc>> {
+    start.checked_add_signed(chrono::Duration::from_std(grace).ok()?)
 }
 
 /// A PodDisruptionBudget reduced to what blocks an eviction.
@@ -220,5 +226,33 @@ pub struct ClusterView {
 impl ClusterView {
     pub fn node(&self, name: &str) -> Option<&StateNode> {
         self.nodes.iter().find(|n| n.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotated(value: &str, started_at: DateTime<Utc>) -> NodePod {
+        NodePod {
+            do_not_disrupt: Some(value.into()),
+            started_at: Some(started_at),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_do_not_disrupt_duration_beyond_representable_time_protects_for_good() {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).expect("valid instant");
+        // Parses (3.6e13 s fits chrono's TimeDelta) but start + it is past year 262143.
+        let pod = annotated("9999999999h", now);
+        assert!(pod.do_not_disrupt_active(now));
+        assert!(pod.do_not_disrupt_active(now + chrono::Duration::days(365 * 1000)));
+        // Beyond TimeDelta itself, too.
+        assert!(annotated("5124095576030431h", now).do_not_disrupt_active(now));
+        // An ordinary duration still elapses.
+        let pod = annotated("30m", now);
+        assert!(pod.do_not_disrupt_active(now + chrono::Duration::minutes(29)));
+        assert!(!pod.do_not_disrupt_active(now + chrono::Duration::minutes(30)));
     }
 }

@@ -382,17 +382,93 @@ fn parse_port(v: &str) -> Result<u16, String> {
         .ok_or_else(|| "expected a port number 1-65535".into())
 }
 
-fn parse_positive_duration(v: &str) -> Result<Duration, String> {
-    let d = parse_go_duration(v)?;
-    if d.is_zero() {
-        return Err("must be greater than zero".into());
-    }
-    Ok(d)
+/// The accepted values of a duration setting, both ends included. Every duration setting has
+/// an upper bound: the controllers add them to instants and double them, and a value far past
+/// any sensible one is a typo, not an intent.
+#[derive(Clone, Copy, Debug)]
+struct DurationRange {
+    min: Duration,
+    max: Duration,
 }
 
-/// Parses Go duration syntax (`500ms`, `10s`, `1m30s`, `2h`).
+impl DurationRange {
+    const fn new(min: Duration, max: Duration) -> Self {
+        DurationRange { min, max }
+    }
+
+    /// A duration too long to represent is out of range like any other beyond `max`.
+    fn parse(self, value: &str) -> Result<Duration, String> {
+        let out_of_range = || {
+            format!(
+                "expected a duration from {} to {}",
+                format_go_duration(self.min),
+                format_go_duration(self.max)
+            )
+        };
+        match go_duration(value) {
+            Ok(d) if (self.min..=self.max).contains(&d) => Ok(d),
+            Ok(_) | Err(GoDurationError::TooLong) => Err(out_of_range()),
+            Err(e @ GoDurationError::Invalid) => Err(e.to_string()),
+        }
+    }
+}
+
+const MINUTE: u64 = 60;
+const HOUR: u64 = 60 * MINUTE;
+
+/// A bootstrap token lives TTL + 2 min, so this caps it at about 2 h; a node that takes longer
+/// than that to join is broken.
+const REGISTRATION_TTL_RANGE: DurationRange =
+    DurationRange::new(Duration::from_secs(10), Duration::from_secs(2 * HOUR));
+const LAUNCH_TIMEOUT_RANGE: DurationRange =
+    DurationRange::new(Duration::from_secs(10), Duration::from_secs(HOUR));
+const INSTANCE_GC_GRACE_PERIOD_RANGE: DurationRange =
+    DurationRange::new(Duration::from_secs(1), Duration::from_secs(24 * HOUR));
+const INSTANCE_GC_INTERVAL_RANGE: DurationRange =
+    DurationRange::new(Duration::from_secs(1), Duration::from_secs(HOUR));
+const NODECLASS_RECHECK_INTERVAL_RANGE: DurationRange =
+    DurationRange::new(Duration::from_secs(1), Duration::from_secs(24 * HOUR));
+/// Pending pods wait up to a batch, and a nomination lasts two: an hour is already absurd.
+const BATCH_DURATION_RANGE: DurationRange =
+    DurationRange::new(Duration::from_millis(1), Duration::from_secs(HOUR));
+
+/// Formats a range bound the way it is written (`10s`, `2h`, `1ms`).
+fn format_go_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    match (secs, d.subsec_nanos()) {
+        (0, nanos) if nanos % 1_000_000 == 0 => format!("{}ms", nanos / 1_000_000),
+        (0, nanos) => format!("{nanos}ns"),
+        (secs, 0) if secs % HOUR == 0 => format!("{}h", secs / HOUR),
+        (secs, 0) if secs % MINUTE == 0 => format!("{}m", secs / MINUTE),
+        (secs, 0) => format!("{secs}s"),
+        _ => format!("{d:?}"),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GoDurationError {
+    Invalid,
+    TooLong,
+}
+
+impl fmt::Display for GoDurationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GoDurationError::Invalid => "expected a duration like 500ms, 10s, 1m30s",
+            GoDurationError::TooLong => "duration is too long",
+        })
+    }
+}
+
+/// Parses Go duration syntax (`500ms`, `10s`, `1m30s`, `2h`); a total beyond `Duration`'s
+/// range is an error, not a panic.
 pub fn parse_go_duration(value: &str) -> Result<Duration, String> {
-    let invalid = || "expected a duration like 500ms, 10s, 1m30s".to_string();
+    go_duration(value).map_err(|e| e.to_string())
+}
+
+fn go_duration(value: &str) -> Result<Duration, GoDurationError> {
+    let invalid = || GoDurationError::Invalid;
+    let too_long = || GoDurationError::TooLong;
     if value.is_empty() {
         return Err(invalid());
     }
@@ -419,7 +495,9 @@ pub fn parse_go_duration(value: &str) -> Result<Duration, String> {
             "h" => 3600.0,
             _ => return Err(invalid()),
         };
-        total += Duration::from_secs_f64(number * seconds_per_unit);
+        let part =
+            Duration::try_from_secs_f64(number * seconds_per_unit).map_err(|_| too_long())?;
+        total = total.checked_add(part).ok_or_else(too_long)?;
         rest = &rest[unit_len..];
     }
     Ok(total)
@@ -516,31 +594,31 @@ impl Config {
                 &args.nodeclaim_registration_ttl,
                 "NODECLAIM_REGISTRATION_TTL",
                 defaults.registration_ttl,
-                parse_positive_duration,
+                |v| REGISTRATION_TTL_RANGE.parse(v),
             ),
             launch_timeout: r.parsed(
                 &args.nodeclaim_launch_timeout,
                 "NODECLAIM_LAUNCH_TIMEOUT",
                 defaults.launch_timeout,
-                parse_positive_duration,
+                |v| LAUNCH_TIMEOUT_RANGE.parse(v),
             ),
             instance_gc_grace_period: r.parsed(
                 &args.instance_gc_grace_period,
                 "INSTANCE_GC_GRACE_PERIOD",
                 defaults.instance_gc_grace_period,
-                parse_positive_duration,
+                |v| INSTANCE_GC_GRACE_PERIOD_RANGE.parse(v),
             ),
             instance_gc_interval: r.parsed(
                 &args.instance_gc_interval,
                 "INSTANCE_GC_INTERVAL",
                 defaults.instance_gc_interval,
-                parse_positive_duration,
+                |v| INSTANCE_GC_INTERVAL_RANGE.parse(v),
             ),
             nodeclass_recheck_interval: r.parsed(
                 &args.nodeclass_recheck_interval,
                 "NODECLASS_RECHECK_INTERVAL",
                 defaults.nodeclass_recheck_interval,
-                parse_positive_duration,
+                |v| NODECLASS_RECHECK_INTERVAL_RANGE.parse(v),
             ),
             nodepool_resync: defaults.nodepool_resync,
         };
@@ -575,10 +653,11 @@ impl Config {
             metrics_port,
             health_probe_port,
             kube_client_qps: r.parsed(&args.kube_client_qps, "KUBE_CLIENT_QPS", 200.0, |v| {
+                // "inf" and "NaN" parse as f32; neither is a rate the token bucket can use.
                 v.parse::<f32>()
                     .ok()
-                    .filter(|q| *q > 0.0)
-                    .ok_or_else(|| "expected a positive number".into())
+                    .filter(|q| q.is_finite() && *q > 0.0)
+                    .ok_or_else(|| "expected a finite positive number".into())
             }),
             kube_client_burst: r.parsed(&args.kube_client_burst, "KUBE_CLIENT_BURST", 300, |v| {
                 v.parse::<u32>()
@@ -647,13 +726,13 @@ impl Config {
                 &args.batch_max_duration,
                 "BATCH_MAX_DURATION",
                 Duration::from_secs(10),
-                parse_positive_duration,
+                |v| BATCH_DURATION_RANGE.parse(v),
             ),
             batch_idle_duration: r.parsed(
                 &args.batch_idle_duration,
                 "BATCH_IDLE_DURATION",
                 Duration::from_secs(1),
-                parse_positive_duration,
+                |v| BATCH_DURATION_RANGE.parse(v),
             ),
             preference_policy: r.parsed(
                 &args.preference_policy,
@@ -897,6 +976,106 @@ mod tests {
         assert_eq!(parse_go_duration("2h").unwrap(), Duration::from_secs(7200));
         assert!(parse_go_duration("10").is_err());
         assert!(parse_go_duration("s").is_err());
+    }
+
+    #[test]
+    fn go_durations_too_long_to_represent_are_errors_not_panics() {
+        for too_long in [
+            "99999999999999999999h",
+            "5000000000000000h5000000000000000h",
+            &"9".repeat(400),
+        ] {
+            let value = format!("{too_long}s");
+            let value = if too_long.ends_with('h') {
+                too_long
+            } else {
+                &value
+            };
+            assert!(parse_go_duration(value).is_err(), "{value}");
+        }
+    }
+
+    #[test]
+    fn duration_settings_out_of_range_name_the_variable_and_the_range() {
+        let cases = [
+            ("NODECLAIM_REGISTRATION_TTL", "15h", "from 10s to 2h"),
+            (
+                "NODECLAIM_REGISTRATION_TTL",
+                "99999999999999999999h",
+                "from 10s to 2h",
+            ),
+            ("NODECLAIM_REGISTRATION_TTL", "5s", "from 10s to 2h"),
+            ("NODECLAIM_LAUNCH_TIMEOUT", "2h", "from 10s to 1h"),
+            ("INSTANCE_GC_GRACE_PERIOD", "25h", "from 1s to 24h"),
+            ("INSTANCE_GC_INTERVAL", "61m", "from 1s to 1h"),
+            ("NODECLASS_RECHECK_INTERVAL", "500ms", "from 1s to 24h"),
+            ("BATCH_MAX_DURATION", "2h", "from 1ms to 1h"),
+            (
+                "BATCH_IDLE_DURATION",
+                "5000000000000000h5000000000000000h",
+                "from 1ms to 1h",
+            ),
+        ];
+        for (variable, value, range) in cases {
+            let mut e = minimal();
+            e.insert(variable.into(), value.into());
+            let err = Config::resolve(&RunArgs::default(), &e).unwrap_err();
+            let expected = format!("{variable}={value:?}: expected a duration {range}");
+            assert_eq!(err.0, vec![expected]);
+        }
+    }
+
+    #[test]
+    fn the_e2e_harness_and_test_timings_stay_valid() {
+        let mut e = minimal();
+        for (variable, value) in [
+            ("NODECLAIM_REGISTRATION_TTL", "20s"),
+            ("NODECLAIM_LAUNCH_TIMEOUT", "20s"),
+            ("INSTANCE_GC_GRACE_PERIOD", "5s"),
+            ("INSTANCE_GC_INTERVAL", "2s"),
+            ("NODECLASS_RECHECK_INTERVAL", "10s"),
+            ("KUBE_CLIENT_QPS", "5"),
+        ] {
+            e.insert(variable.into(), value.into());
+        }
+        let config = Config::resolve(&RunArgs::default(), &e).unwrap();
+        assert_eq!(config.timings.launch_timeout, Duration::from_secs(20));
+        assert_eq!(config.timings.instance_gc_interval, Duration::from_secs(2));
+        assert_eq!(
+            config.timings.nodeclass_recheck_interval,
+            Duration::from_secs(10)
+        );
+        e.insert("INSTANCE_GC_GRACE_PERIOD".into(), "1h".into());
+        e.insert("NODECLAIM_REGISTRATION_TTL".into(), "10m".into());
+        let config = Config::resolve(&RunArgs::default(), &e).unwrap();
+        assert_eq!(config.timings.registration_ttl, Duration::from_secs(600));
+        // The range ends are included.
+        for (variable, value) in [
+            ("NODECLAIM_REGISTRATION_TTL", "2h"),
+            ("NODECLAIM_LAUNCH_TIMEOUT", "10s"),
+            ("INSTANCE_GC_GRACE_PERIOD", "24h"),
+            ("INSTANCE_GC_INTERVAL", "1h"),
+            ("NODECLASS_RECHECK_INTERVAL", "1s"),
+            ("BATCH_MAX_DURATION", "1h"),
+        ] {
+            e.insert(variable.into(), value.into());
+        }
+        assert!(Config::resolve(&RunArgs::default(), &e).is_ok());
+    }
+
+    #[test]
+    fn kube_client_qps_must_be_finite() {
+        for value in ["inf", "NaN", "-1", "0"] {
+            let mut e = minimal();
+            e.insert("KUBE_CLIENT_QPS".into(), value.into());
+            let err = Config::resolve(&RunArgs::default(), &e).unwrap_err();
+            assert_eq!(
+                err.0,
+                vec![format!(
+                    "KUBE_CLIENT_QPS={value:?}: expected a finite positive number"
+                )]
+            );
+        }
     }
 
     #[test]

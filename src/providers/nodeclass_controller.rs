@@ -88,8 +88,11 @@ impl CheckTimes {
     ) -> u64 {
         let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         match map.get(name) {
+            // Saturating: an interval beyond i64 seconds must not wrap to "due now".
             Some((g, at)) if *g == generation => {
-                (at + interval.as_secs() as i64 - now).max(0) as u64
+                let interval = i64::try_from(interval.as_secs()).unwrap_or(i64::MAX);
+                let due_at = at.saturating_add(interval);
+                u64::try_from(due_at.saturating_sub(now)).unwrap_or(0)
             }
             _ => 0,
         }
@@ -468,6 +471,13 @@ mod tests {
             "a new generation is resolved at once"
         );
         assert_eq!(checks.due_in("a", 1, 1300, interval), 0);
+        // `u64::MAX as i64` is -1: the re-check would be due at once, every pass.
+        let forever = std::time::Duration::from_secs(u64::MAX);
+        assert!(checks.due_in("a", 1, 1100, forever) > 0);
+        assert_eq!(
+            checks.due_in("a", 1, 1100, forever),
+            (i64::MAX - 1100) as u64
+        );
     }
 
     #[test]

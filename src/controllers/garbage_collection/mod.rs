@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Preconditions};
 
@@ -137,7 +137,10 @@ pub fn plan(
             .as_ref()
             .map(|t| t.0)
             .map_or(seen, |c| c.min(seen));
-        if now.duration_since(born).as_secs() >= grace.as_secs() as i64 {
+        // Full precision (a `500ms` grace is not 0), and a grace beyond `SignedDuration`'s
+        // range never elapses rather than wrapping negative.
+        let orphaned_for = now.duration_since(born);
+        if SignedDuration::try_from(grace).is_ok_and(|grace| orphaned_for >= grace) {
             plan.delete_instances.push(instance.clone());
         }
     }
@@ -434,6 +437,43 @@ mod tests {
             std::slice::from_ref(&orphan),
             &index,
             ts(600).0,
+            grace,
+            &mut seen,
+        );
+        assert_eq!(p.delete_instances, vec![orphan]);
+    }
+
+    #[test]
+    fn a_grace_too_long_to_represent_never_elapses_and_sub_second_graces_count() {
+        let index = ClusterIndex::default();
+        let mut seen = BTreeMap::new();
+        let orphan = instance("a", "gone", 1000);
+        // `u64::MAX as i64` is -1: every orphan would be deleted at once.
+        let p = plan_proven(
+            std::slice::from_ref(&orphan),
+            &index,
+            ts(1000).0,
+            Duration::from_secs(u64::MAX),
+            &mut seen,
+        );
+        assert!(p.delete_instances.is_empty(), "{p:?}");
+        // 1 500 ms is not truncated to 1 s.
+        let grace = Duration::from_millis(1500);
+        let at = |ms: i64| {
+            Timestamp::from_millisecond(ts(1000).0.as_millisecond() + ms).expect("valid instant")
+        };
+        let p = plan_proven(
+            std::slice::from_ref(&orphan),
+            &index,
+            at(1000),
+            grace,
+            &mut seen,
+        );
+        assert!(p.delete_instances.is_empty(), "{p:?}");
+        let p = plan_proven(
+            std::slice::from_ref(&orphan),
+            &index,
+            at(1500),
             grace,
             &mut seen,
         );

@@ -47,13 +47,14 @@ pub(super) fn nodepool_of(claim: &NodeClaim) -> String {
         .unwrap_or_default()
 }
 
-/// The termination deadline: deletion time + terminationGracePeriod.
+/// The termination deadline: deletion time + terminationGracePeriod. A grace period that
+/// ends beyond the last representable instant has no practical deadline: `None`, as without
+/// one (never a wrapped, past deadline that would force-delete every pod at once).
 pub fn termination_deadline(claim: &NodeClaim) -> Option<Timestamp> {
     let deleted = claim.metadata.deletion_timestamp.as_ref()?.0;
     let tgp = parse_duration(claim.spec.termination_grace_period.as_deref()?).ok()?;
-    deleted
-        .checked_add(SignedDuration::from_secs(tgp.as_secs() as i64))
-        .ok()
+    let grace = SignedDuration::try_from(tgp).ok()?;
+    deleted.checked_add(grace).ok()
 }
 
 /// The deadline annotation as written (RFC 3339).
@@ -198,6 +199,25 @@ mod tests {
             ts(3700).0.to_string(),
         );
         assert_eq!(deadline_annotation(&claim), Some(ts(3700).0));
+    }
+
+    #[test]
+    fn a_grace_period_too_long_to_represent_has_no_deadline_rather_than_a_past_one() {
+        let mut claim = nodeclaim("c", "p", Some("exoscale://i"));
+        claim.metadata.deletion_timestamp = Some(ts(100));
+        // Both pass the CRD pattern and parse_duration; as i64 seconds they wrap negative.
+        for grace in [
+            "18446744073709551615s",
+            "5124095576030431h",
+            "100000000000s",
+        ] {
+            claim.spec.termination_grace_period = Some(grace.into());
+            let deadline = termination_deadline(&claim);
+            assert!(
+                deadline.is_none_or(|d| d >= ts(100).0),
+                "{grace}: deadline {deadline:?} is before the deletion"
+            );
+        }
     }
 
     #[test]
