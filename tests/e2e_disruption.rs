@@ -61,6 +61,15 @@ impl Operator {
 
     /// A replica with extra environment (feature gates).
     async fn start_with(world: &World, extra_env: &[(&str, &str)]) -> Operator {
+        Operator::start_using(world, extra_env, world.client.clone()).await
+    }
+
+    /// A replica whose controllers talk to the API server through `client` (a test's faults).
+    async fn start_using(
+        world: &World,
+        extra_env: &[(&str, &str)],
+        client: kube::Client,
+    ) -> Operator {
         let mut env = world.env.clone();
         env.insert("POD_NAME".into(), "disruption".into());
         for (key, value) in extra_env {
@@ -110,7 +119,7 @@ impl Operator {
         let metrics = Arc::new(Metrics::new());
         let runtime = Runtime {
             config,
-            client: world.client.clone(),
+            client,
             cloud: cloud.provider.clone(),
             nodeclasses: Some(cloud.nodeclass_wiring()),
             clock,
@@ -392,6 +401,112 @@ async fn an_empty_node_is_removed_after_consolidate_after() {
     assert!(
         world.claims_of_pool(&pool).await.is_empty(),
         "no replacement for an empty node"
+    );
+    cleanup(world, operator, &pool).await;
+}
+
+/// An answer the API server would give for a failure, as kube reads it.
+fn refused(code: u16) -> harness::Answer {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "message": "injected by the test", "reason": "InternalError", "code": code});
+    Ok(http::Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(
+            serde_json::to_vec(&status).unwrap(),
+        ))
+        .unwrap())
+}
+
+/// The API server refuses to taint an empty candidate: nothing is deleted (the command stops
+/// and its taints come off), pass after pass. Then it refuses the NodeClaim's delete once: the
+/// disruption is released, not held until a restart, and a later pass removes the node.
+#[tokio::test]
+async fn a_refused_taint_stops_the_command_and_a_refused_delete_is_retried() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    let Some(world) = World::start("dis-refused", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let refuse_taints = Arc::new(AtomicBool::new(true));
+    let refuse_deletes = Arc::new(AtomicUsize::new(0));
+    let taints_refused = Arc::new(AtomicUsize::new(0));
+    let deletes_refused = Arc::new(AtomicUsize::new(0));
+    let client = harness::intercepted(world.client.clone(), {
+        let (refuse_taints, refuse_deletes) = (refuse_taints.clone(), refuse_deletes.clone());
+        let (taints_refused, deletes_refused) = (taints_refused.clone(), deletes_refused.clone());
+        move |inner: kube::Client, request: harness::Request| {
+            let (refuse_taints, refuse_deletes) = (refuse_taints.clone(), refuse_deletes.clone());
+            let (taints_refused, deletes_refused) =
+                (taints_refused.clone(), deletes_refused.clone());
+            async move {
+                let path = request.uri().path().to_string();
+                if request.method() == http::Method::DELETE
+                    && path.starts_with("/apis/karpenter.sh/v1/nodeclaims/")
+                    && refuse_deletes
+                        .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                        .is_ok()
+                {
+                    deletes_refused.fetch_add(1, SeqCst);
+                    return refused(500);
+                }
+                if request.method() == http::Method::PATCH
+                    && path.starts_with("/api/v1/nodes/")
+                    && refuse_taints.load(SeqCst)
+                {
+                    let (parts, body) = request.into_parts();
+                    let bytes = body.collect_bytes().await?;
+                    if String::from_utf8_lossy(&bytes).contains("karpenter.sh/disrupted") {
+                        taints_refused.fetch_add(1, SeqCst);
+                        return refused(500);
+                    }
+                    let request = http::Request::from_parts(parts, kube::client::Body::from(bytes));
+                    return inner.send(request).await.map_err(Into::into);
+                }
+                inner.send(request).await.map_err(Into::into)
+            }
+        }
+    });
+    let operator = Operator::start_using(&world, &[], client).await;
+    world.ready_nodeclass().await;
+    let pool = nodepool(
+        &world,
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}),
+        json!({}),
+    )
+    .await;
+    deployment(&world, "web", &pool, 1, "200m", json!({})).await;
+    let claim = initialized_claims(&world, &pool, 1)
+        .await
+        .into_iter()
+        .next()
+        .unwrap();
+    bound_pods(&world, "web", 1).await;
+    scale(&world, "web", 0).await;
+
+    eventually_within("three commands' taints refused", LONG, || async {
+        (taints_refused.load(SeqCst) >= 3).then_some(())
+    })
+    .await;
+    let kept = world.nodeclaims().get(&claim).await.unwrap();
+    assert!(
+        kept.metadata.deletion_timestamp.is_none(),
+        "deleted although its node could not be tainted"
+    );
+
+    refuse_deletes.store(1, SeqCst);
+    refuse_taints.store(false, SeqCst);
+    let nodeclaims = world.nodeclaims();
+    eventually_within("the empty NodeClaim is deleted after all", LONG, || {
+        let nodeclaims = nodeclaims.clone();
+        let claim = claim.clone();
+        async move { matches!(nodeclaims.get_opt(&claim).await, Ok(None)).then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        deletes_refused.load(SeqCst),
+        1,
+        "the refused delete was sent"
     );
     cleanup(world, operator, &pool).await;
 }

@@ -292,6 +292,11 @@ impl Orchestration {
         actions
     }
 
+    /// A candidate could not be tainted: the command is abandoned before anything else.
+    pub fn taint_failed(&mut self, message: &str) -> Vec<Action> {
+        self.fail(format!("tainting candidates: {message}"))
+    }
+
     /// The provisioner could not create the replacements.
     pub fn launch_failed(&mut self, message: &str) -> Vec<Action> {
         self.fail(format!("launching replacement nodeclaims: {message}"))

@@ -101,7 +101,7 @@ impl Executor {
         provider_ids: Vec<String>,
     ) {
         for node in nodes {
-            if let Err(error) = self.update_taints(&node, without_disrupted_taint).await {
+            if let Err(error) = self.remove_taint_unless_terminating(&node).await {
                 tracing::warn!(%node, %error, "removing the disrupted taint failed");
             }
         }
@@ -139,10 +139,19 @@ impl Executor {
                     in_flight.requeue_at = Some(in_flight.requeue_at.map_or(at, |t| t.min(at)));
                 }
                 Action::Taint { nodes } => {
+                    let mut failed = Vec::new();
                     for node in nodes {
                         if let Err(error) = self.update_taints(&node, with_disrupted_taint).await {
                             tracing::warn!(%node, %error, "tainting a disruption candidate failed");
+                            failed.push(format!("{node}: {error}"));
                         }
+                    }
+                    // An untainted candidate takes new pods (do-not-disrupt ones too) while
+                    // its replacement comes up, and they would be evicted with it: the command
+                    // stops here and its taints come off; the next pass decides again.
+                    if !failed.is_empty() {
+                        queue.clear();
+                        queue.extend(in_flight.orchestration.taint_failed(&failed.join("; ")));
                     }
                 }
                 Action::SetDisruptionReason { nodeclaims, reason } => {
@@ -182,7 +191,17 @@ impl Executor {
                                 tracing::info!(nodeclaim = %claim, "deleted disrupted NodeClaim")
                             }
                             Err(error) => {
-                                tracing::warn!(nodeclaim = %claim, %error, "deleting a disrupted NodeClaim failed")
+                                // No longer held: the next pass takes its taint off (stale
+                                // disruption) unless the delete went through after all, and
+                                // may decide on the node again. Held, it stayed tainted and
+                                // spent the budget until a restart.
+                                tracing::warn!(nodeclaim = %claim, %error, "deleting a disrupted NodeClaim failed; its disruption is released");
+                                let command = &in_flight.orchestration.command;
+                                if let Some(c) =
+                                    command.candidates.iter().find(|c| c.nodeclaim == claim)
+                                {
+                                    self.held.remove(&c.provider_id);
+                                }
                             }
                         }
                     }
@@ -269,17 +288,43 @@ impl Executor {
         Ok(names)
     }
 
+    /// Takes the disrupted taint off a Node, unless the Node or its NodeClaim is being deleted:
+    /// its termination keeps the taint (kube-scheduler would bind pods to a draining node).
+    async fn remove_taint_unless_terminating(&self, node: &str) -> Result<()> {
+        self.change_taints(node, without_disrupted_taint, |current| {
+            let pid = current.spec.as_ref().and_then(|s| s.provider_id.as_deref());
+            let claim_deleting = pid
+                .and_then(|pid| self.ctx.cluster.read().nodeclaim_by_provider_id(pid))
+                .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
+            current.metadata.deletion_timestamp.is_some() || claim_deleting
+        })
+        .await
+    }
+
     /// Rewrites a Node's taints with `change` under an optimistic lock; a missing Node is fine.
     async fn update_taints(
         &self,
         node: &str,
         change: fn(&[CoreTaint]) -> Option<Vec<CoreTaint>>,
     ) -> Result<()> {
+        self.change_taints(node, change, |_| false).await
+    }
+
+    /// [`Self::update_taints`], leaving alone a Node for which `leave_alone` says so.
+    async fn change_taints(
+        &self,
+        node: &str,
+        change: fn(&[CoreTaint]) -> Option<Vec<CoreTaint>>,
+        leave_alone: impl Fn(&Node) -> bool,
+    ) -> Result<()> {
         let api: Api<Node> = Api::all(self.ctx.client.clone());
         for _ in 0..CONFLICT_RETRIES {
             let Some(current) = api.get_opt(node).await? else {
                 return Ok(());
             };
+            if leave_alone(&current) {
+                return Ok(());
+            }
             let taints = current
                 .spec
                 .as_ref()
