@@ -34,13 +34,15 @@ impl tower_service::Service<Request<Body>> for FencedService {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
+    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
         if !is_read(request.method()) {
             let what = || format!("{} {}", request.method(), request.uri().path());
             if let Err(fenced) = self.fence.check(what) {
                 tracing::warn!(%fenced, "write refused");
                 return Box::pin(std::future::ready(Err(Box::new(fenced) as BoxError)));
             }
+            // A rate limiter below may hold the write back: it checks again before sending.
+            request.extensions_mut().insert(self.fence.clone());
         }
         let client = self.inner.clone();
         Box::pin(async move { client.send(request).await.map_err(BoxError::from) })

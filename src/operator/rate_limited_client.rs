@@ -2,13 +2,15 @@
 //! client-go applies it: a token bucket refilled at `qps` holding at most `burst` tokens; a
 //! request that finds it empty waits for its turn rather than failing. A watch costs one token
 //! when it opens, like any request. Each wait is observed in
-//! `karpenter_exoscale_kube_client_rate_limit_wait_seconds`.
+//! `karpenter_exoscale_kube_client_rate_limit_wait_seconds`. A write that carries its
+//! [`Fence`] (the fenced client puts it on the request) is checked again when its turn comes.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::fence::Fence;
 use crate::token_bucket::RateLimiter;
 use http::{Request, Response};
 use kube::client::Body;
@@ -41,6 +43,15 @@ impl tower_service::Service<Request<Body>> for RateLimitedService {
             if !wait.is_zero() {
                 waits.observe(wait.as_secs_f64());
                 tokio::time::sleep(wait).await;
+                // A write's fence (see `fenced_client`) was checked before its turn came; the
+                // lease may have run out while it waited.
+                if let Some(fence) = request.extensions().get::<Fence>() {
+                    let what = || format!("{} {}", request.method(), request.uri().path());
+                    fence.check(what).map_err(|fenced| {
+                        tracing::warn!(%fenced, "write refused after its rate-limit wait");
+                        Box::new(fenced) as BoxError
+                    })?;
+                }
             }
             client.send(request).await.map_err(BoxError::from)
         })
@@ -126,5 +137,68 @@ mod tests {
             .parse()
             .unwrap();
         assert!((sum - 0.3).abs() < 1e-6, "{text}");
+    }
+
+    /// A write queued behind the rate limit while the replica led is refused if the lease ran
+    /// out during its wait: the fence is checked when it is sent, not when it was queued.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_whose_lease_ran_out_while_it_waited_is_not_sent() {
+        #[derive(Clone)]
+        struct FakeApi(Arc<Mutex<Vec<String>>>);
+        impl tower_service::Service<Request<Body>> for FakeApi {
+            type Response = Response<Body>;
+            type Error = std::convert::Infallible;
+            type Future = std::future::Ready<Result<Response<Body>, Self::Error>>;
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+                Poll::Ready(Ok(()))
+            }
+            fn call(&mut self, request: Request<Body>) -> Self::Future {
+                self.0.lock().unwrap().push(request.method().to_string());
+                let body = br#"{"kind":"Namespace","apiVersion":"v1","metadata":{"name":"x"}}"#;
+                std::future::ready(Ok(Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(Body::from(body.to_vec()))
+                    .unwrap()))
+            }
+        }
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let waits = crate::operator::metrics::duration_histogram();
+        let limited = rate_limited(
+            kube::Client::new(FakeApi(seen.clone()), "default"),
+            1.0,
+            1,
+            waits,
+        );
+        let fence = Fence::closed();
+        fence.extend_until(std::time::Instant::now() + std::time::Duration::from_secs(3600));
+        let writer = crate::operator::fenced_client::fenced(limited, fence.clone());
+        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(writer);
+        let deletes = |n: &kube::Api<k8s_openapi::api::core::v1::Namespace>| {
+            let n = n.clone();
+            async move { n.delete("x", &Default::default()).await }
+        };
+        deletes(&namespaces)
+            .await
+            .expect("the first write has its token");
+        let queued = tokio::spawn(deletes(&namespaces));
+        // The second write waits a second for its token; the lease is lost meanwhile.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        fence.close();
+        let refused = queued.await.unwrap().expect_err("refused after its wait");
+        assert!(
+            crate::operator::fenced_client::is_fenced(&refused),
+            "{refused}"
+        );
+        assert_eq!(
+            *seen.lock().unwrap(),
+            ["DELETE"],
+            "only the first write was sent"
+        );
+        // Reads are not fenced.
+        namespaces
+            .get("x")
+            .await
+            .expect("a read after the lease is lost");
     }
 }
