@@ -1395,3 +1395,192 @@ async fn a_scheduled_zero_budget_blocks_disruption_only_inside_its_window() {
     );
     cleanup(world, operator, &pool).await;
 }
+
+/// A response body that fails once `cut` turns true: a watch the network dropped.
+struct CuttableBody {
+    inner: kube::client::Body,
+    cut: futures::future::BoxFuture<'static, ()>,
+}
+
+impl http_body::Body for CuttableBody {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if self.cut.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(Some(Err("watch cut by the test".into())));
+        }
+        std::pin::Pin::new(&mut self.inner)
+            .poll_frame(cx)
+            .map_err(Into::into)
+    }
+}
+
+/// The replica's transport: Pod watches that a test can cut (and Pod reads refused from then
+/// on, so the state stays unsynced), and NodeClaim status writes it can hold.
+#[derive(Clone)]
+struct Partition {
+    inner: kube::Client,
+    pods_cut: watch::Sender<bool>,
+    hold_status: watch::Sender<bool>,
+    status_held: Arc<std::sync::atomic::AtomicUsize>,
+    pod_reads_refused: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tower_service::Service<http::Request<kube::client::Body>> for Partition {
+    type Response = http::Response<CuttableBody>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        use std::sync::atomic::Ordering::SeqCst;
+        let this = self.clone();
+        Box::pin(async move {
+            let path = request.uri().path().to_string();
+            let pod_read = request.method() == http::Method::GET && path == "/api/v1/pods";
+            if pod_read && *this.pods_cut.borrow() {
+                this.pod_reads_refused.fetch_add(1, SeqCst);
+                return Err("connection refused (the test's partition)".into());
+            }
+            let status_write = request.method() == http::Method::PATCH
+                && path.starts_with("/apis/karpenter.sh/v1/nodeclaims/")
+                && path.ends_with("/status");
+            if status_write && *this.hold_status.borrow() {
+                this.status_held.fetch_add(1, SeqCst);
+                let mut held = this.hold_status.subscribe();
+                let _ = held.wait_for(|hold| !*hold).await;
+            }
+            let response = this.inner.send(request).await?;
+            let mut cut = this.pods_cut.subscribe();
+            let cut: futures::future::BoxFuture<'static, ()> = if pod_read {
+                Box::pin(async move {
+                    let _ = cut.wait_for(|cut| *cut).await;
+                })
+            } else {
+                Box::pin(futures::future::pending())
+            };
+            Ok(response.map(|inner| CuttableBody { inner, cut }))
+        })
+    }
+}
+
+/// An empty node waits for its budget (0), watched pass after pass. Then, while one pass is
+/// under way (its NodeClaim status writes held), the Pod watch fails and Pods cannot be listed
+/// again, a pod is bound to the node, and the budget opens. That pass's decision rests on a
+/// Pod list that stopped syncing: it is not acted on, and no later pass decides until Pods
+/// are listed again. The node stays, untainted.
+#[tokio::test]
+async fn a_decision_made_while_the_pod_watch_failed_is_not_acted_on() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let Some(world) = World::start("dis-stale", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let partition = Partition {
+        inner: world.client.clone(),
+        pods_cut: watch::channel(false).0,
+        hold_status: watch::channel(false).0,
+        status_held: Arc::new(AtomicUsize::new(0)),
+        pod_reads_refused: Arc::new(AtomicUsize::new(0)),
+    };
+    let client = kube::Client::new(partition.clone(), world.namespace.clone());
+    let operator = Operator::start_using(&world, &[], client).await;
+    world.ready_nodeclass().await;
+    let pool = nodepool(
+        &world,
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s",
+            "budgets": [{"nodes": "0"}]}),
+        json!({}),
+    )
+    .await;
+    deployment(&world, "web", &pool, 1, "200m", json!({})).await;
+    let claim = initialized_claims(&world, &pool, 1)
+        .await
+        .into_iter()
+        .next()
+        .unwrap();
+    bound_pods(&world, "web", 1).await;
+    let node = world.initialized_node(&claim).await.name_any();
+    scale(&world, "web", 0).await;
+    eventually_within("the empty node Consolidatable", LONG, || async {
+        let c = world.nodeclaims().get(&claim).await.ok()?;
+        c.status?.conditions.is_true("Consolidatable").then_some(())
+    })
+    .await;
+    // Watched empty (and its last pod event old) for longer than the validation delay.
+    let quiet = std::time::Instant::now();
+    eventually_within(
+        "20 s of an empty node behind a closed budget",
+        LONG,
+        || async { (quiet.elapsed() >= Duration::from_secs(20)).then_some(()) },
+    )
+    .await;
+
+    // One pass is held at a status write: the NodePool's template changes (drift to write)
+    // and its budget opens.
+    partition.hold_status.send_replace(true);
+    Api::<NodePool>::all(world.client.clone())
+        .patch(
+            &pool,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {
+                "template": {"metadata": {"labels": {"team": "green"}}},
+                "disruption": {"budgets": [{"nodes": "1"}]}}})),
+        )
+        .await
+        .unwrap();
+    eventually_within("a NodeClaim status write held", LONG, || async {
+        (partition.status_held.load(SeqCst) >= 1).then_some(())
+    })
+    .await;
+    // Meanwhile the Pod watch fails (and Pods cannot be listed again), and a pod is bound to
+    // the node.
+    partition.pods_cut.send_replace(true);
+    eventually(
+        "the replica's Pod watch failed and its re-list refused",
+        || async { (partition.pod_reads_refused.load(SeqCst) >= 1).then_some(()) },
+    )
+    .await;
+    harness::bound_pod(&world, "arrived", &node, json!({"app": "arrived"})).await;
+    partition.hold_status.send_replace(false);
+
+    let released = std::time::Instant::now();
+    eventually_within("40 s after the pass resumed", LONG, || async {
+        (released.elapsed() >= Duration::from_secs(40)).then_some(())
+    })
+    .await;
+    let kept = world.nodeclaims().get(&claim).await.unwrap();
+    assert!(
+        kept.metadata.deletion_timestamp.is_none(),
+        "the node was disrupted from a Pod list that stopped syncing"
+    );
+    let tainted = world
+        .nodes()
+        .get(&node)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .iter()
+        .any(|t| t.key == "karpenter.sh/disrupted");
+    assert!(!tainted, "the node was tainted from a stale Pod list");
+
+    partition.pods_cut.send_replace(false);
+    world
+        .pods()
+        .delete("arrived", &DeleteParams::default())
+        .await
+        .unwrap();
+    cleanup(world, operator, &pool).await;
+}

@@ -207,6 +207,14 @@ impl Disruption {
         )
     }
 
+    /// Whether what was just decided may be acted on: this replica still leads and cluster
+    /// state still syncs. A pass awaits a lot between the loop's check and its writes (the
+    /// conditions' drift reads, the provider's instance types, the decision itself); a Pod
+    /// watch that failed meanwhile hides the pods bound since, and an empty node is not one.
+    fn may_act(&self) -> bool {
+        self.ctx.leadership.is_leader() && self.ctx.cluster.synced()
+    }
+
     /// One step: advance the in-flight command, or decide a new one. Returns when to come back.
     async fn step(&mut self) -> Duration {
         self.executor.forget_deleted();
@@ -228,10 +236,19 @@ impl Disruption {
                 }
                 Phase::Validating { .. } => {
                     let fresh = self.view().await;
+                    if !self.may_act() {
+                        tracing::info!("cluster state stopped syncing before validation; it waits");
+                        self.in_flight = Some(in_flight);
+                        return IN_FLIGHT_POLL;
+                    }
                     let actions = in_flight.orchestration.validate(&fresh);
                     self.executor.execute(&mut in_flight, actions).await;
                 }
                 Phase::WaitingForReplacements { .. } => {
+                    if !self.may_act() {
+                        self.in_flight = Some(in_flight);
+                        return IN_FLIGHT_POLL;
+                    }
                     let statuses = self.executor.replacement_statuses(&in_flight);
                     let actions = in_flight.orchestration.observe(&statuses, now);
                     self.executor.execute(&mut in_flight, actions).await;
@@ -311,6 +328,11 @@ impl Disruption {
         let Some(command) = outcome.command else {
             return self.settings.poll_interval;
         };
+        if !self.may_act() {
+            tracing::info!(candidates = ?command.candidate_names(), "cluster state stopped syncing while deciding; the decision is dropped");
+            self.forget_watched();
+            return self.settings.poll_interval;
+        }
         let watched = validation::watched_long_enough(&command, &view);
         if command.candidates.is_empty() {
             tracing::debug!(
