@@ -1578,3 +1578,64 @@ async fn token_lifecycle_follows_the_nodeclaim() {
     assert!(w.provider.delete(&nc).await.unwrap_err().is_not_found());
     assert!(w.bootstrap.tokens().is_empty());
 }
+
+/// A provider reading NodeClasses from the watched reflector store, as in production: once
+/// the watch fails, the store's last copy is not trusted (it may be old for good) until a new
+/// list completes. Meanwhile nothing is launched and no drift is judged from it.
+#[tokio::test]
+async fn nodeclasses_whose_watch_failed_launch_nothing_and_judge_no_drift() {
+    use karpenter_exoscale::cloudprovider::exoscale::WatchedNodeClasses;
+    use kube::runtime::watcher::Event;
+    let w = world().await;
+    let nodeclass = w.nodeclasses_get();
+    let (store, mut writer) = kube::runtime::reflector::store::<ExoscaleNodeClass>();
+    let watched = Arc::new(WatchedNodeClasses::new(store));
+    let listed = |writer: &mut kube::runtime::reflector::store::Writer<ExoscaleNodeClass>| {
+        for event in [
+            Event::Init,
+            Event::InitApply(nodeclass.clone()),
+            Event::InitDone,
+        ] {
+            watched.observe::<kube::runtime::watcher::Error>(&Ok(event.clone()));
+            writer.apply_watcher_event(&event);
+        }
+    };
+    listed(&mut writer);
+    let provider = ExoscaleCloudProvider::new(
+        w.provider.settings().clone(),
+        Dependencies {
+            client: w.client.clone(),
+            nodeclasses: watched.clone(),
+            bootstrap: w.bootstrap.clone(),
+            versions: Arc::new(FixedVersion(format!("v{}+sks", w.sim.kubernetes_version()))),
+            clock: Arc::new(w.clock.clone()),
+            prices: PriceBook::new(Currency::Eur),
+        },
+    );
+    provider.refresh_instance_types().await.unwrap();
+    let launched = provider
+        .create(&claim("watched", &["standard.medium"]))
+        .await
+        .unwrap();
+    assert_eq!(provider.is_drifted(&launched).await.unwrap(), None);
+
+    watched.observe::<String>(&Err("the watch failed".into()));
+    let creates = w.sim.call_count("create-instance");
+    let refused = provider
+        .create(&claim("stale", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("not current"), "{refused}");
+    assert_eq!(w.sim.call_count("create-instance"), creates, "launched");
+    let drift = provider.is_drifted(&launched).await;
+    assert!(
+        drift.is_err(),
+        "drift judged from a stale NodeClass: {drift:?}"
+    );
+
+    listed(&mut writer);
+    provider
+        .create(&claim("relisted", &["standard.medium"]))
+        .await
+        .expect("a launch once the NodeClasses are listed again");
+}

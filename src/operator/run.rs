@@ -15,6 +15,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::cloudprovider::CloudProvider;
 use crate::cloudprovider::exoscale::{
     Dependencies, ExoscaleCloudProvider, ExoscaleSettings as ProviderSettings, KubeNodeBootstrap,
+    WatchedNodeClasses,
 };
 use crate::cloudprovider::metered::Metered;
 use crate::cloudprovider::overlay::{OverlaySource, WithOverlays};
@@ -295,18 +296,20 @@ pub async fn build_cloud(
     // The one ExoscaleNodeClass watch: the provider reads its store, the NodeClass controller
     // is triggered by its changes.
     let (nodeclasses, mut nodeclass_feed_writer) = state::Shared::<ExoscaleNodeClass>::new();
-    let reader = nodeclasses.store();
+    let reader = Arc::new(WatchedNodeClasses::new(nodeclasses.store()));
     let nodeclass_feed = tokio::spawn({
         let api = kube::Api::<ExoscaleNodeClass>::all(client.clone());
+        let reader = reader.clone();
         async move {
             use futures::StreamExt;
             let events = watcher(api, watcher::Config::default()).default_backoff();
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
+                reader.observe(&event);
                 match event {
                     Ok(event) => nodeclass_feed_writer.publish(&event),
                     Err(error) => {
-                        tracing::warn!(%error, "ExoscaleNodeClass watch failed; retrying")
+                        tracing::warn!(%error, "ExoscaleNodeClass watch failed; NodeClasses are unsynced until re-listed")
                     }
                 }
             }
@@ -316,7 +319,7 @@ pub async fn build_cloud(
         settings,
         Dependencies {
             client: exo,
-            nodeclasses: Arc::new(reader),
+            nodeclasses: reader,
             bootstrap: Arc::new(KubeNodeBootstrap::new(client.clone(), token_ttl)),
             versions: Arc::new(crate::providers::template::ApiServerVersion(client)),
             clock,

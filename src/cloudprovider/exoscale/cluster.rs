@@ -15,9 +15,47 @@ use crate::providers::cluster_ca;
 /// Where NodeClasses are read from (a reflector store in production).
 pub trait NodeClassSource: Send + Sync {
     fn get(&self, name: &str) -> Option<ExoscaleNodeClass>;
-    /// Whether the first complete list arrived.
+    /// Whether what it holds is complete and current (listed, its watch sound since).
     fn synced(&self) -> bool {
         true
+    }
+}
+
+/// The reflector store of ExoscaleNodeClasses and whether its watch is sound. After a watch
+/// failure the store keeps serving what it last saw, possibly for good (a conversion or RBAC
+/// error after an upgrade keeps the re-list failing): launches would use an old spec and
+/// drift would be judged against one. Until the next complete list it reports itself not
+/// synced, and the provider refuses to read from it.
+pub struct WatchedNodeClasses {
+    store: Store<ExoscaleNodeClass>,
+    current: std::sync::atomic::AtomicBool,
+}
+
+impl WatchedNodeClasses {
+    pub fn new(store: Store<ExoscaleNodeClass>) -> Self {
+        WatchedNodeClasses {
+            store,
+            current: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// Follows the watch: a failure makes the store stale, a completed (re-)list current.
+    pub fn observe<E>(&self, event: &Result<kube::runtime::watcher::Event<ExoscaleNodeClass>, E>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        match event {
+            Err(_) => self.current.store(false, SeqCst),
+            Ok(kube::runtime::watcher::Event::InitDone) => self.current.store(true, SeqCst),
+            Ok(_) => {}
+        }
+    }
+}
+
+impl NodeClassSource for WatchedNodeClasses {
+    fn get(&self, name: &str) -> Option<ExoscaleNodeClass> {
+        NodeClassSource::get(&self.store, name)
+    }
+    fn synced(&self) -> bool {
+        self.current.load(std::sync::atomic::Ordering::SeqCst) && self.store.synced()
     }
 }
 

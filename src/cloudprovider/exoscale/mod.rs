@@ -12,7 +12,9 @@ mod listed;
 mod mapping;
 mod settings;
 
-pub use cluster::{KubeNodeBootstrap, NodeBootstrap, NodeClassSource, recorded_tokens};
+pub use cluster::{
+    KubeNodeBootstrap, NodeBootstrap, NodeClassSource, WatchedNodeClasses, recorded_tokens,
+};
 #[cfg(any(test, feature = "test-doubles"))]
 pub use doubles::{InMemoryNodeBootstrap, StaticNodeClasses};
 use listed::Lookup;
@@ -180,6 +182,13 @@ impl ExoscaleCloudProvider {
                     "nodeClassRef {}/{} is not served by the exoscale provider",
                     reference.group, reference.kind
                 ),
+            ));
+        }
+        if !self.nodeclasses.synced() {
+            return Err(CloudProviderError::create(
+                reasons::NODECLASS_RESOLUTION_FAILED,
+                "ExoscaleNodeClasses are not current (not listed yet, or their watch failed and \
+                 no new list completed): nothing is launched or judged drifted from them",
             ));
         }
         self.nodeclasses.get(&reference.name).ok_or_else(|| {
