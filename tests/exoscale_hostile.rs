@@ -24,6 +24,8 @@ enum Behaviour {
     Redirect(u16, String),
     /// This status and JSON body.
     Answer(u16, String),
+    /// Reads the request and never answers (the connection stays open).
+    Silent,
 }
 
 struct Server {
@@ -75,6 +77,10 @@ async fn serve(behaviour: Behaviour) -> Server {
                             "HTTP/1.1 {status} Redirect\r\nlocation: {location}\r\ncontent-length: 0\r\n\r\n"
                         );
                         let _ = stream.write_all(answer.as_bytes()).await;
+                    }
+                    Behaviour::Silent => {
+                        let mut rest = [0u8; 1024];
+                        while matches!(stream.read(&mut rest).await, Ok(n) if n > 0) {}
                     }
                     Behaviour::Answer(status, body) => {
                         let answer = format!(
@@ -253,4 +259,29 @@ async fn a_failed_operations_text_is_bounded_and_escaped() {
     let text = err.to_string();
     assert!(text.len() < 4096, "{} bytes of error", text.len());
     assert!(!text.contains('\u{1b}') && !text.contains('\n'), "{text:?}");
+}
+
+/// A write checked just before the lease's deadline does not stay on its way past it: a
+/// server that never answers holds it only until the deadline (not the 20 s request timeout),
+/// after which the replica may no longer write and another may take over.
+#[tokio::test]
+async fn a_write_never_outlasts_the_lease_deadline() {
+    use karpenter_exoscale::fence::Fence;
+    let server = serve(Behaviour::Silent).await;
+    let fence = Fence::closed();
+    fence.extend_until(std::time::Instant::now() + Duration::from_millis(300));
+    let client = client_for(&server).fenced(fence.clone());
+    let answered = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.delete_instance("0f6c1a52-5c1e-4d2a-9a43-1d1f4c0e7b11"),
+    )
+    .await
+    .expect("given up at the lease deadline, long before the request timeout");
+    let err = answered.unwrap_err();
+    assert!(
+        matches!(err, Error::Timeout { .. }),
+        "a write given up on (its outcome unknown): {err:?}"
+    );
+    assert!(!fence.allows(), "the deadline has passed");
+    assert_eq!(server.connections.load(Ordering::SeqCst), 1, "sent once");
 }

@@ -463,6 +463,13 @@ impl Client {
             fence
                 .check(|| format!("{} {}", call.method, call.path))
                 .map_err(Error::from)?;
+            // Nor may the write itself outlast it: a slow connect or upload would deliver it
+            // after another replica may have taken over. Given up at the deadline, its outcome
+            // is unknown, as after any timeout.
+            if let Some(deadline) = fence.deadline() {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                request = request.timeout(left.min(config.request_timeout));
+            }
         }
         let response = request.send().await.map_err(transport_error)?;
         let status = response.status().as_u16();
