@@ -7,6 +7,7 @@ pub mod bootstrap_token;
 pub mod disruption;
 pub mod field_patch;
 pub mod garbage_collection;
+pub mod lost_creates;
 pub mod metrics;
 pub mod node;
 pub mod nodeclaim;
@@ -113,6 +114,8 @@ pub struct Context {
     pub nodepool_status_writes: nodepool::reconcile::StatusWrites,
     /// NodeClaim versions our own writes replaced, until the watch delivers a newer one.
     pub superseded: superseded::SupersededVersions,
+    /// NodeClaim creates whose answer never came: creators wait for cluster state to hold them.
+    pub lost_creates: lost_creates::LostCreates,
 }
 
 impl Context {

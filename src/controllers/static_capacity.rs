@@ -32,6 +32,8 @@ use super::{Context, FIELD_MANAGER, Result, ignore_not_found};
 pub const RESYNC: Duration = Duration::from_secs(60);
 /// How soon a NodePool at its node limit, or waiting for budget, is looked at again.
 pub const RECHECK: Duration = Duration::from_secs(30);
+/// How soon a NodePool held back by a NodeClaim create whose answer was lost looks again.
+const LOST_CREATE_RECHECK: Duration = Duration::from_secs(2);
 
 /// One NodeClaim of a static NodePool, reduced to what the decision needs.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -274,6 +276,14 @@ async fn create(pool: &Arc<NodePool>, count: usize, ctx: &Context) -> Result<Act
         tracing::warn!(nodepool = %name, "static NodePool: no instance type satisfies the template");
         return Ok(Action::requeue(RECHECK));
     };
+    // A create whose answer was lost may have made one of the missing replicas already.
+    if !ctx
+        .lost_creates
+        .caught_up(&ctx.client, &ctx.cluster, 1)
+        .await
+    {
+        return Ok(Action::requeue(LOST_CREATE_RECHECK));
+    }
     let api: Api<NodeClaim> = Api::all(ctx.client.clone());
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
@@ -281,7 +291,9 @@ async fn create(pool: &Arc<NodePool>, count: usize, ctx: &Context) -> Result<Act
     };
     for _ in 0..count {
         let object = nodeclaim_to_create(ctx.cloud.as_ref(), pool.clone(), &claim);
-        let made = api.create(&params, &object).await?;
+        let made = api.create(&params, &object).await.inspect_err(|e| {
+            ctx.lost_creates.failed(e);
+        })?;
         if let Some(uid) = made.metadata.uid.as_deref() {
             ctx.cloud.nodeclaim_created(uid);
         }

@@ -494,6 +494,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
                     node_arrivals: Default::default(),
                     nodepool_status_writes: Default::default(),
                     superseded: Default::default(),
+                    lost_creates: Default::default(),
                 });
                 let nodeclass_changes = nodeclasses.as_ref().map(|w| {
                     use futures::StreamExt;

@@ -148,24 +148,11 @@ pub struct Provisioner {
     backoff: Mutex<LaunchBackoff>,
     /// Where the rounds placed the pods still waiting, to re-plan them when others take it.
     displacements: Mutex<Displacements>,
-    /// A NodeClaim create whose answer never came (it may have been committed): no round
-    /// decides until cluster state holds every NodeClaim the API server has.
-    unconfirmed_create: std::sync::atomic::AtomicBool,
 }
 
 /// How many times (a second apart) a round looks whether cluster state caught up with a
-/// create whose answer was lost, before it gives way to the next round.
+/// NodeClaim create whose answer was lost, before it gives way to the next round.
 const CATCH_UP_CHECKS: usize = 10;
-
-/// Whether a failed create may still have created its object: no answer at all, or a server
-/// error (a timeout answered after the write may have been committed). A refusal (4xx) and
-/// our own fence's refusal left nothing.
-pub fn create_outcome_unknown(error: &kube::Error) -> bool {
-    match error {
-        kube::Error::Api(status) => status.code >= 500,
-        other => !crate::operator::fenced_client::is_fenced(other),
-    }
-}
 
 impl Provisioner {
     pub fn new(ctx: Arc<Context>, settings: Settings, nominations: Arc<Nominations>) -> Arc<Self> {
@@ -177,7 +164,6 @@ impl Provisioner {
             metrics,
             backoff: Mutex::new(LaunchBackoff::default()),
             displacements: Mutex::new(Displacements::default()),
-            unconfirmed_create: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -278,7 +264,13 @@ impl Provisioner {
             tracing::debug!(reason = why, "provisioning round skipped");
             return Ok(0);
         }
-        if !self.caught_up_with_lost_creates().await {
+        // A create of an earlier round may have been committed unanswered (see `lost_creates`).
+        let ctx = &self.ctx;
+        if !ctx
+            .lost_creates
+            .caught_up(&ctx.client, &ctx.cluster, CATCH_UP_CHECKS)
+            .await
+        {
             return Ok(0);
         }
         let pools = self.nodepools_with_types().await;
@@ -486,10 +478,7 @@ impl Provisioner {
                 }
                 Err(error) => {
                     tracing::warn!(nodepool = %claim.node_pool, %error, "creating a NodeClaim failed");
-                    if create_outcome_unknown(&error) {
-                        self.unconfirmed_create
-                            .store(true, std::sync::atomic::Ordering::SeqCst);
-                    }
+                    self.ctx.lost_creates.failed(&error);
                 }
             }
         }
@@ -593,45 +582,6 @@ impl Provisioner {
     /// Why a round may not run now, if it may not: decisions need the lease and synced state.
     /// Synced includes every NodeClaim having its providerID: a launch still in flight has
     /// capacity not known yet, and a new round could launch the same capacity twice.
-    /// After a create whose answer was lost, the next round must count what it may have
-    /// created: a name-generated NodeClaim cannot be looked up, and deciding before the watch
-    /// brings it launches its pods a second node. Lists NodeClaims (a consistent read) until
-    /// cluster state holds each of them; false when it does not yet, and the round is skipped.
-    async fn caught_up_with_lost_creates(&self) -> bool {
-        use std::sync::atomic::Ordering::SeqCst;
-        if !self.unconfirmed_create.load(SeqCst) {
-            return true;
-        }
-        let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
-        for check in 0..CATCH_UP_CHECKS {
-            if check > 0 {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            let listed = match api.list_metadata(&Default::default()).await {
-                Ok(listed) => listed,
-                Err(error) => {
-                    tracing::warn!(%error, "cannot list NodeClaims after a create whose answer was lost");
-                    continue;
-                }
-            };
-            let index = self.ctx.cluster.read();
-            let missing = listed
-                .items
-                .iter()
-                .filter(|c| index.nodeclaim(&c.name_any()).is_none())
-                .count();
-            if missing == 0 {
-                self.unconfirmed_create.store(false, SeqCst);
-                return true;
-            }
-            tracing::info!(
-                missing,
-                "provisioning waits for cluster state to hold the NodeClaims a create whose answer was lost may have made"
-            );
-        }
-        false
-    }
-
     fn deferral(&self) -> Option<&'static str> {
         if !self.ctx.leadership.is_leader() {
             Some("not the leader")

@@ -259,6 +259,7 @@ impl Executor {
                 ..Default::default()
             };
             let made = api.create(&params, &object).await.map_err(|e| {
+                self.ctx.lost_creates.failed(&e);
                 format!("creating a NodeClaim for NodePool {}: {e}", claim.node_pool)
             })?;
             if let Some(uid) = made.metadata.uid.as_deref() {

@@ -283,6 +283,16 @@ impl Disruption {
 
     async fn decide(&mut self) -> Duration {
         self.executor.restore_stale().await;
+        // A replacement (or provisioning's NodeClaim) created unanswered must be in cluster
+        // state first, or the same command launches it again (see `lost_creates`).
+        let ctx = &self.ctx;
+        if !ctx
+            .lost_creates
+            .caught_up(&ctx.client, &ctx.cluster, 1)
+            .await
+        {
+            return self.settings.poll_interval;
+        }
         let version = *self.ctx.cluster.subscribe().borrow();
         let now = self.now();
         if self.last_pass.is_some_and(|last| {
