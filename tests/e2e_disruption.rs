@@ -351,20 +351,7 @@ async fn daemonset_pod(world: &World, name: &str, node: &str) {
         .create(&PostParams::default(), &pod)
         .await
         .expect("create DaemonSet pod");
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let status = json!({"status": {"phase": "Running", "conditions": [
-        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-        {"type": "Ready", "status": "True", "lastTransitionTime": now},
-    ]}});
-    world
-        .pods()
-        .patch_status(
-            &pod.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&status),
-        )
-        .await
-        .expect("DaemonSet pod status");
+    harness::report_running(world, &pod.name_any()).await;
 }
 
 #[tokio::test]
@@ -403,6 +390,25 @@ async fn an_empty_node_is_removed_after_consolidate_after() {
         "no replacement for an empty node"
     );
     cleanup(world, operator, &pool).await;
+}
+
+/// A NodePool consolidating after 5 s (with `more` disruption settings) and one node running
+/// one pod of Deployment `web`; returns the pool's and the node's NodeClaim's names.
+async fn one_web_node(world: &World, more: serde_json::Value) -> (String, String) {
+    let mut disruption =
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"});
+    if let (Some(all), Some(more)) = (disruption.as_object_mut(), more.as_object()) {
+        all.extend(more.clone());
+    }
+    let pool = nodepool(world, disruption, json!({})).await;
+    deployment(world, "web", &pool, 1, "200m", json!({})).await;
+    let claim = initialized_claims(world, &pool, 1)
+        .await
+        .into_iter()
+        .next()
+        .unwrap();
+    bound_pods(world, "web", 1).await;
+    (pool, claim)
 }
 
 /// An answer the API server would give for a failure, as kube reads it.
@@ -469,19 +475,7 @@ async fn a_refused_taint_stops_the_command_and_a_refused_delete_is_retried() {
     });
     let operator = Operator::start_using(&world, &[], client).await;
     world.ready_nodeclass().await;
-    let pool = nodepool(
-        &world,
-        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}),
-        json!({}),
-    )
-    .await;
-    deployment(&world, "web", &pool, 1, "200m", json!({})).await;
-    let claim = initialized_claims(&world, &pool, 1)
-        .await
-        .into_iter()
-        .next()
-        .unwrap();
-    bound_pods(&world, "web", 1).await;
+    let (pool, claim) = one_web_node(&world, json!({})).await;
     scale(&world, "web", 0).await;
 
     eventually_within("three commands' taints refused", LONG, || async {
@@ -1496,20 +1490,7 @@ async fn a_decision_made_while_the_pod_watch_failed_is_not_acted_on() {
     let client = kube::Client::new(partition.clone(), world.namespace.clone());
     let operator = Operator::start_using(&world, &[], client).await;
     world.ready_nodeclass().await;
-    let pool = nodepool(
-        &world,
-        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s",
-            "budgets": [{"nodes": "0"}]}),
-        json!({}),
-    )
-    .await;
-    deployment(&world, "web", &pool, 1, "200m", json!({})).await;
-    let claim = initialized_claims(&world, &pool, 1)
-        .await
-        .into_iter()
-        .next()
-        .unwrap();
-    bound_pods(&world, "web", 1).await;
+    let (pool, claim) = one_web_node(&world, json!({"budgets": [{"nodes": "0"}]})).await;
     let node = world.initialized_node(&claim).await.name_any();
     scale(&world, "web", 0).await;
     eventually_within("the empty node Consolidatable", LONG, || async {

@@ -80,30 +80,34 @@ mod tests {
 
     use super::*;
 
+    /// A stand-in API server answering every request at once, recording when each came and
+    /// its method.
+    #[derive(Clone, Default)]
+    struct FakeApi(Arc<Mutex<Vec<(Instant, String)>>>);
+
+    impl tower_service::Service<Request<Body>> for FakeApi {
+        type Response = Response<Body>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Response<Body>, Self::Error>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, request: Request<Body>) -> Self::Future {
+            let method = request.method().to_string();
+            self.0.lock().unwrap().push((Instant::now(), method));
+            let body = br#"{"kind":"Namespace","apiVersion":"v1","metadata":{"name":"x"}}"#;
+            std::future::ready(Ok(Response::builder()
+                .status(200)
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_vec()))
+                .unwrap()))
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn requests_through_the_client_wait_for_their_token() {
-        // A stand-in API server answering every request at once, recording when it came.
-        #[derive(Clone)]
-        struct FakeApi(Arc<Mutex<Vec<Instant>>>);
-        impl tower_service::Service<Request<Body>> for FakeApi {
-            type Response = Response<Body>;
-            type Error = std::convert::Infallible;
-            type Future = std::future::Ready<Result<Response<Body>, Self::Error>>;
-            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-                Poll::Ready(Ok(()))
-            }
-            fn call(&mut self, _: Request<Body>) -> Self::Future {
-                self.0.lock().unwrap().push(Instant::now());
-                let body = br#"{"kind":"Namespace","apiVersion":"v1","metadata":{"name":"x"}}"#;
-                std::future::ready(Ok(Response::builder()
-                    .status(200)
-                    .header("content-type", "application/json")
-                    .body(Body::from(body.to_vec()))
-                    .unwrap()))
-            }
-        }
-        let seen: Arc<Mutex<Vec<Instant>>> = Arc::default();
-        let api = FakeApi(seen.clone());
+        let seen = FakeApi::default();
+        let api = seen.clone();
         let waits = crate::operator::metrics::duration_histogram();
         let client = rate_limited(kube::Client::new(api, "default"), 10.0, 2, waits.clone());
         let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client);
@@ -112,10 +116,11 @@ mod tests {
             namespaces.get("x").await.unwrap();
         }
         let offsets: Vec<u128> = seen
+            .0
             .lock()
             .unwrap()
             .iter()
-            .map(|t| t.duration_since(start).as_millis())
+            .map(|(t, _)| t.duration_since(start).as_millis())
             .collect();
         assert_eq!(offsets, [0, 0, 100, 200, 300]);
         // The three that waited are observed, 0.1 s each (one at a time, each asked once the one
@@ -143,33 +148,9 @@ mod tests {
     /// out during its wait: the fence is checked when it is sent, not when it was queued.
     #[tokio::test(start_paused = true)]
     async fn a_write_whose_lease_ran_out_while_it_waited_is_not_sent() {
-        #[derive(Clone)]
-        struct FakeApi(Arc<Mutex<Vec<String>>>);
-        impl tower_service::Service<Request<Body>> for FakeApi {
-            type Response = Response<Body>;
-            type Error = std::convert::Infallible;
-            type Future = std::future::Ready<Result<Response<Body>, Self::Error>>;
-            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-                Poll::Ready(Ok(()))
-            }
-            fn call(&mut self, request: Request<Body>) -> Self::Future {
-                self.0.lock().unwrap().push(request.method().to_string());
-                let body = br#"{"kind":"Namespace","apiVersion":"v1","metadata":{"name":"x"}}"#;
-                std::future::ready(Ok(Response::builder()
-                    .status(200)
-                    .header("content-type", "application/json")
-                    .body(Body::from(body.to_vec()))
-                    .unwrap()))
-            }
-        }
-        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let seen = FakeApi::default();
         let waits = crate::operator::metrics::duration_histogram();
-        let limited = rate_limited(
-            kube::Client::new(FakeApi(seen.clone()), "default"),
-            1.0,
-            1,
-            waits,
-        );
+        let limited = rate_limited(kube::Client::new(seen.clone(), "default"), 1.0, 1, waits);
         let fence = Fence::closed();
         fence.extend_until(std::time::Instant::now() + std::time::Duration::from_secs(3600));
         let writer = crate::operator::fenced_client::fenced(limited, fence.clone());
@@ -190,11 +171,14 @@ mod tests {
             crate::operator::fenced_client::is_fenced(&refused),
             "{refused}"
         );
-        assert_eq!(
-            *seen.lock().unwrap(),
-            ["DELETE"],
-            "only the first write was sent"
-        );
+        let methods: Vec<String> = seen
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, m)| m.clone())
+            .collect();
+        assert_eq!(methods, ["DELETE"], "only the first write was sent");
         // Reads are not fenced.
         namespaces
             .get("x")

@@ -847,7 +847,11 @@ pub async fn bound_pod(world: &World, name: &str, node: &str, labels: serde_json
         .create(&PostParams::default(), &pod)
         .await
         .expect("create pod");
-    // What its kubelet would report: Running and Ready (Pending pods ignore PDBs).
+    report_running(world, name).await
+}
+
+/// Writes what pod `name`'s kubelet would report: Running and Ready (Pending pods ignore PDBs).
+pub async fn report_running(world: &World, name: &str) -> Pod {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let status = json!({"status": {"phase": "Running", "conditions": [
         {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
