@@ -119,6 +119,7 @@ impl Operator {
         let metrics = Arc::new(Metrics::new());
         let runtime = Runtime {
             config,
+            lease_client: client.clone(),
             client,
             cloud: cloud.provider.clone(),
             nodeclasses: Some(cloud.nodeclass_wiring()),

@@ -340,6 +340,63 @@ async fn restarted_past_the_registration_ttl_before_its_node_list() {
     world.finish().await;
 }
 
+/// The real binary electing a leader with its Kubernetes requests held to 1 a second
+/// (`KUBE_CLIENT_QPS=1`): ten launches queue far more than ten seconds of requests, past the
+/// renew deadline. The Lease's renewals stay outside that budget, so the replica keeps leading
+/// through the burst (it exited with lost leadership when they queued with the rest).
+#[tokio::test]
+async fn a_burst_of_requests_behind_the_rate_limit_does_not_cost_the_lease() {
+    let Some(mut world) = World::start("lease-load", joins()).await else {
+        return;
+    };
+    for (key, value) in [
+        ("DISABLE_LEADER_ELECTION", "false"),
+        ("KUBE_CLIENT_QPS", "1"),
+        ("KUBE_CLIENT_BURST", "1"),
+    ] {
+        world.env.insert(key.into(), value.into());
+    }
+    world.create_nodeclass(json!({})).await;
+    let mut controller = world.spawn_controller("first");
+    world.await_leader("first").await;
+    world.ready_nodeclass().await;
+    let claims: Vec<String> = (0..10)
+        .map(|i| format!("lease-load-{}-{i}", suffix(&world)))
+        .collect();
+    for claim in &claims {
+        world.create_nodeclaim(claim, json!({})).await;
+    }
+    eventually_within(
+        "ten NodeClaims launched, 1 request a second",
+        Duration::from_secs(400),
+        || async {
+            let list = world.nodeclaims().list(&ListParams::default()).await.ok()?;
+            let launched = list
+                .items
+                .iter()
+                .filter(|c| claims.contains(&c.name_any()))
+                .filter(|c| {
+                    c.status
+                        .as_ref()
+                        .is_some_and(|s| s.conditions.is_true("Launched"))
+                })
+                .count();
+            (launched == claims.len()).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        controller
+            .try_wait()
+            .expect("the controller's status")
+            .is_none(),
+        "the controller exited (lost its Lease)"
+    );
+    assert_eq!(world.lease_holder().await.as_deref(), Some("first"));
+    sigkill(controller).await;
+    world.finish().await;
+}
+
 // ---- termination -----------------------------------------------------------------------------
 
 /// A launched NodeClaim and its Node.

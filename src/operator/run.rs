@@ -73,6 +73,10 @@ pub use crate::controllers::ExtraController;
 pub struct Runtime {
     pub config: Config,
     pub client: kube::Client,
+    /// The client leader election renews the Lease with: outside `client`'s request budget
+    /// (`KUBE_CLIENT_QPS`), so our own burst of requests cannot queue a renewal past the renew
+    /// deadline and lose the Lease under load.
+    pub lease_client: kube::Client,
     pub cloud: Arc<dyn CloudProvider>,
     /// The provider's NodeClass controller (resolution and NodeClass watch); `None` runs none.
     pub nodeclasses: Option<NodeClassWiring>,
@@ -109,8 +113,10 @@ pub async fn run(
     ));
     let cluster_url = kube_config.cluster_url.to_string();
     let client = kube::Client::try_from(kube_config).map_err(|e| RunError::Kube(e.to_string()))?;
+    let lease_client = client.clone();
     let metrics = Arc::new(Metrics::new());
-    // Every request, reads and writes alike, shares the KUBE_CLIENT_QPS/BURST budget.
+    // Every request, reads and writes alike, shares the KUBE_CLIENT_QPS/BURST budget; only
+    // the Lease's renewals (one every retry period) stay outside it.
     let client = rate_limited(
         client,
         config.kube_client_qps,
@@ -176,6 +182,7 @@ pub async fn run(
         Runtime {
             config,
             client,
+            lease_client,
             cloud: cloud.provider.clone(),
             nodeclasses: Some(cloud.nodeclass_wiring()),
             clock,
@@ -353,6 +360,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
     let Runtime {
         config,
         client,
+        lease_client,
         cloud,
         nodeclasses,
         clock,
@@ -426,7 +434,7 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
             config.leader_election_namespace.clone()
         };
         let election = elect(
-            client.clone(),
+            lease_client,
             &namespace,
             &config.leader_election_name,
             &config.identity,

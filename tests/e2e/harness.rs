@@ -340,6 +340,8 @@ impl World {
         let (stop, rx) = watch::channel(false);
         let runtime = Runtime {
             config,
+            // The replica's one way to the API server: a partition cuts its renewals too.
+            lease_client: client.clone(),
             client,
             cloud: cloud.provider.clone(),
             nodeclasses: Some(cloud.nodeclass_wiring()),
@@ -411,7 +413,13 @@ impl World {
             )
             .env("EXOSCALE_COMPUTE_INSTANCE_PREFIX", PREFIX)
             .env("POD_NAME", identity)
-            .env("DISABLE_LEADER_ELECTION", "true")
+            // Alone unless a test asks for an election (its env saying "false").
+            .env(
+                "DISABLE_LEADER_ELECTION",
+                self.env
+                    .get("DISABLE_LEADER_ELECTION")
+                    .map_or("true", String::as_str),
+            )
             .env("METRICS_PORT", metrics_port.to_string())
             .env("HEALTH_PROBE_PORT", free_port().to_string())
             .stdin(std::process::Stdio::null())
