@@ -30,6 +30,7 @@ use karpenter_exoscale::operator::metrics::Metrics;
 use karpenter_exoscale::operator::run::{
     ExoscaleCloud, ExtraController, Runtime, build_cloud, serve,
 };
+use karpenter_exoscale::operator::timed_client::{RequestTimeouts, timed};
 use karpenter_exoscale::provisioning::controller::{Nominations, Settings as ProvisioningSettings};
 use karpenter_exoscale::sim::kubelet::KubeletBehaviour;
 use kube::ResourceExt;
@@ -120,7 +121,8 @@ impl Operator {
         let runtime = Runtime {
             config,
             lease_client: client.clone(),
-            client,
+            // As in `run`: no request waits forever for an answer.
+            client: timed(client, RequestTimeouts::default()),
             cloud: cloud.provider.clone(),
             nodeclasses: Some(cloud.nodeclass_wiring()),
             clock,
@@ -1392,9 +1394,17 @@ async fn a_scheduled_zero_budget_blocks_disruption_only_inside_its_window() {
 }
 
 /// A response body that fails once `cut` turns true: a watch the network dropped.
+/// How a test ends a watch: as a broken connection does, or as the server's timeout does.
+#[derive(Clone, Copy)]
+enum WatchEnd {
+    Failed,
+    Clean,
+}
+
 struct CuttableBody {
     inner: kube::client::Body,
-    cut: futures::future::BoxFuture<'static, ()>,
+    cut: futures::future::BoxFuture<'static, WatchEnd>,
+    ended: bool,
 }
 
 impl http_body::Body for CuttableBody {
@@ -1405,8 +1415,15 @@ impl http_body::Body for CuttableBody {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        if self.cut.as_mut().poll(cx).is_ready() {
-            return std::task::Poll::Ready(Some(Err("watch cut by the test".into())));
+        if self.ended {
+            return std::task::Poll::Ready(None);
+        }
+        if let std::task::Poll::Ready(end) = self.cut.as_mut().poll(cx) {
+            self.ended = true;
+            return std::task::Poll::Ready(match end {
+                WatchEnd::Failed => Some(Err("watch cut by the test".into())),
+                WatchEnd::Clean => None,
+            });
         }
         std::pin::Pin::new(&mut self.inner)
             .poll_frame(cx)
@@ -1415,14 +1432,42 @@ impl http_body::Body for CuttableBody {
 }
 
 /// The replica's transport: Pod watches that a test can cut (and Pod reads refused from then
-/// on, so the state stays unsynced), and NodeClaim status writes it can hold.
+/// on, so the state stays unsynced) or silence (the open watch ends as at the server's
+/// timeout, and Pod reads from then on are never answered), and NodeClaim status writes it can
+/// hold.
 #[derive(Clone)]
 struct Partition {
     inner: kube::Client,
     pods_cut: watch::Sender<bool>,
+    pods_silent: watch::Sender<bool>,
     hold_status: watch::Sender<bool>,
     status_held: Arc<std::sync::atomic::AtomicUsize>,
     pod_reads_refused: Arc<std::sync::atomic::AtomicUsize>,
+    /// Unanswered Pod reads the replica gave up on (dropped).
+    pod_reads_given_up: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Partition {
+    fn new(inner: kube::Client) -> Partition {
+        Partition {
+            inner,
+            pods_cut: watch::channel(false).0,
+            pods_silent: watch::channel(false).0,
+            hold_status: watch::channel(false).0,
+            status_held: Default::default(),
+            pod_reads_refused: Default::default(),
+            pod_reads_given_up: Default::default(),
+        }
+    }
+}
+
+/// Counts a request given up on when the future holding it is dropped.
+struct GivenUp(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for GivenUp {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl tower_service::Service<http::Request<kube::client::Body>> for Partition {
@@ -1447,6 +1492,10 @@ impl tower_service::Service<http::Request<kube::client::Body>> for Partition {
                 this.pod_reads_refused.fetch_add(1, SeqCst);
                 return Err("connection refused (the test's partition)".into());
             }
+            if pod_read && *this.pods_silent.borrow() {
+                let _given_up = GivenUp(this.pod_reads_given_up.clone());
+                return futures::future::pending().await;
+            }
             let status_write = request.method() == http::Method::PATCH
                 && path.starts_with("/apis/karpenter.sh/v1/nodeclaims/")
                 && path.ends_with("/status");
@@ -1457,14 +1506,22 @@ impl tower_service::Service<http::Request<kube::client::Body>> for Partition {
             }
             let response = this.inner.send(request).await?;
             let mut cut = this.pods_cut.subscribe();
-            let cut: futures::future::BoxFuture<'static, ()> = if pod_read {
+            let mut silent = this.pods_silent.subscribe();
+            let cut: futures::future::BoxFuture<'static, WatchEnd> = if pod_read {
                 Box::pin(async move {
-                    let _ = cut.wait_for(|cut| *cut).await;
+                    tokio::select! {
+                        _ = cut.wait_for(|cut| *cut) => WatchEnd::Failed,
+                        _ = silent.wait_for(|silent| *silent) => WatchEnd::Clean,
+                    }
                 })
             } else {
                 Box::pin(futures::future::pending())
             };
-            Ok(response.map(|inner| CuttableBody { inner, cut }))
+            Ok(response.map(|inner| CuttableBody {
+                inner,
+                cut,
+                ended: false,
+            }))
         })
     }
 }
@@ -1476,18 +1533,12 @@ impl tower_service::Service<http::Request<kube::client::Body>> for Partition {
 /// are listed again. The node stays, untainted.
 #[tokio::test]
 async fn a_decision_made_while_the_pod_watch_failed_is_not_acted_on() {
-    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::atomic::Ordering::SeqCst;
     let Some(world) = World::start("dis-stale", joins()).await else {
         return;
     };
     world.create_nodeclass(json!({})).await;
-    let partition = Partition {
-        inner: world.client.clone(),
-        pods_cut: watch::channel(false).0,
-        hold_status: watch::channel(false).0,
-        status_held: Arc::new(AtomicUsize::new(0)),
-        pod_reads_refused: Arc::new(AtomicUsize::new(0)),
-    };
+    let partition = Partition::new(world.client.clone());
     let client = kube::Client::new(partition.clone(), world.namespace.clone());
     let operator = Operator::start_using(&world, &[], client).await;
     world.ready_nodeclass().await;
@@ -1559,6 +1610,81 @@ async fn a_decision_made_while_the_pod_watch_failed_is_not_acted_on() {
     assert!(!tainted, "the node was tainted from a stale Pod list");
 
     partition.pods_cut.send_replace(false);
+    world
+        .pods()
+        .delete("arrived", &DeleteParams::default())
+        .await
+        .unwrap();
+    cleanup(world, operator, &pool).await;
+}
+
+/// An empty node waits for its budget (0). Then the API server stops answering the replica's
+/// Pod requests: the open watch ends (as kube's idle timeout ends a silent one) and the
+/// re-watch is never answered. The replica gives that re-watch up, so the Pod kind is unsynced
+/// (`karpenter_cluster_state_synced 0`) rather than quietly frozen; a pod bound to the node
+/// meanwhile and an opened budget do not get the node disrupted.
+#[tokio::test]
+async fn a_pod_watch_that_stops_answering_stops_decisions() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let Some(world) = World::start("dis-silent", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let partition = Partition::new(world.client.clone());
+    let client = kube::Client::new(partition.clone(), world.namespace.clone());
+    let operator = Operator::start_using(&world, &[], client).await;
+    world.ready_nodeclass().await;
+    let (pool, claim) = one_web_node(&world, json!({"budgets": [{"nodes": "0"}]})).await;
+    let node = world.initialized_node(&claim).await.name_any();
+    scale(&world, "web", 0).await;
+    eventually_within("the empty node Consolidatable", LONG, || async {
+        let c = world.nodeclaims().get(&claim).await.ok()?;
+        c.status?.conditions.is_true("Consolidatable").then_some(())
+    })
+    .await;
+
+    partition.pods_silent.send_replace(true);
+    eventually_within("an unanswered Pod re-watch given up", LONG, || async {
+        (partition.pod_reads_given_up.load(SeqCst) >= 1).then_some(())
+    })
+    .await;
+    eventually_within("cluster state reported unsynced", LONG, || async {
+        operator
+            .metrics
+            .render()
+            .contains("karpenter_cluster_state_synced 0.0")
+            .then_some(())
+    })
+    .await;
+    harness::bound_pod(&world, "arrived", &node, json!({"app": "arrived"})).await;
+    Api::<NodePool>::all(world.client.clone())
+        .patch(
+            &pool,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"disruption": {"budgets": [{"nodes": "1"}]}}})),
+        )
+        .await
+        .unwrap();
+    let opened = std::time::Instant::now();
+    eventually_within("40 s after the budget opened", LONG, || async {
+        (opened.elapsed() >= Duration::from_secs(40)).then_some(())
+    })
+    .await;
+    let kept = world.nodeclaims().get(&claim).await.unwrap();
+    assert!(
+        kept.metadata.deletion_timestamp.is_none(),
+        "the node was disrupted while its Pod watch was not answered"
+    );
+
+    partition.pods_silent.send_replace(false);
+    eventually_within("cluster state synced again", LONG, || async {
+        operator
+            .metrics
+            .render()
+            .contains("karpenter_cluster_state_synced 1.0")
+            .then_some(())
+    })
+    .await;
     world
         .pods()
         .delete("arrived", &DeleteParams::default())

@@ -1638,3 +1638,78 @@ async fn a_nodeclaim_create_whose_answer_is_lost_is_not_repeated() {
         .await;
     world.finish().await;
 }
+
+/// The first NodeClaim create is never answered (nor delivered): the API server stopped
+/// answering that connection. The replica gives the write up at its Lease's renew deadline (an
+/// outcome unknown), makes sure no NodeClaim it cannot see exists, and creates again: the pod
+/// gets its node, from one NodeClaim. Without a deadline the round waited forever.
+#[tokio::test]
+async fn a_nodeclaim_create_never_answered_is_given_up_and_made_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let Some(world) = World::start(
+        "e2e-unanswered",
+        Arc::new(|_: &str| KubeletBehaviour::default()),
+    )
+    .await
+    else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let creates = Arc::new(AtomicUsize::new(0));
+    let client = harness::intercepted(world.client.clone(), {
+        let creates = creates.clone();
+        move |inner: kube::Client, request: harness::Request| {
+            let creates = creates.clone();
+            async move {
+                let create = request.method() == http::Method::POST
+                    && request.uri().path() == "/apis/karpenter.sh/v1/nodeclaims";
+                if create && creates.fetch_add(1, SeqCst) == 0 {
+                    return futures::future::pending().await;
+                }
+                inner.send(request).await.map_err(Into::into)
+            }
+        }
+    });
+    world.start_replica_with("unanswered-a", client).await;
+    world.ready_nodeclass().await;
+    let pool_name = format!(
+        "unanswered-{}",
+        &world.namespace[world.namespace.len() - 6..]
+    );
+    create_nodepool(&world, &pool_name).await;
+    let deployments = create_deployment(&world, "web", "web", 1, "1", "1Gi").await;
+    eventually("the pod bound", || async {
+        let pods = world
+            .pods()
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .ok()?;
+        (!pods.items.is_empty()
+            && pods
+                .items
+                .iter()
+                .all(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())))
+        .then_some(())
+    })
+    .await;
+    let selector = ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}"));
+    assert_eq!(
+        world
+            .nodeclaims()
+            .list(&selector)
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    assert_eq!(creates.load(SeqCst), 2, "one create given up, one answered");
+    deployments
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(&pool_name, &DeleteParams::default())
+        .await;
+    world.finish().await;
+}

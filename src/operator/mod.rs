@@ -14,6 +14,7 @@ pub mod rbac;
 pub mod scheduler_config;
 pub mod summary;
 pub mod tasks;
+pub mod timed_client;
 
 pub use config::{Config, ConfigError, RunArgs};
 pub mod run;

@@ -34,6 +34,7 @@ use super::leader::{Leadership, LeaseTimings, elect};
 use super::metrics::{Metrics, labels};
 use super::rate_limited_client::rate_limited;
 use super::tasks::Tasks;
+use super::timed_client::{RequestTimeouts, timed};
 use crate::fence::Fence;
 
 /// The User-Agent of every request to the Kubernetes API.
@@ -113,7 +114,10 @@ pub async fn run(
     ));
     let cluster_url = kube_config.cluster_url.to_string();
     let client = kube::Client::try_from(kube_config).map_err(|e| RunError::Kube(e.to_string()))?;
+    // No request waits forever on an API server that stopped answering (kube has no read
+    // timeout); the elector bounds its renewals itself.
     let lease_client = client.clone();
+    let client = timed(client, RequestTimeouts::default());
     let metrics = Arc::new(Metrics::new());
     // Every request, reads and writes alike, shares the KUBE_CLIENT_QPS/BURST budget; only
     // the Lease's renewals (one every retry period) stay outside it.
@@ -309,13 +313,19 @@ pub async fn build_cloud(
         let reader = reader.clone();
         async move {
             use futures::StreamExt;
-            let events = watcher(api, watcher::Config::default()).default_backoff();
+            let config = watcher::Config::default().timeout(state::WATCH_TIMEOUT_SECS);
+            let events = watcher(api, config).default_backoff();
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
-                reader.observe(&event);
-                match event {
-                    Ok(event) => nodeclass_feed_writer.publish(&event),
+                match &event {
+                    Ok(applied) => {
+                        nodeclass_feed_writer.publish(applied);
+                        // Current only once the store holds the completed list: a launch in
+                        // between would read the old copy as current.
+                        reader.observe(&event);
+                    }
                     Err(error) => {
+                        reader.observe(&event);
                         tracing::warn!(%error, "ExoscaleNodeClass watch failed; NodeClasses are unsynced until re-listed")
                     }
                 }

@@ -247,9 +247,11 @@ fn listed_changes<K: Watched>(listed: &[Arc<K>]) -> Vec<Change<K>> {
     listed.iter().map(|obj| applied::<K>(obj)).collect()
 }
 
-/// Server-side watch timeout: a stream that goes silent is noticed (kube's watcher adds a
-/// client-side idle margin) and re-listed within about a minute, not five.
-const WATCH_TIMEOUT_SECS: u32 = 60;
+/// Server-side watch timeout: a stream that goes silent (a black-holed connection) is given up
+/// after this plus kube's 5-s idle margin, not five minutes, and its re-watch must open within
+/// the client's watch-open timeout or the kind is marked unsynced. A healthy watch costs one
+/// re-watch request per kind this often.
+pub const WATCH_TIMEOUT_SECS: u32 = 30;
 
 async fn feed_kind<K: Indexed>(
     api: Api<K>,

@@ -27,6 +27,7 @@ use karpenter_exoscale::operator::fenced_client::fenced;
 use karpenter_exoscale::operator::leader::LeaseTimings;
 use karpenter_exoscale::operator::metrics::Metrics;
 use karpenter_exoscale::operator::run::{ExoscaleCloud, Runtime, build_cloud, cluster_uid, serve};
+use karpenter_exoscale::operator::timed_client::{RequestTimeouts, timed};
 use karpenter_exoscale::sim::kubelet::{
     self as kubelet_sim, InstanceShape, KubeletBehaviour, RunningInstance,
 };
@@ -307,6 +308,10 @@ impl World {
         env.insert("POD_NAME".into(), identity.into());
         let mut config =
             Config::resolve(&RunArgs::default(), &env).expect("test configuration is valid");
+        // As in `run`: no request of the replica waits forever for an answer. The elector
+        // keeps the one client (a partition must cut its renewals too).
+        let lease_client = client.clone();
+        let client = timed(client, RequestTimeouts::default());
         config.metrics_port = 0;
         config.health_probe_port = 0;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -341,7 +346,7 @@ impl World {
         let runtime = Runtime {
             config,
             // The replica's one way to the API server: a partition cuts its renewals too.
-            lease_client: client.clone(),
+            lease_client,
             client,
             cloud: cloud.provider.clone(),
             nodeclasses: Some(cloud.nodeclass_wiring()),
