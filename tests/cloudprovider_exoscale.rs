@@ -1395,6 +1395,43 @@ async fn drift_checks_restore_missing_instance_labels_once() {
     );
 }
 
+/// Healing writes a whole label map. The copy that shows a label missing may be the shared
+/// list (up to 30 s old); a label someone put on the instance after that list is kept, because
+/// the map written comes from a fresh read.
+#[tokio::test]
+async fn label_healing_keeps_a_label_added_after_the_shared_list() {
+    let w = world().await;
+    let nc = w.launch("heal-old", &["standard.medium"]).await;
+    let other = w.launch("heal-other", &["standard.medium"]).await;
+    let id = parse_provider_id(&provider_id(&nc)).unwrap().to_string();
+    let mut labels = w.sim.instance(&id).unwrap().instance.labels.clone();
+    labels.remove("exoscale.com/nodepool-name");
+    let op = w.client.update_instance_labels(&id, &labels).await.unwrap();
+    w.client.wait_operation(&op).await.unwrap();
+    // Another NodeClaim's check lists the instances: the list holds the label-less copy.
+    let lists = w.sim.call_count("list-instances");
+    w.provider.is_drifted(&other).await.unwrap();
+    assert_eq!(w.sim.call_count("list-instances"), lists + 1);
+    // Then someone labels the instance.
+    labels.insert("team".into(), "late".into());
+    let op = w.client.update_instance_labels(&id, &labels).await.unwrap();
+    w.client.wait_operation(&op).await.unwrap();
+
+    assert_eq!(w.provider.is_drifted(&nc).await.unwrap(), None);
+    assert_eq!(
+        w.sim.call_count("list-instances"),
+        lists + 1,
+        "the list was used"
+    );
+    let healed = w.sim.instance(&id).unwrap().instance.labels;
+    assert_eq!(healed["exoscale.com/nodepool-name"], "default");
+    assert_eq!(
+        healed.get("team").map(String::as_str),
+        Some("late"),
+        "the later label was lost"
+    );
+}
+
 /// The drift checks of a conditions pass share one list of the cluster's instances (fresh
 /// for 30 s) instead of a read per NodeClaim. An instance newer than a list younger than 5 s,
 /// or one whose NodeClass names anti-affinity groups (which a list answer lacks), is read on

@@ -1713,3 +1713,87 @@ async fn a_nodeclaim_create_never_answered_is_given_up_and_made_again() {
         .await;
     world.finish().await;
 }
+
+/// A static NodePool's NodeClaim create is committed but its answer lost, and the NodeClaim
+/// watch is late to bring it: the static capacity controller does not make the missing replica
+/// again (it waits until cluster state holds every NodeClaim the API server lists). Once the
+/// watch brings it, that one NodeClaim is the pool's one replica.
+#[tokio::test]
+async fn a_static_nodeclaim_create_whose_answer_is_lost_is_not_repeated() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let Some(mut world) = World::start(
+        "e2e-lost-static",
+        Arc::new(|_: &str| KubeletBehaviour::default()),
+    )
+    .await
+    else {
+        return;
+    };
+    world
+        .env
+        .insert("FEATURE_GATES".into(), "StaticCapacity=true".into());
+    world.create_nodeclass(json!({})).await;
+    let transport = LostAnswer {
+        inner: world.client.clone(),
+        claims_late: tokio::sync::watch::channel(false).0,
+        creates: Arc::new(AtomicUsize::new(0)),
+    };
+    let client = kube::Client::new(transport.clone(), world.namespace.clone());
+    world.start_replica_with("lost-static-a", client).await;
+    world.ready_nodeclass().await;
+    let pool_name = format!(
+        "lost-static-{}",
+        &world.namespace[world.namespace.len() - 6..]
+    );
+    transport.claims_late.send_replace(true);
+    world
+        .create_nodepool(
+            &pool_name,
+            json!({
+                "replicas": 1,
+                "template": {"spec": {
+                    "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
+                    "expireAfter": "Never"
+                }},
+                "limits": {"nodes": "5"}
+            }),
+        )
+        .await;
+    let claims = world.nodeclaims();
+    let selector = ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}"));
+    eventually("the first create committed, its answer lost", || async {
+        (transport.creates.load(SeqCst) >= 1).then_some(())
+    })
+    .await;
+    // Past several of the controller's retries (backoff after the failed create, rechecks).
+    let lost = Instant::now();
+    harness::eventually_within(
+        "20 s after the lost answer",
+        Duration::from_secs(60),
+        || async { (lost.elapsed() >= Duration::from_secs(20)).then_some(()) },
+    )
+    .await;
+    assert_eq!(transport.creates.load(SeqCst), 1, "the create was repeated");
+    assert_eq!(claims.list(&selector).await.unwrap().items.len(), 1);
+
+    transport.claims_late.send_replace(false);
+    eventually("the replica's node", || async {
+        let nodes = world
+            .nodes()
+            .list(&ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}")))
+            .await
+            .ok()?;
+        (nodes.items.len() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        claims.list(&selector).await.unwrap().items.len(),
+        1,
+        "a second NodeClaim"
+    );
+    assert_eq!(transport.creates.load(SeqCst), 1);
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(&pool_name, &DeleteParams::default())
+        .await;
+    world.finish().await;
+}

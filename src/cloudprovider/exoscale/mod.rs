@@ -514,6 +514,36 @@ impl ExoscaleCloudProvider {
     /// instances when it is fresh, listing again when it is stale or old enough and lacks the
     /// instance ([`listed::ListedInstances::lookup`]), else read on its own (an instance newer
     /// than a young list, one no list shows, or a failed list).
+    /// Puts back the identity labels `expected` that an instance lost. The copy that showed
+    /// them missing may be a list up to 30 s old, and an update replaces the whole label map:
+    /// the labels written are computed from a fresh read, so a label someone added meanwhile
+    /// is kept (Exoscale has no conditional update; only the read-to-write instant is open).
+    async fn heal_labels(&self, claim: &str, id: &str, expected: &Labels) {
+        let current = match self.instances.get(id).await {
+            Ok(current) => current,
+            Err(e) => {
+                tracing::warn!(instance = %id, error = %e, "could not read the instance to restore its labels");
+                return;
+            }
+        };
+        // Another cluster's identity on it is reported by garbage collection, never
+        // overwritten: healing would claim an instance that may not be ours.
+        if self.instances.identity().ownership(&current.labels) == Ownership::Foreign {
+            tracing::warn!(nodeclaim = %claim, instance = %id, "the instance carries another cluster's identity; its labels are left as they are");
+            return;
+        }
+        let Some(labels) = drift::labels_to_heal(&current.labels, expected) else {
+            return;
+        };
+        match self.instances.set_labels(id, &labels).await {
+            // The list no longer says what the instance carries.
+            Ok(()) => self.listed.lock().await.forget(),
+            Err(e) => {
+                tracing::warn!(instance = %id, error = %e, "could not restore instance labels")
+            }
+        }
+    }
+
     async fn instance_for_drift(&self, claim: &NodeClaim) -> Result<Option<Instance>> {
         let id = claim
             .status
@@ -752,22 +782,8 @@ impl CloudProvider for ExoscaleCloudProvider {
                     .and_then(|l| l.get(NODEPOOL_LABEL))
                     .map(String::as_str),
             );
-            // Another cluster's identity on it is reported by garbage collection, never
-            // overwritten: healing would claim an instance that may not be ours.
-            let foreign = matches!(
-                self.instances.identity().ownership(&instance.labels),
-                Ownership::Foreign
-            );
-            if foreign {
-                tracing::warn!(nodeclaim = %name, instance = %instance.id, "the instance carries another cluster's identity; its labels are left as they are");
-            } else if let Some(labels) = drift::labels_to_heal(&instance.labels, &expected) {
-                match self.instances.set_labels(&instance.id, &labels).await {
-                    // The list no longer says what the instance carries.
-                    Ok(()) => self.listed.lock().await.forget(),
-                    Err(e) => {
-                        tracing::warn!(instance = %instance.id, error = %e, "could not restore instance labels")
-                    }
-                }
+            if drift::labels_to_heal(&instance.labels, &expected).is_some() {
+                self.heal_labels(&name, &instance.id, &expected).await;
             }
             Ok(drift::detect(&instance, &desired, launched_hash).map(|d| {
                 tracing::info!(nodeclaim = %name, reason = d.reason, message = %d.message, "drift detected");

@@ -131,12 +131,16 @@ pub fn plan(
         }
         still_orphaned.insert(id.to_string());
         let seen = *first_seen.entry(id.to_string()).or_insert(now);
+        // Orphaned for the grace period by both clocks: since its creation (Exoscale's clock)
+        // and since this replica first saw it orphaned (its own). The creation time alone would
+        // let a local clock running ahead shorten the grace; after a restart, an orphan waits
+        // one grace period again.
         let born = instance
             .metadata
             .creation_timestamp
             .as_ref()
             .map(|t| t.0)
-            .map_or(seen, |c| c.min(seen));
+            .map_or(seen, |c| c.max(seen));
         // Full precision (a `500ms` grace is not 0), and a grace beyond `SignedDuration`'s
         // range never elapses rather than wrapping negative.
         let orphaned_for = now.duration_since(born);
@@ -340,7 +344,8 @@ mod tests {
         let mut index = ClusterIndex::default();
         // NodeClaim "nc" recorded instance b; instance a, same name label, is the twin.
         index.apply_nodeclaim(nodeclaim("nc", "p", Some("exoscale://b")));
-        let mut seen = BTreeMap::new();
+        // Seen orphaned since long ago.
+        let mut seen = BTreeMap::from([("exoscale://a".to_string(), ts(0).0)]);
         let p = plan_proven(
             &[instance("a", "nc", 0), instance("b", "nc", 0)],
             &index,
@@ -360,7 +365,7 @@ mod tests {
     fn only_instances_proven_ours_are_ever_deleted() {
         let mut index = ClusterIndex::default();
         index.apply_nodeclaim(nodeclaim("legacy-owned", "p", Some("exoscale://l1")));
-        let mut seen = BTreeMap::new();
+        let mut seen = BTreeMap::from([("exoscale://o1".to_string(), ts(0).0)]);
         let instances = [
             instance("f1", "foreign-a", 0),
             instance("f2", "foreign-b", 0),
@@ -425,22 +430,42 @@ mod tests {
         let mut seen = BTreeMap::new();
         let grace = Duration::from_secs(600);
         let orphan = instance("a", "gone", 0);
-        let p = plan_proven(
-            std::slice::from_ref(&orphan),
-            &index,
-            ts(599).0,
-            grace,
-            &mut seen,
-        );
-        assert!(p.delete_instances.is_empty());
-        let p = plan_proven(
-            std::slice::from_ref(&orphan),
-            &index,
-            ts(600).0,
-            grace,
-            &mut seen,
-        );
-        assert_eq!(p.delete_instances, vec![orphan]);
+        let pass = |now: i64, seen: &mut BTreeMap<String, Timestamp>| {
+            plan_proven(
+                std::slice::from_ref(&orphan),
+                &index,
+                ts(now).0,
+                grace,
+                seen,
+            )
+            .delete_instances
+        };
+        assert!(pass(0, &mut seen).is_empty());
+        assert!(pass(599, &mut seen).is_empty());
+        assert_eq!(pass(600, &mut seen), vec![orphan.clone()]);
+    }
+
+    /// A local clock an hour ahead of Exoscale's sees a new instance as an hour old; it is
+    /// still kept for the grace period from its first sighting.
+    #[test]
+    fn a_local_clock_ahead_does_not_shorten_the_grace() {
+        let index = ClusterIndex::default();
+        let mut seen = BTreeMap::new();
+        let grace = Duration::from_secs(600);
+        let orphan = instance("a", "gone", 0);
+        let pass = |now: i64, seen: &mut BTreeMap<String, Timestamp>| {
+            plan_proven(
+                std::slice::from_ref(&orphan),
+                &index,
+                ts(now).0,
+                grace,
+                seen,
+            )
+            .delete_instances
+        };
+        assert!(pass(3600, &mut seen).is_empty(), "deleted at first sight");
+        assert!(pass(4199, &mut seen).is_empty());
+        assert_eq!(pass(4200, &mut seen), vec![orphan.clone()]);
     }
 
     #[test]
