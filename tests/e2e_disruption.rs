@@ -508,6 +508,146 @@ async fn a_refused_taint_stops_the_command_and_a_refused_delete_is_retried() {
     cleanup(world, operator, &pool).await;
 }
 
+/// One command takes two empty nodes. The first is tainted; while the second's taint is on its
+/// way, the first Node is deleted (a finalizer keeps it terminating); then the second's taint
+/// is refused, so the command rolls back. The rollback leaves the first Node's taint alone: it
+/// is draining, and without the taint kube-scheduler could bind pods to it.
+#[tokio::test]
+async fn a_rollback_leaves_the_taint_on_a_node_being_deleted() {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let Some(world) = World::start("dis-rollback", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    // The first node tainted, once one is; the second's taint is held, then refused.
+    let first: Arc<Mutex<Option<String>>> = Arc::default();
+    let second_held = Arc::new(AtomicUsize::new(0));
+    let refusals = Arc::new(AtomicUsize::new(0));
+    let release = watch::channel(false).0;
+    // Taint rewrites of the first node that leave the disrupted taint out.
+    let first_untainted = Arc::new(AtomicUsize::new(0));
+    let client = harness::intercepted(world.client.clone(), {
+        let (first, second_held, refusals) = (first.clone(), second_held.clone(), refusals.clone());
+        let (release, first_untainted) = (release.clone(), first_untainted.clone());
+        move |inner: kube::Client, request: harness::Request| {
+            let (first, second_held, refusals) =
+                (first.clone(), second_held.clone(), refusals.clone());
+            let (mut released, first_untainted) = (release.subscribe(), first_untainted.clone());
+            async move {
+                let path = request.uri().path().to_string();
+                let Some(node) = path.strip_prefix("/api/v1/nodes/").map(str::to_string) else {
+                    return inner.send(request).await.map_err(Into::into);
+                };
+                if request.method() != http::Method::PATCH {
+                    return inner.send(request).await.map_err(Into::into);
+                }
+                let (parts, body) = request.into_parts();
+                let bytes = body.collect_bytes().await?;
+                let text = String::from_utf8_lossy(&bytes).to_string();
+                let request = http::Request::from_parts(parts, kube::client::Body::from(bytes));
+                let taints = text.contains("\"taints\"");
+                let disrupted = text.contains("karpenter.sh/disrupted");
+                let is_first = {
+                    let mut first = first.lock().unwrap();
+                    if first.is_none() && taints && disrupted {
+                        *first = Some(node.clone());
+                    }
+                    first.as_deref() == Some(node.as_str())
+                };
+                if is_first && taints && !disrupted {
+                    first_untainted.fetch_add(1, SeqCst);
+                }
+                if !is_first && taints && disrupted && second_held.fetch_add(1, SeqCst) == 0 {
+                    let _ = released.wait_for(|r| *r).await;
+                    refusals.fetch_add(1, SeqCst);
+                    return refused(500);
+                }
+                inner.send(request).await.map_err(Into::into)
+            }
+        }
+    });
+    let operator = Operator::start_using(&world, &[], client).await;
+    world.ready_nodeclass().await;
+    let pool = nodepool(
+        &world,
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s",
+               "budgets": [{"nodes": "0"}]}),
+        json!({}),
+    )
+    .await;
+    deployment(&world, "web", &pool, 2, "1200m", json!({})).await;
+    let claims = initialized_claims(&world, &pool, 2).await;
+    bound_pods(&world, "web", 2).await;
+    scale(&world, "web", 0).await;
+    consolidatable(&world, &claims).await;
+    set_budgets(&world, &pool, json!([{"nodes": "2"}])).await;
+
+    eventually_within("the second node's taint held", LONG, || async {
+        (second_held.load(SeqCst) >= 1).then_some(())
+    })
+    .await;
+    let tainted = first
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the first node was tainted");
+    world
+        .nodes()
+        .patch(
+            &tainted,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"finalizers": ["example.com/hold"]}})),
+        )
+        .await
+        .unwrap();
+    world
+        .nodes()
+        .delete(&tainted, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_within("the first node terminating", LONG, || async {
+        let node = world.nodes().get(&tainted).await.ok()?;
+        node.metadata.deletion_timestamp.is_some().then_some(())
+    })
+    .await;
+    release.send_replace(true);
+
+    // The refusal ends the command; later passes may disrupt the second node on their own.
+    eventually_within("the second node's taint refused", LONG, || async {
+        (refusals.load(SeqCst) >= 1).then_some(())
+    })
+    .await;
+    let settled = std::time::Instant::now();
+    eventually_within("10 s after the rollback", LONG, || async {
+        (settled.elapsed() >= Duration::from_secs(10)).then_some(())
+    })
+    .await;
+    assert_eq!(
+        first_untainted.load(SeqCst),
+        0,
+        "the rollback took the disrupted taint off a node being deleted"
+    );
+
+    if let Ok(node) = world.nodes().get(&tainted).await {
+        let kept: Vec<String> = node
+            .finalizers()
+            .iter()
+            .filter(|f| *f != "example.com/hold")
+            .cloned()
+            .collect();
+        let _ = world
+            .nodes()
+            .patch(
+                &tainted,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"finalizers": kept}})),
+            )
+            .await;
+    }
+    cleanup(world, operator, &pool).await;
+}
+
 #[tokio::test]
 async fn a_node_whose_pods_fit_elsewhere_is_consolidated_and_its_pods_rescheduled() {
     let Some(world) = World::start("dis-consolidate", joins()).await else {
