@@ -1155,6 +1155,88 @@ fn type_of(claim: &NodeClaim) -> String {
         .unwrap_or_else(|| panic!("{} has an instance type", claim.name_any()))
 }
 
+/// A consolidation's replacement NodeClaim is created but the answer lost, and the NodeClaim
+/// watch is late to bring it. Later passes do not decide again (a second replacement) until
+/// cluster state holds every NodeClaim the API server lists; once it does, the pod ends on one
+/// cheaper node.
+#[tokio::test]
+async fn a_replacement_whose_create_answer_is_lost_is_not_launched_twice() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let Some(world) = World::start("dis-lost", joins()).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let transport = harness::LostAnswer::new(world.client.clone());
+    transport.armed.store(false, SeqCst);
+    let client = kube::Client::new(transport.clone(), world.namespace.clone());
+    let operator = Operator::start_using(&world, &[], client).await;
+    world.ready_nodeclass().await;
+    let pool = nodepool_of(
+        &world,
+        &["standard.tiny", "standard.small"],
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s",
+               "budgets": [{"nodes": "0"}]}),
+        json!({}),
+    )
+    .await;
+    // A filler makes the first node a small one; without it, the small pod fits a tiny node.
+    deployment(&world, "filler", &pool, 1, "1200m", json!({})).await;
+    deployment(&world, "small", &pool, 1, "300m", json!({})).await;
+    let old = initialized_claims(&world, &pool, 1).await;
+    bound_pods(&world, "filler", 1).await;
+    bound_pods(&world, "small", 1).await;
+    deployments(&world)
+        .delete("filler", &DeleteParams::default())
+        .await
+        .unwrap();
+    consolidatable(&world, &old).await;
+
+    let before = transport.creates.load(SeqCst);
+    transport.claims_late.send_replace(true);
+    transport.armed.store(true, SeqCst);
+    set_budgets(&world, &pool, json!([{"nodes": "1"}])).await;
+    eventually_within(
+        "the replacement's create committed, its answer lost",
+        LONG,
+        || async { (!transport.armed.load(SeqCst)).then_some(()) },
+    )
+    .await;
+    // Past several passes (every 2 s) and the failed command's cleanup.
+    let lost = std::time::Instant::now();
+    eventually_within("20 s after the lost answer", LONG, || async {
+        (lost.elapsed() >= Duration::from_secs(20)).then_some(())
+    })
+    .await;
+    assert_eq!(
+        transport.creates.load(SeqCst) - before,
+        1,
+        "a second replacement was created"
+    );
+
+    transport.claims_late.send_replace(false);
+    let last = eventually_within("the small pod on one tiny node", LONG, || async {
+        let claims = world.claims_of_pool(&pool).await;
+        let live: Vec<_> = claims
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .collect();
+        let pods = world
+            .pods()
+            .list(&ListParams::default().labels("app=small"))
+            .await
+            .ok()?;
+        let on = pods.items.first()?.spec.as_ref()?.node_name.clone()?;
+        // Later decisions are free to differ (emptiness may take the late replacement first).
+        (live.len() == 1
+            && type_of(live[0]) == "standard.tiny"
+            && node_of(live[0]).as_deref() == Some(on.as_str()))
+        .then(|| live[0].clone())
+    })
+    .await;
+    assert!(!old.contains(&last.name_any()));
+    cleanup(world, operator, &pool).await;
+}
+
 #[tokio::test]
 async fn two_under_used_nodes_become_one_cheaper_node() {
     let Some(world) = World::start("dis-multi", joins()).await else {

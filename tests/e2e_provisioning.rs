@@ -10,7 +10,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use harness::{World, eventually};
+use harness::{LostAnswer, World, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::events::v1::Event;
 use karpenter_exoscale::apis::labels::{
@@ -1483,108 +1483,20 @@ async fn a_nodepool_applied_before_its_nodeclass_provisions_once_the_nodeclass_i
     world.finish().await;
 }
 
-/// A response body whose frames wait while `paused` is true: a watch whose events are late.
-struct LateBody {
-    inner: kube::client::Body,
-    paused: tokio::sync::watch::Receiver<bool>,
-    resumed: Option<futures::future::BoxFuture<'static, ()>>,
-}
-
-impl http_body::Body for LateBody {
-    type Data = bytes::Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        if *self.paused.borrow() {
-            let mut paused = self.paused.clone();
-            let resumed = self.resumed.get_or_insert_with(|| {
-                Box::pin(async move {
-                    let _ = paused.wait_for(|p| !*p).await;
-                })
-            });
-            if resumed.as_mut().poll(cx).is_pending() {
-                return std::task::Poll::Pending;
-            }
-        }
-        self.resumed = None;
-        std::pin::Pin::new(&mut self.inner)
-            .poll_frame(cx)
-            .map_err(Into::into)
-    }
-}
-
-/// The replica's transport: the first NodeClaim create is committed but its answer lost (the
-/// connection drops), and NodeClaim watch events are late while `claims_late` is set.
-#[derive(Clone)]
-struct LostAnswer {
-    inner: kube::Client,
-    claims_late: tokio::sync::watch::Sender<bool>,
-    creates: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl tower_service::Service<http::Request<kube::client::Body>> for LostAnswer {
-    type Response = http::Response<LateBody>;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
-        use std::sync::atomic::Ordering::SeqCst;
-        let this = self.clone();
-        Box::pin(async move {
-            let path = request.uri().path().to_string();
-            let claims = path == "/apis/karpenter.sh/v1/nodeclaims";
-            let create = claims && request.method() == http::Method::POST;
-            let watch = claims
-                && request
-                    .uri()
-                    .query()
-                    .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true"));
-            let response = this.inner.send(request).await?;
-            if create && this.creates.fetch_add(1, SeqCst) == 0 {
-                return Err("connection reset by peer (the test lost the answer)".into());
-            }
-            let paused = if watch {
-                this.claims_late.subscribe()
-            } else {
-                tokio::sync::watch::channel(false).1
-            };
-            Ok(response.map(|inner| LateBody {
-                inner,
-                paused,
-                resumed: None,
-            }))
-        })
-    }
-}
-
 /// A NodeClaim create is committed but its answer lost, and the NodeClaim watch is late to
 /// bring it: the next rounds do not launch the pod a second NodeClaim (a name-generated
 /// NodeClaim cannot be looked up; provisioning waits until cluster state holds every NodeClaim
 /// the API server lists). Once the watch brings it, that one NodeClaim serves the pod.
 #[tokio::test]
 async fn a_nodeclaim_create_whose_answer_is_lost_is_not_repeated() {
-    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::atomic::Ordering::SeqCst;
     let Some(world) =
         World::start("e2e-lost", Arc::new(|_: &str| KubeletBehaviour::default())).await
     else {
         return;
     };
     world.create_nodeclass(json!({})).await;
-    let transport = LostAnswer {
-        inner: world.client.clone(),
-        claims_late: tokio::sync::watch::channel(false).0,
-        creates: Arc::new(AtomicUsize::new(0)),
-    };
+    let transport = LostAnswer::new(world.client.clone());
     let client = kube::Client::new(transport.clone(), world.namespace.clone());
     world.start_replica_with("lost-a", client).await;
     world.ready_nodeclass().await;
@@ -1720,7 +1632,7 @@ async fn a_nodeclaim_create_never_answered_is_given_up_and_made_again() {
 /// watch brings it, that one NodeClaim is the pool's one replica.
 #[tokio::test]
 async fn a_static_nodeclaim_create_whose_answer_is_lost_is_not_repeated() {
-    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::atomic::Ordering::SeqCst;
     let Some(mut world) = World::start(
         "e2e-lost-static",
         Arc::new(|_: &str| KubeletBehaviour::default()),
@@ -1733,11 +1645,7 @@ async fn a_static_nodeclaim_create_whose_answer_is_lost_is_not_repeated() {
         .env
         .insert("FEATURE_GATES".into(), "StaticCapacity=true".into());
     world.create_nodeclass(json!({})).await;
-    let transport = LostAnswer {
-        inner: world.client.clone(),
-        claims_late: tokio::sync::watch::channel(false).0,
-        creates: Arc::new(AtomicUsize::new(0)),
-    };
+    let transport = LostAnswer::new(world.client.clone());
     let client = kube::Client::new(transport.clone(), world.namespace.clone());
     world.start_replica_with("lost-static-a", client).await;
     world.ready_nodeclass().await;

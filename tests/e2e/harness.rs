@@ -916,3 +916,104 @@ pub async fn volume_attachment(world: &World, name: &str, node: &str) -> Api<Vol
         .expect("create VolumeAttachment");
     attachments
 }
+
+/// A response body whose frames wait while `paused` is true: a watch whose events are late.
+pub struct LateBody {
+    inner: kube::client::Body,
+    paused: watch::Receiver<bool>,
+    resumed: Option<futures::future::BoxFuture<'static, ()>>,
+}
+
+impl http_body::Body for LateBody {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if *self.paused.borrow() {
+            let mut paused = self.paused.clone();
+            let resumed = self.resumed.get_or_insert_with(|| {
+                Box::pin(async move {
+                    let _ = paused.wait_for(|p| !*p).await;
+                })
+            });
+            if resumed.as_mut().poll(cx).is_pending() {
+                return std::task::Poll::Pending;
+            }
+        }
+        self.resumed = None;
+        std::pin::Pin::new(&mut self.inner)
+            .poll_frame(cx)
+            .map_err(Into::into)
+    }
+}
+
+/// A replica's transport: while `armed`, the next NodeClaim create is committed but its answer
+/// lost (the connection drops), then it disarms; NodeClaim watch events are late while
+/// `claims_late` is set. `creates` counts every create sent.
+#[derive(Clone)]
+pub struct LostAnswer {
+    inner: Client,
+    pub claims_late: watch::Sender<bool>,
+    pub armed: Arc<std::sync::atomic::AtomicBool>,
+    pub creates: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LostAnswer {
+    /// Armed: the first create's answer is lost.
+    pub fn new(inner: Client) -> LostAnswer {
+        LostAnswer {
+            inner,
+            claims_late: watch::channel(false).0,
+            armed: Arc::new(true.into()),
+            creates: Arc::default(),
+        }
+    }
+}
+
+impl tower_service::Service<http::Request<kube::client::Body>> for LostAnswer {
+    type Response = http::Response<LateBody>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        use std::sync::atomic::Ordering::SeqCst;
+        let this = self.clone();
+        Box::pin(async move {
+            let path = request.uri().path().to_string();
+            let claims = path == "/apis/karpenter.sh/v1/nodeclaims";
+            let create = claims && request.method() == http::Method::POST;
+            let watch = claims
+                && request
+                    .uri()
+                    .query()
+                    .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true"));
+            let response = this.inner.send(request).await?;
+            if create {
+                this.creates.fetch_add(1, SeqCst);
+                if this.armed.swap(false, SeqCst) {
+                    return Err("connection reset by peer (the test lost the answer)".into());
+                }
+            }
+            let paused = if watch {
+                this.claims_late.subscribe()
+            } else {
+                watch::channel(false).1
+            };
+            Ok(response.map(|inner| LateBody {
+                inner,
+                paused,
+                resumed: None,
+            }))
+        })
+    }
+}
