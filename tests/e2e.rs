@@ -1239,28 +1239,8 @@ impl Drop for OpenWatch {
     }
 }
 
-/// A response body that holds an [`OpenWatch`] (if any) as long as it lives.
-struct CountedBody {
-    inner: kube::client::Body,
-    _open: Option<OpenWatch>,
-}
-
-impl http_body::Body for CountedBody {
-    type Data = bytes::Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.inner)
-            .poll_frame(cx)
-            .map_err(Into::into)
-    }
-}
-
 impl tower_service::Service<http::Request<kube::client::Body>> for CountWatches {
-    type Response = http::Response<CountedBody>;
+    type Response = http::Response<harness::Steered>;
     type Error = Box<dyn std::error::Error + Send + Sync>;
     type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
@@ -1290,10 +1270,7 @@ impl tower_service::Service<http::Request<kube::client::Body>> for CountWatches 
         let inner = self.inner.clone();
         Box::pin(async move {
             let response = inner.send(request).await?;
-            Ok(response.map(|body| CountedBody {
-                inner: body,
-                _open: open,
-            }))
+            Ok(response.map(|body| harness::Steered::new(body).holding(open)))
         })
     }
 }

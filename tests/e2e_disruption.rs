@@ -1616,43 +1616,6 @@ async fn a_scheduled_zero_budget_blocks_disruption_only_inside_its_window() {
 }
 
 /// A response body that fails once `cut` turns true: a watch the network dropped.
-/// How a test ends a watch: as a broken connection does, or as the server's timeout does.
-#[derive(Clone, Copy)]
-enum WatchEnd {
-    Failed,
-    Clean,
-}
-
-struct CuttableBody {
-    inner: kube::client::Body,
-    cut: futures::future::BoxFuture<'static, WatchEnd>,
-    ended: bool,
-}
-
-impl http_body::Body for CuttableBody {
-    type Data = bytes::Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        if self.ended {
-            return std::task::Poll::Ready(None);
-        }
-        if let std::task::Poll::Ready(end) = self.cut.as_mut().poll(cx) {
-            self.ended = true;
-            return std::task::Poll::Ready(match end {
-                WatchEnd::Failed => Some(Err("watch cut by the test".into())),
-                WatchEnd::Clean => None,
-            });
-        }
-        std::pin::Pin::new(&mut self.inner)
-            .poll_frame(cx)
-            .map_err(Into::into)
-    }
-}
-
 /// The replica's transport: Pod watches that a test can cut (and Pod reads refused from then
 /// on, so the state stays unsynced) or silence (the open watch ends as at the server's
 /// timeout, and Pod reads from then on are never answered), and NodeClaim status writes it can
@@ -1693,7 +1656,7 @@ impl Drop for GivenUp {
 }
 
 impl tower_service::Service<http::Request<kube::client::Body>> for Partition {
-    type Response = http::Response<CuttableBody>;
+    type Response = http::Response<harness::Steered>;
     type Error = Box<dyn std::error::Error + Send + Sync>;
     type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
@@ -1729,23 +1692,41 @@ impl tower_service::Service<http::Request<kube::client::Body>> for Partition {
             let response = this.inner.send(request).await?;
             let mut cut = this.pods_cut.subscribe();
             let mut silent = this.pods_silent.subscribe();
-            let cut: futures::future::BoxFuture<'static, WatchEnd> = if pod_read {
-                Box::pin(async move {
+            Ok(response.map(|inner| {
+                let body = harness::Steered::new(inner);
+                if !pod_read {
+                    return body;
+                }
+                body.ended_by(async move {
                     tokio::select! {
-                        _ = cut.wait_for(|cut| *cut) => WatchEnd::Failed,
-                        _ = silent.wait_for(|silent| *silent) => WatchEnd::Clean,
+                        _ = cut.wait_for(|cut| *cut) => harness::StreamEnd::Failed,
+                        _ = silent.wait_for(|silent| *silent) => harness::StreamEnd::Clean,
                     }
                 })
-            } else {
-                Box::pin(futures::future::pending())
-            };
-            Ok(response.map(|inner| CuttableBody {
-                inner,
-                cut,
-                ended: false,
             }))
         })
     }
+}
+
+/// A replica behind a [`Partition`] and one empty, Consolidatable node whose NodePool's budget
+/// is 0: the partition, the replica, the pool, the node's NodeClaim and the node.
+async fn empty_node_behind_a_closed_budget(
+    world: &World,
+) -> (Partition, Operator, String, String, String) {
+    world.create_nodeclass(json!({})).await;
+    let partition = Partition::new(world.client.clone());
+    let client = kube::Client::new(partition.clone(), world.namespace.clone());
+    let operator = Operator::start_using(world, &[], client).await;
+    world.ready_nodeclass().await;
+    let (pool, claim) = one_web_node(world, json!({"budgets": [{"nodes": "0"}]})).await;
+    let node = world.initialized_node(&claim).await.name_any();
+    scale(world, "web", 0).await;
+    eventually_within("the empty node Consolidatable", LONG, || async {
+        let c = world.nodeclaims().get(&claim).await.ok()?;
+        c.status?.conditions.is_true("Consolidatable").then_some(())
+    })
+    .await;
+    (partition, operator, pool, claim, node)
 }
 
 /// An empty node waits for its budget (0), watched pass after pass. Then, while one pass is
@@ -1759,19 +1740,7 @@ async fn a_decision_made_while_the_pod_watch_failed_is_not_acted_on() {
     let Some(world) = World::start("dis-stale", joins()).await else {
         return;
     };
-    world.create_nodeclass(json!({})).await;
-    let partition = Partition::new(world.client.clone());
-    let client = kube::Client::new(partition.clone(), world.namespace.clone());
-    let operator = Operator::start_using(&world, &[], client).await;
-    world.ready_nodeclass().await;
-    let (pool, claim) = one_web_node(&world, json!({"budgets": [{"nodes": "0"}]})).await;
-    let node = world.initialized_node(&claim).await.name_any();
-    scale(&world, "web", 0).await;
-    eventually_within("the empty node Consolidatable", LONG, || async {
-        let c = world.nodeclaims().get(&claim).await.ok()?;
-        c.status?.conditions.is_true("Consolidatable").then_some(())
-    })
-    .await;
+    let (partition, operator, pool, claim, node) = empty_node_behind_a_closed_budget(&world).await;
     // Watched empty (and its last pod event old) for longer than the validation delay.
     let quiet = std::time::Instant::now();
     eventually_within(
@@ -1851,19 +1820,7 @@ async fn a_pod_watch_that_stops_answering_stops_decisions() {
     let Some(world) = World::start("dis-silent", joins()).await else {
         return;
     };
-    world.create_nodeclass(json!({})).await;
-    let partition = Partition::new(world.client.clone());
-    let client = kube::Client::new(partition.clone(), world.namespace.clone());
-    let operator = Operator::start_using(&world, &[], client).await;
-    world.ready_nodeclass().await;
-    let (pool, claim) = one_web_node(&world, json!({"budgets": [{"nodes": "0"}]})).await;
-    let node = world.initialized_node(&claim).await.name_any();
-    scale(&world, "web", 0).await;
-    eventually_within("the empty node Consolidatable", LONG, || async {
-        let c = world.nodeclaims().get(&claim).await.ok()?;
-        c.status?.conditions.is_true("Consolidatable").then_some(())
-    })
-    .await;
+    let (partition, operator, pool, claim, node) = empty_node_behind_a_closed_budget(&world).await;
 
     partition.pods_silent.send_replace(true);
     eventually_within("an unanswered Pod re-watch given up", LONG, || async {

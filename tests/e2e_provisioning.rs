@@ -1055,23 +1055,41 @@ async fn a_thousand_pending_pods_get_their_nodeclaims_before_any_event_is_writte
     world.finish().await;
 }
 
+/// A world whose replicas run with the `StaticCapacity` gate.
+async fn static_world(test: &str) -> Option<World> {
+    let mut world = World::start(test, Arc::new(|_: &str| KubeletBehaviour::default())).await?;
+    world
+        .env
+        .insert("FEATURE_GATES".into(), "StaticCapacity=true".into());
+    Some(world)
+}
+
+/// A static NodePool of `replicas` `standard.small` nodes (at most 5).
+async fn create_static_pool(world: &World, name: &str, replicas: i64) {
+    world
+        .create_nodepool(
+            name,
+            json!({
+                "replicas": replicas,
+                "template": {"spec": {
+                    "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
+                    "expireAfter": "Never"
+                }},
+                "limits": {"nodes": "5"}
+            }),
+        )
+        .await;
+}
+
 /// Static NodePools (gate `StaticCapacity`) and the NodeClass's `nodeLabels`/`nodeTaints`: a pool
 /// with `replicas: 3` gets three nodes with no pod asking for them, each labelled and tainted
 /// as its NodeClass says; a deleted node is replaced; `status.nodes` reports the count; scaling
 /// to 1 removes two nodes within the default budget (10 %: one at a time).
 #[tokio::test]
 async fn a_static_nodepool_keeps_its_replicas_through_a_node_deletion_and_a_scale_down() {
-    let Some(mut world) = World::start(
-        "e2e-static",
-        Arc::new(|_: &str| KubeletBehaviour::default()),
-    )
-    .await
-    else {
+    let Some(world) = static_world("e2e-static").await else {
         return;
     };
-    world
-        .env
-        .insert("FEATURE_GATES".into(), "StaticCapacity=true".into());
     world
         .create_nodeclass(json!({
             "nodeLabels": {"example.com/team": "static"},
@@ -1081,19 +1099,7 @@ async fn a_static_nodepool_keeps_its_replicas_through_a_node_deletion_and_a_scal
     world.start_replica("static-a").await;
     world.ready_nodeclass().await;
     let pool_name = format!("static-{}", &world.namespace[world.namespace.len() - 6..]);
-    world
-        .create_nodepool(
-            &pool_name,
-            json!({
-                "replicas": 3,
-                "template": {"spec": {
-                    "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
-                    "expireAfter": "Never"
-                }},
-                "limits": {"nodes": "5"}
-            }),
-        )
-        .await;
+    create_static_pool(&world, &pool_name, 3).await;
     let pools = Api::<NodePool>::all(world.client.clone());
 
     let nodes = world.nodes();
@@ -1633,17 +1639,9 @@ async fn a_nodeclaim_create_never_answered_is_given_up_and_made_again() {
 #[tokio::test]
 async fn a_static_nodeclaim_create_whose_answer_is_lost_is_not_repeated() {
     use std::sync::atomic::Ordering::SeqCst;
-    let Some(mut world) = World::start(
-        "e2e-lost-static",
-        Arc::new(|_: &str| KubeletBehaviour::default()),
-    )
-    .await
-    else {
+    let Some(world) = static_world("e2e-lost-static").await else {
         return;
     };
-    world
-        .env
-        .insert("FEATURE_GATES".into(), "StaticCapacity=true".into());
     world.create_nodeclass(json!({})).await;
     let transport = LostAnswer::new(world.client.clone());
     let client = kube::Client::new(transport.clone(), world.namespace.clone());
@@ -1654,19 +1652,7 @@ async fn a_static_nodeclaim_create_whose_answer_is_lost_is_not_repeated() {
         &world.namespace[world.namespace.len() - 6..]
     );
     transport.claims_late.send_replace(true);
-    world
-        .create_nodepool(
-            &pool_name,
-            json!({
-                "replicas": 1,
-                "template": {"spec": {
-                    "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["standard.small"]}],
-                    "expireAfter": "Never"
-                }},
-                "limits": {"nodes": "5"}
-            }),
-        )
-        .await;
+    create_static_pool(&world, &pool_name, 1).await;
     let claims = world.nodeclaims();
     let selector = ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}"));
     eventually("the first create committed, its answer lost", || async {

@@ -917,14 +917,57 @@ pub async fn volume_attachment(world: &World, name: &str, node: &str) -> Api<Vol
     attachments
 }
 
-/// A response body whose frames wait while `paused` is true: a watch whose events are late.
-pub struct LateBody {
-    inner: kube::client::Body,
-    paused: watch::Receiver<bool>,
-    resumed: Option<futures::future::BoxFuture<'static, ()>>,
+/// How a test ends a response stream: as a broken connection does, or as the server's
+/// timeout does.
+#[derive(Clone, Copy)]
+pub enum StreamEnd {
+    Failed,
+    Clean,
 }
 
-impl http_body::Body for LateBody {
+/// A response body a test steers (a watch, mostly): its frames wait while `paused` is true, it
+/// ends when `end` resolves, and it keeps `guard` alive as long as it lives.
+pub struct Steered {
+    inner: kube::client::Body,
+    paused: Option<watch::Receiver<bool>>,
+    resumed: Option<futures::future::BoxFuture<'static, ()>>,
+    end: Option<futures::future::BoxFuture<'static, StreamEnd>>,
+    ended: bool,
+    _guard: Option<Box<dyn Send>>,
+}
+
+impl Steered {
+    pub fn new(inner: kube::client::Body) -> Steered {
+        Steered {
+            inner,
+            paused: None,
+            resumed: None,
+            end: None,
+            ended: false,
+            _guard: None,
+        }
+    }
+
+    /// Frames wait while `paused` holds true: a watch whose events are late.
+    pub fn paused_by(mut self, paused: watch::Receiver<bool>) -> Steered {
+        self.paused = Some(paused);
+        self
+    }
+
+    /// The body ends (failed or clean) once `end` resolves.
+    pub fn ended_by(mut self, end: impl Future<Output = StreamEnd> + Send + 'static) -> Steered {
+        self.end = Some(Box::pin(end));
+        self
+    }
+
+    /// `guard` is dropped with the body (e.g. to count open watches).
+    pub fn holding(mut self, guard: impl Send + 'static) -> Steered {
+        self._guard = Some(Box::new(guard));
+        self
+    }
+}
+
+impl http_body::Body for Steered {
     type Data = bytes::Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -932,15 +975,30 @@ impl http_body::Body for LateBody {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        if *self.paused.borrow() {
-            let mut paused = self.paused.clone();
+        use std::task::Poll;
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        if let Some(end) = self.end.as_mut()
+            && let Poll::Ready(end) = end.as_mut().poll(cx)
+        {
+            self.ended = true;
+            return Poll::Ready(match end {
+                StreamEnd::Failed => Some(Err("stream cut by the test".into())),
+                StreamEnd::Clean => None,
+            });
+        }
+        if let Some(paused) = self.paused.clone()
+            && *paused.borrow()
+        {
             let resumed = self.resumed.get_or_insert_with(|| {
+                let mut paused = paused.clone();
                 Box::pin(async move {
                     let _ = paused.wait_for(|p| !*p).await;
                 })
             });
             if resumed.as_mut().poll(cx).is_pending() {
-                return std::task::Poll::Pending;
+                return Poll::Pending;
             }
         }
         self.resumed = None;
@@ -974,7 +1032,7 @@ impl LostAnswer {
 }
 
 impl tower_service::Service<http::Request<kube::client::Body>> for LostAnswer {
-    type Response = http::Response<LateBody>;
+    type Response = http::Response<Steered>;
     type Error = Box<dyn std::error::Error + Send + Sync>;
     type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
@@ -1004,15 +1062,10 @@ impl tower_service::Service<http::Request<kube::client::Body>> for LostAnswer {
                     return Err("connection reset by peer (the test lost the answer)".into());
                 }
             }
-            let paused = if watch {
-                this.claims_late.subscribe()
-            } else {
-                watch::channel(false).1
-            };
-            Ok(response.map(|inner| LateBody {
-                inner,
-                paused,
-                resumed: None,
+            let late = this.claims_late.subscribe();
+            Ok(response.map(|inner| {
+                let body = Steered::new(inner);
+                if watch { body.paused_by(late) } else { body }
             }))
         })
     }
