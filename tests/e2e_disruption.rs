@@ -414,19 +414,6 @@ async fn one_web_node(world: &World, more: serde_json::Value) -> (String, String
     (pool, claim)
 }
 
-/// An answer the API server would give for a failure, as kube reads it.
-fn refused(code: u16) -> harness::Answer {
-    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-        "message": "injected by the test", "reason": "InternalError", "code": code});
-    Ok(http::Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(kube::client::Body::from(
-            serde_json::to_vec(&status).unwrap(),
-        ))
-        .unwrap())
-}
-
 /// The API server refuses to taint an empty candidate: nothing is deleted (the command stops
 /// and its taints come off), pass after pass. Then it refuses the NodeClaim's delete once: the
 /// disruption is released, not held until a restart, and a later pass removes the node.
@@ -457,7 +444,7 @@ async fn a_refused_taint_stops_the_command_and_a_refused_delete_is_retried() {
                         .is_ok()
                 {
                     deletes_refused.fetch_add(1, SeqCst);
-                    return refused(500);
+                    return harness::refused(500);
                 }
                 if request.method() == http::Method::PATCH
                     && path.starts_with("/api/v1/nodes/")
@@ -467,7 +454,7 @@ async fn a_refused_taint_stops_the_command_and_a_refused_delete_is_retried() {
                     let bytes = body.collect_bytes().await?;
                     if String::from_utf8_lossy(&bytes).contains("karpenter.sh/disrupted") {
                         taints_refused.fetch_add(1, SeqCst);
-                        return refused(500);
+                        return harness::refused(500);
                     }
                     let request = http::Request::from_parts(parts, kube::client::Body::from(bytes));
                     return inner.send(request).await.map_err(Into::into);
@@ -561,7 +548,7 @@ async fn a_rollback_leaves_the_taint_on_a_node_being_deleted() {
                 if !is_first && taints && disrupted && second_held.fetch_add(1, SeqCst) == 0 {
                     let _ = released.wait_for(|r| *r).await;
                     refusals.fetch_add(1, SeqCst);
-                    return refused(500);
+                    return harness::refused(500);
                 }
                 inner.send(request).await.map_err(Into::into)
             }

@@ -1691,3 +1691,71 @@ async fn a_static_nodeclaim_create_whose_answer_is_lost_is_not_repeated() {
         .await;
     world.finish().await;
 }
+
+/// The ExoscaleNodeClass list succeeds but the watch after it is refused once (429, as an API
+/// server whose storage is re-initializing answers). The NodeClasses are unsynced on the error
+/// and current again after a fresh list: the pod gets its node. (kube's watcher alone retried
+/// only the watch, no new list completed, and nothing was ever launched.)
+#[tokio::test]
+async fn a_nodeclass_watch_refused_after_its_list_recovers() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let Some(world) = World::start(
+        "e2e-nc-watch",
+        Arc::new(|_: &str| KubeletBehaviour::default()),
+    )
+    .await
+    else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let refusals = Arc::new(AtomicUsize::new(0));
+    let client = harness::intercepted(world.client.clone(), {
+        let refusals = refusals.clone();
+        move |inner: kube::Client, request: harness::Request| {
+            let refusals = refusals.clone();
+            async move {
+                let watch = request.uri().path()
+                    == "/apis/karpenter.exoscale.com/v1/exoscalenodeclasses"
+                    && request
+                        .uri()
+                        .query()
+                        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true"));
+                if watch && refusals.fetch_add(1, SeqCst) == 0 {
+                    return harness::refused(429);
+                }
+                inner.send(request).await.map_err(Into::into)
+            }
+        }
+    });
+    world.start_replica_with("nc-watch-a", client).await;
+    world.ready_nodeclass().await;
+    let pool_name = format!("nc-watch-{}", &world.namespace[world.namespace.len() - 6..]);
+    create_nodepool(&world, &pool_name).await;
+    let deployments = create_deployment(&world, "web", "web", 1, "1", "1Gi").await;
+    eventually("the pod bound", || async {
+        let pods = world
+            .pods()
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .ok()?;
+        (!pods.items.is_empty()
+            && pods
+                .items
+                .iter()
+                .all(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())))
+        .then_some(())
+    })
+    .await;
+    assert!(
+        refusals.load(SeqCst) >= 2,
+        "the watch was refused, then opened"
+    );
+    deployments
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(&pool_name, &DeleteParams::default())
+        .await;
+    world.finish().await;
+}

@@ -6,7 +6,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::runtime::{WatchStreamExt, watcher};
 use thiserror::Error;
 use tokio::sync::watch;
 
@@ -311,26 +310,18 @@ pub async fn build_cloud(
     let nodeclass_feed = tokio::spawn({
         let api = kube::Api::<ExoscaleNodeClass>::all(client.clone());
         let reader = reader.clone();
-        async move {
-            use futures::StreamExt;
-            let config = watcher::Config::default().timeout(state::WATCH_TIMEOUT_SECS);
-            let events = watcher(api, config).default_backoff();
-            let mut events = std::pin::pin!(events);
-            while let Some(event) = events.next().await {
-                match &event {
-                    Ok(applied) => {
-                        nodeclass_feed_writer.publish(applied);
-                        // Current only once the store holds the completed list: a launch in
-                        // between would read the old copy as current.
-                        reader.observe(&event);
-                    }
-                    Err(error) => {
-                        reader.observe(&event);
-                        tracing::warn!(%error, "ExoscaleNodeClass watch failed; NodeClasses are unsynced until re-listed")
-                    }
-                }
+        state::watch_relisting(api, move |event| match event {
+            Ok(applied) => {
+                nodeclass_feed_writer.publish(applied);
+                // Current only once the store holds the completed list: a launch in between
+                // would read the old copy as current.
+                reader.observe::<&kube::runtime::watcher::Error>(&Ok(applied.clone()));
             }
-        }
+            Err(error) => {
+                reader.observe(&Err(error));
+                tracing::warn!(%error, "ExoscaleNodeClass watch failed; NodeClasses are unsynced until re-listed")
+            }
+        })
     });
     let provider = Arc::new(ExoscaleCloudProvider::new(
         settings,

@@ -442,6 +442,39 @@ pub struct Feeds {
     pub shared: SharedKinds,
 }
 
+/// Watches `api` until aborted, handing each event to `on_event`. After any error the watch
+/// starts over from a fresh list (kube's watcher alone would retry only the watch, and a
+/// consumer that turned unsynced on the error would never see the `InitDone` that makes it
+/// current again), after a pause that a completed list resets.
+pub async fn watch_relisting<K: Watched>(
+    api: Api<K>,
+    mut on_event: impl FnMut(Result<&Event<K>, &watcher::Error>),
+) {
+    let mut backoff = Backoff::default();
+    loop {
+        let stream = watcher::watcher(
+            api.clone(),
+            watcher::Config::default().timeout(WATCH_TIMEOUT_SECS),
+        );
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match &event {
+                Ok(event) => {
+                    if matches!(event, Event::InitDone) {
+                        backoff.reset();
+                    }
+                    on_event(Ok(event));
+                }
+                Err(error) => {
+                    on_event(Err(error));
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(backoff.next()).await;
+    }
+}
+
 /// Exponential pause between watch restarts: 1 s doubling to 30 s, reset by a complete list.
 #[derive(Default)]
 struct Backoff {

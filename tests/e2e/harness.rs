@@ -827,6 +827,19 @@ where
     Client::new(Intercept { inner, around }, namespace)
 }
 
+/// An answer the API server would give for a failure, as kube reads it.
+pub fn refused(code: u16) -> Answer {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "message": "injected by the test", "reason": "InternalError", "code": code});
+    Ok(http::Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(
+            serde_json::to_vec(&status).unwrap(),
+        ))
+        .unwrap())
+}
+
 /// A port nothing listens on now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
