@@ -1633,8 +1633,8 @@ async fn nodeclasses_whose_watch_failed_launch_nothing_and_judge_no_drift() {
             Event::InitApply(nodeclass.clone()),
             Event::InitDone,
         ] {
-            watched.observe::<kube::runtime::watcher::Error>(&Ok(event.clone()));
             writer.apply_watcher_event(&event);
+            watched.follow::<kube::runtime::watcher::Error>(Ok(&event));
         }
     };
     listed(&mut writer);
@@ -1656,7 +1656,7 @@ async fn nodeclasses_whose_watch_failed_launch_nothing_and_judge_no_drift() {
         .unwrap();
     assert_eq!(provider.is_drifted(&launched).await.unwrap(), None);
 
-    watched.observe::<String>(&Err("the watch failed".into()));
+    watched.follow(Err("the watch failed"));
     let creates = w.sim.call_count("create-instance");
     let refused = provider
         .create(&claim("stale", &["standard.medium"]))

@@ -466,8 +466,7 @@ impl Client {
             // Nor may the write itself outlast it: a slow connect or upload would deliver it
             // after another replica may have taken over. Given up at the deadline, its outcome
             // is unknown, as after any timeout.
-            if let Some(deadline) = fence.deadline() {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if let Some(left) = fence.time_left() {
                 request = request.timeout(left.min(config.request_timeout));
             }
         }

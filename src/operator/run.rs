@@ -310,15 +310,14 @@ pub async fn build_cloud(
     let nodeclass_feed = tokio::spawn({
         let api = kube::Api::<ExoscaleNodeClass>::all(client.clone());
         let reader = reader.clone();
-        state::watch_relisting(api, move |event| match event {
-            Ok(applied) => {
-                nodeclass_feed_writer.publish(applied);
-                // Current only once the store holds the completed list: a launch in between
-                // would read the old copy as current.
-                reader.observe::<&kube::runtime::watcher::Error>(&Ok(applied.clone()));
+        state::watch_relisting(api, move |event| {
+            if let Ok(event) = &event {
+                nodeclass_feed_writer.publish(event);
             }
-            Err(error) => {
-                reader.observe(&Err(error));
+            // Current only once the store holds the completed list: a launch in between
+            // would read the old copy as current.
+            reader.follow(event.as_ref());
+            if let Err(error) = event {
                 tracing::warn!(%error, "ExoscaleNodeClass watch failed; NodeClasses are unsynced until re-listed")
             }
         })

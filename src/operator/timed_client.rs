@@ -76,15 +76,11 @@ fn is_watch(request: &Request<Body>) -> bool {
 
 /// The instant a request must be answered by: its timeout, or its write fence's deadline.
 fn deadline_of(request: &Request<Body>, timeout: Duration, now: Instant) -> (Instant, Duration) {
-    let mut after = timeout;
-    if let Some(fence_left) = request
+    let fence_left = request
         .extensions()
         .get::<Fence>()
-        .and_then(Fence::deadline)
-        .map(|d| d.saturating_duration_since(std::time::Instant::now()))
-    {
-        after = after.min(fence_left);
-    }
+        .and_then(Fence::time_left);
+    let after = fence_left.map_or(timeout, |left| left.min(timeout));
     (now + after, after)
 }
 

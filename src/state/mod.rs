@@ -258,36 +258,19 @@ async fn feed_kind<K: Indexed>(
     cluster: Arc<Cluster>,
     mut shared: Option<SharedFeed<K>>,
 ) {
-    let mut backoff = Backoff::default();
-    loop {
-        let stream = watcher::watcher(
-            api.clone(),
-            watcher::Config::default().timeout(WATCH_TIMEOUT_SECS),
-        )
-        .modify(trim::<K>);
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(event) => {
-                    if matches!(event, Event::InitDone) {
-                        backoff.reset();
-                    }
-                    match shared.as_mut() {
-                        Some(shared) => apply_shared_event(&cluster, shared, event),
-                        None => apply_event(&cluster, event),
-                    }
-                }
-                Err(error) => {
-                    // The view may have missed changes: no decision may rest on it until a
-                    // fresh list completes, which the restarted watcher starts with.
-                    tracing::warn!(kind = ?K::KIND, %error, "cluster state watch failed; state is unsynced until re-listed");
-                    cluster.update(|index| index.mark_stale(K::KIND));
-                    break;
-                }
-            }
+    watch_relisting(api, move |event| match event {
+        Ok(event) => match shared.as_mut() {
+            Some(shared) => apply_shared_event(&cluster, shared, event),
+            None => apply_event(&cluster, event),
+        },
+        Err(error) => {
+            // The view may have missed changes: no decision may rest on it until a fresh
+            // list completes, which the restarted watch starts with.
+            tracing::warn!(kind = ?K::KIND, %error, "cluster state watch failed; state is unsynced until re-listed");
+            cluster.update(|index| index.mark_stale(K::KIND));
         }
-        tokio::time::sleep(backoff.next()).await;
-    }
+    })
+    .await
 }
 
 /// How many changed objects a slow Controller may fall behind by before it misses triggers
@@ -442,33 +425,30 @@ pub struct Feeds {
     pub shared: SharedKinds,
 }
 
-/// Watches `api` until aborted, handing each event to `on_event`. After any error the watch
-/// starts over from a fresh list (kube's watcher alone would retry only the watch, and a
-/// consumer that turned unsynced on the error would never see the `InitDone` that makes it
-/// current again), after a pause that a completed list resets.
+/// Watches `api` until aborted, handing each event, its object [`trim`]med, to `on_event`.
+/// After any error the watch starts over from a fresh list (kube's watcher alone would retry
+/// only the watch, and a consumer that turned unsynced on the error would never see the
+/// `InitDone` that makes it current again), after a pause that a completed list resets.
 pub async fn watch_relisting<K: Watched>(
     api: Api<K>,
-    mut on_event: impl FnMut(Result<&Event<K>, &watcher::Error>),
+    mut on_event: impl FnMut(Result<Event<K>, watcher::Error>),
 ) {
     let mut backoff = Backoff::default();
     loop {
         let stream = watcher::watcher(
             api.clone(),
             watcher::Config::default().timeout(WATCH_TIMEOUT_SECS),
-        );
+        )
+        .modify(trim::<K>);
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
-            match &event {
-                Ok(event) => {
-                    if matches!(event, Event::InitDone) {
-                        backoff.reset();
-                    }
-                    on_event(Ok(event));
-                }
-                Err(error) => {
-                    on_event(Err(error));
-                    break;
-                }
+            let failed = event.is_err();
+            if matches!(event, Ok(Event::InitDone)) {
+                backoff.reset();
+            }
+            on_event(event);
+            if failed {
+                break;
             }
         }
         tokio::time::sleep(backoff.next()).await;

@@ -40,7 +40,7 @@ impl WatchedNodeClasses {
     }
 
     /// Follows the watch: a failure makes the store stale, a completed (re-)list current.
-    pub fn observe<E>(&self, event: &Result<kube::runtime::watcher::Event<ExoscaleNodeClass>, E>) {
+    pub fn follow<E>(&self, event: Result<&kube::runtime::watcher::Event<ExoscaleNodeClass>, E>) {
         use std::sync::atomic::Ordering::SeqCst;
         match event {
             Err(_) => self.current.store(false, SeqCst),
