@@ -222,8 +222,8 @@ impl SeriesCache {
 
 /// Events waiting to be written, at most; beyond that new ones are dropped (and counted).
 pub const QUEUE_CAPACITY: usize = 10_000;
-/// An identical event (object, type, reason, message) within this window is dropped before it
-/// reaches the API, as upstream's recorder dedupes.
+/// An identical event (object, type, reason, message; a pod's `Nominated` by pod alone) within
+/// this window is dropped before it reaches the API, as upstream's recorder dedupes.
 pub const DEDUPE_WINDOW: Duration = Duration::from_secs(2 * 60);
 
 /// An [`EventSink`] that never makes its caller wait: events go into a bounded queue that a
@@ -292,14 +292,41 @@ pub const OBJECT_REFILL: Duration = Duration::from_secs(5 * 60);
 pub const NOMINATION_RATE_PER_SECOND: f64 = 5.0;
 pub const NOMINATION_BURST: f64 = 10.0;
 
-/// Identical events seen within [`DEDUPE_WINDOW`], each object's event budget and the shared
-/// nomination budget; pure, time passed in. Events and objects are remembered by a 64-bit
-/// keyed hash, not their text: up to 10 000 keys with their objects' names and messages were
-/// ~6 MB. Two distinct keys sharing a hash (odds about 10⁻¹¹ among 10 000) would only drop an
-/// event or share a budget, never write a wrong one.
+/// A pod's `FailedScheduling` event is written at most once in this window, whatever its
+/// message, as upstream's (at 10 000 pods that no instance type fits, one event per pod every
+/// two minutes with the message in the key was ~80 writes a second; this is ~33).
+pub const FAILED_SCHEDULING_DEDUPE: Duration = Duration::from_secs(5 * 60);
+
+/// How an event is recognised as a repeat, and for how long: a pod's scheduling events
+/// (`FailedScheduling`, `Nominated`) by their reason and pod alone, as upstream keys them by pod
+/// UID (a message that changes between rounds, a count or a NodeClaim's name, would otherwise
+/// write again each round); any other by its object, type, reason and message.
+fn dedupe_of(key: &SeriesKey) -> (DedupeKey<'_>, Duration) {
+    match key.reason.as_str() {
+        "FailedScheduling" => (
+            DedupeKey::ByObject(&key.reason, &key.object),
+            FAILED_SCHEDULING_DEDUPE,
+        ),
+        "Nominated" => (DedupeKey::ByObject(&key.reason, &key.object), DEDUPE_WINDOW),
+        _ => (DedupeKey::Whole(key), DEDUPE_WINDOW),
+    }
+}
+
+#[derive(Hash)]
+enum DedupeKey<'a> {
+    ByObject(&'a str, &'a ObjectKey),
+    Whole(&'a SeriesKey),
+}
+
+/// Events seen within their dedupe window ([`dedupe_of`]), each object's event budget and the
+/// shared nomination budget; pure, time passed in. Events and objects are remembered by a
+/// 64-bit keyed hash, not their text: up to 10 000 keys with their objects' names and messages
+/// were ~6 MB. Two distinct keys sharing a hash (odds about 10⁻¹¹ among 10 000) would only drop
+/// an event or share a budget, never write a wrong one.
 #[derive(Debug, Default)]
 struct RecentEvents {
     hasher: std::hash::RandomState,
+    /// Per dedupe key: until when a repeat is dropped.
     seen: HashMap<u64, std::time::Instant>,
     /// Per object: tokens left and when they were counted.
     budgets: HashMap<u64, (f64, std::time::Instant)>,
@@ -307,30 +334,28 @@ struct RecentEvents {
 }
 
 impl RecentEvents {
-    /// Whether an event with this key should be written: not seen within the window, and its
-    /// object has budget left.
+    /// Whether an event with this key should be written: not seen within its dedupe window,
+    /// and its object has budget left.
     fn admit(&mut self, key: SeriesKey, now: std::time::Instant) -> bool {
-        // Bounded by the window: older entries are swept on each full pass of the map.
+        // Bounded by the windows: expired entries are swept on each full pass of the map.
         if self.seen.len() >= QUEUE_CAPACITY {
-            self.seen
-                .retain(|_, at| now.saturating_duration_since(*at) < DEDUPE_WINDOW);
+            self.seen.retain(|_, until| now < *until);
         }
-        let id = self.hasher.hash_one(&key);
-        if let Some(at) = self.seen.get(&id)
-            && now.saturating_duration_since(*at) < DEDUPE_WINDOW
-        {
+        let (dedupe, window) = dedupe_of(&key);
+        let id = self.hasher.hash_one(&dedupe);
+        if self.seen.get(&id).is_some_and(|until| now < *until) {
             return false;
         }
         if key.reason == "Nominated" && !self.take_nomination(now) {
             // Like upstream, a nomination over the budget still counts as seen: the pod's
             // next nomination within the window is not written either.
-            self.seen.insert(id, now);
+            self.seen.insert(id, now + window);
             return false;
         }
         if !self.take_token(self.hasher.hash_one(&key.object), now) {
             return false;
         }
-        self.seen.insert(id, now);
+        self.seen.insert(id, now + window);
         true
     }
 
@@ -575,13 +600,57 @@ mod tests {
     fn identical_events_within_the_window_are_written_once() {
         let mut recent = RecentEvents::default();
         let start = std::time::Instant::now();
-        let e = recorded("FailedScheduling", "no instance type fits");
+        let e = recorded("DisruptionBlocked", "node is nominated");
         let key = || SeriesKey::of(&e, &e.message);
         assert!(recent.admit(key(), start));
         assert!(!recent.admit(key(), start + Duration::from_secs(60)));
-        let other = recorded("FailedScheduling", "another reason");
+        let other = recorded("DisruptionBlocked", "pdb prevents pod evictions");
         assert!(recent.admit(SeriesKey::of(&other, &other.message), start));
         assert!(recent.admit(key(), start + DEDUPE_WINDOW + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_pods_failed_scheduling_is_written_once_per_five_minutes_whatever_its_message() {
+        let mut recent = RecentEvents::default();
+        let start = std::time::Instant::now();
+        let failed = |recent: &mut RecentEvents, pod: &str, message: &str, at| {
+            let mut e = recorded("FailedScheduling", message);
+            e.object.kind = Some("Pod".into());
+            e.object.name = Some(pod.into());
+            recent.admit(SeriesKey::of(&e, &e.message), at)
+        };
+        assert!(failed(
+            &mut recent,
+            "a",
+            "no instance type fits (3 of 9)",
+            start
+        ));
+        // Past the general window, with a message whose count changed: still a repeat.
+        let later = start + DEDUPE_WINDOW + Duration::from_secs(60);
+        assert!(!failed(
+            &mut recent,
+            "a",
+            "no instance type fits (4 of 9)",
+            later
+        ));
+        // Another pod, and another reason for the same pod, are not held by it.
+        assert!(failed(
+            &mut recent,
+            "b",
+            "no instance type fits (3 of 9)",
+            later
+        ));
+        let mut nominated = recorded("Nominated", "Pod should schedule on: nodeclaim/x");
+        nominated.object.kind = Some("Pod".into());
+        nominated.object.name = Some("a".into());
+        assert!(recent.admit(SeriesKey::of(&nominated, &nominated.message), later));
+        let after = start + FAILED_SCHEDULING_DEDUPE + Duration::from_secs(1);
+        assert!(failed(
+            &mut recent,
+            "a",
+            "no instance type fits (4 of 9)",
+            after
+        ));
     }
 
     #[test]
