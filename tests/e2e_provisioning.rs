@@ -1596,7 +1596,10 @@ async fn a_nodeclaim_create_never_answered_is_given_up_and_made_again() {
     );
     create_nodepool(&world, &pool_name).await;
     let deployments = create_deployment(&world, "web", "web", 1, "1", "1Gi").await;
-    eventually("the pod bound", || async {
+    // Created again only once the API server can no longer be committing the first (65 s).
+    let limit =
+        harness::WAIT + karpenter_exoscale::controllers::lost_creates::SERVER_MAY_COMMIT_FOR;
+    harness::eventually_within("the pod bound", limit, || async {
         let pods = world
             .pods()
             .list(&ListParams::default().labels("app=web"))
@@ -1622,6 +1625,118 @@ async fn a_nodeclaim_create_never_answered_is_given_up_and_made_again() {
         1
     );
     assert_eq!(creates.load(SeqCst), 2, "one create given up, one answered");
+    deployments
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let _ = Api::<NodePool>::all(world.client.clone())
+        .delete(&pool_name, &DeleteParams::default())
+        .await;
+    world.finish().await;
+}
+
+/// The first NodeClaim create is held on its way to the API server until well after the
+/// replica gave it up (a slow etcd: the server keeps working on a request for up to its 60-s
+/// request timeout), then committed. A list right after the give-up shows nothing missing, yet
+/// the create is still to come: the replica must not create again before the server's request
+/// timeout has passed. The pod gets its node from the late NodeClaim; one create in all.
+#[tokio::test]
+async fn a_nodeclaim_create_committed_after_it_was_given_up_is_not_made_twice() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    let Some(world) = World::start(
+        "e2e-late-commit",
+        Arc::new(|_: &str| KubeletBehaviour::default()),
+    )
+    .await
+    else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let creates = Arc::new(AtomicUsize::new(0));
+    let delivered = Arc::new(AtomicBool::new(false));
+    /// Tells the held create's task that the replica stopped waiting for its answer.
+    struct GivenUp(Option<tokio::sync::oneshot::Sender<()>>);
+    impl Drop for GivenUp {
+        fn drop(&mut self) {
+            if let Some(tell) = self.0.take() {
+                let _ = tell.send(());
+            }
+        }
+    }
+    let client = harness::intercepted(world.client.clone(), {
+        let (creates, delivered) = (creates.clone(), delivered.clone());
+        move |inner: kube::Client, request: harness::Request| {
+            let (creates, delivered) = (creates.clone(), delivered.clone());
+            async move {
+                let create = request.method() == http::Method::POST
+                    && request.uri().path() == "/apis/karpenter.sh/v1/nodeclaims";
+                if create && creates.fetch_add(1, SeqCst) == 0 {
+                    let (tell, given_up) = tokio::sync::oneshot::channel();
+                    let _waiting = GivenUp(Some(tell));
+                    tokio::spawn(async move {
+                        let _ = given_up.await;
+                        // Committed 30 s after the give-up, or as soon as the replica creates
+                        // again (which it must not).
+                        let since = Instant::now();
+                        while creates.load(SeqCst) < 2 && since.elapsed() < Duration::from_secs(30)
+                        {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        let answer = inner.send(request).await;
+                        assert!(
+                            answer.is_ok_and(|a| a.status().is_success()),
+                            "late create committed"
+                        );
+                        delivered.store(true, SeqCst);
+                    });
+                    return futures::future::pending().await;
+                }
+                inner.send(request).await.map_err(Into::into)
+            }
+        }
+    });
+    world.start_replica_with("late-commit-a", client).await;
+    world.ready_nodeclass().await;
+    let pool_name = format!(
+        "late-commit-{}",
+        &world.namespace[world.namespace.len() - 6..]
+    );
+    create_nodepool(&world, &pool_name).await;
+    let deployments = create_deployment(&world, "web", "web", 1, "1", "1Gi").await;
+    eventually("the held create delivered after the give-up", || async {
+        delivered.load(SeqCst).then_some(())
+    })
+    .await;
+    eventually("the pod bound", || async {
+        let pods = world
+            .pods()
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .ok()?;
+        (!pods.items.is_empty()
+            && pods
+                .items
+                .iter()
+                .all(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())))
+        .then_some(())
+    })
+    .await;
+    assert_eq!(
+        creates.load(SeqCst),
+        1,
+        "the replica created again before the late create could no longer come"
+    );
+    let selector = ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}"));
+    assert_eq!(
+        world
+            .nodeclaims()
+            .list(&selector)
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
     deployments
         .delete("web", &DeleteParams::default())
         .await
