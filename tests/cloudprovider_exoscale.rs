@@ -748,6 +748,39 @@ async fn deleting_a_twin_keeps_the_live_claims_token() {
     assert!(w.sim.instance(&real).is_some());
 }
 
+/// A NodeClaim whose recorded provider ID names an instance carrying another cluster's
+/// identity (NodeClaims restored from another cluster's backup into this one) does not get
+/// that instance deleted: the delete is refused, naming why, and the instance stays. An
+/// instance without any identity (launched before identities existed) is still deleted.
+#[tokio::test]
+async fn delete_refuses_an_instance_of_another_cluster() {
+    let w = world().await;
+    let nc = w.launch("restored", &["standard.medium"]).await;
+    let id = parse_provider_id(&provider_id(&nc)).unwrap().to_string();
+    let mut labels = w.sim.instance(&id).unwrap().instance.labels.clone();
+    labels.insert(
+        labels::INSTANCE_CLUSTER_UID_LABEL.into(),
+        "another-clusters-uid".into(),
+    );
+    let op = w.client.update_instance_labels(&id, &labels).await.unwrap();
+    w.client.wait_operation(&op).await.unwrap();
+
+    let err = w.provider.delete(&nc).await.unwrap_err();
+    assert!(
+        err.to_string().contains("another cluster's identity"),
+        "{err}"
+    );
+    assert_eq!(w.sim.call_count("delete-instance"), 0);
+    assert!(w.sim.instance(&id).is_some());
+
+    // Without any identity, the NodeClaim that records it owns it.
+    labels.remove(labels::INSTANCE_CLUSTER_UID_LABEL);
+    let op = w.client.update_instance_labels(&id, &labels).await.unwrap();
+    w.client.wait_operation(&op).await.unwrap();
+    w.provider.delete(&nc).await.unwrap();
+    assert_eq!(w.sim.call_count("delete-instance"), 1);
+}
+
 #[tokio::test]
 async fn delete_is_idempotent_and_reports_not_found_once_gone() {
     let w = world().await;

@@ -631,6 +631,17 @@ impl CloudProvider for ExoscaleCloudProvider {
                 self.forget_tokens(nodeclaim).await;
                 return Err(gone());
             };
+            // A recorded provider ID is not proof the instance is ours: NodeClaims restored
+            // from another cluster's backup, or an ID edited by hand, can name an instance
+            // that carries another cluster's identity. Never deleted; the NodeClaim keeps its
+            // finalizer until someone decides (an instance without identity, launched before
+            // identities or by the Go provider, is owned by the NodeClaim that records it).
+            if self.instances.identity().ownership(&instance.labels) == Ownership::Foreign {
+                return Err(CloudProviderError::Other(format!(
+                    "instance {} carries another cluster's identity (label {INSTANCE_CLUSTER_UID_LABEL}); not deleting it: if this NodeClaim is not this cluster's, remove its finalizer by hand",
+                    instance.id
+                )));
+            }
             // `instance_of` has just read it: no second GET.
             match self.instances.delete_read(&instance).await.map_err(|e| {
                 CloudProviderError::Other(format!("failed to delete instance {}: {e}", instance.id))
