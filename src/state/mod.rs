@@ -444,31 +444,47 @@ pub async fn watch_relisting<K: Watched>(
         while let Some(event) = stream.next().await {
             let failed = event.is_err();
             if matches!(event, Ok(Event::InitDone)) {
-                backoff.reset();
+                backoff.listed(tokio::time::Instant::now());
             }
             on_event(event);
             if failed {
                 break;
             }
         }
-        tokio::time::sleep(backoff.next()).await;
+        let pause = backoff.failed(tokio::time::Instant::now());
+        tokio::time::sleep(pause).await;
     }
 }
 
-/// Exponential pause between watch restarts: 1 s doubling to 30 s, reset by a complete list.
+/// Exponential pause between watch restarts: 1 s doubling to 30 s. Reset only by a watch that
+/// held for a full server-side timeout after its list: one refused right after every list (a
+/// Role granting `list` but not `watch`, a proxy that buffers watches) would otherwise re-list
+/// the whole kind every second.
 #[derive(Default)]
 struct Backoff {
     failures: u32,
+    listed_at: Option<tokio::time::Instant>,
 }
 
 impl Backoff {
-    fn next(&mut self) -> std::time::Duration {
+    /// The pause before the next restart, after a failure at `now`.
+    fn failed(&mut self, now: tokio::time::Instant) -> std::time::Duration {
+        let healthy = std::time::Duration::from_secs(WATCH_TIMEOUT_SECS.into());
+        if self
+            .listed_at
+            .take()
+            .is_some_and(|at| now.saturating_duration_since(at) >= healthy)
+        {
+            self.failures = 0;
+        }
         let secs = (1u64 << self.failures.min(5)).min(30);
         self.failures = self.failures.saturating_add(1);
         std::time::Duration::from_secs(secs)
     }
-    fn reset(&mut self) {
-        self.failures = 0;
+
+    /// A list completed at `now`.
+    fn listed(&mut self, now: tokio::time::Instant) {
+        self.listed_at = Some(now);
     }
 }
 
@@ -562,6 +578,29 @@ mod tests {
             changes.next().now_or_never().is_none(),
             "nothing else pending"
         );
+    }
+
+    #[test]
+    fn a_watch_refused_after_every_list_backs_off_to_30_s_and_a_held_one_resets() {
+        let t0 = tokio::time::Instant::now();
+        let at = |secs| t0 + std::time::Duration::from_secs(secs);
+        let mut backoff = Backoff::default();
+        let mut pauses = Vec::new();
+        let mut now = 0;
+        for _ in 0..7 {
+            // Each restart lists, and the watch is refused a second later.
+            backoff.listed(at(now));
+            let pause = backoff.failed(at(now + 1)).as_secs();
+            pauses.push(pause);
+            now += 1 + pause;
+        }
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 30, 30]);
+        // A watch that held for a full server-side timeout starts the pauses over.
+        backoff.listed(at(now));
+        let held = now + u64::from(WATCH_TIMEOUT_SECS);
+        assert_eq!(backoff.failed(at(held)).as_secs(), 1);
+        // A failure without a list in between keeps backing off.
+        assert_eq!(backoff.failed(at(held + 1)).as_secs(), 2);
     }
 
     #[test]
