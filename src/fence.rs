@@ -82,11 +82,16 @@ impl Fence {
         }
     }
 
-    /// How long from now a write may still run: until the deadline (`None`: closed, or open
-    /// forever). A write must be answered within this, or be given up with an unknown outcome.
+    /// How long from now a write may still run: until the deadline, none when closed (`None`:
+    /// open forever). A write must be answered within this, or be given up with an unknown
+    /// outcome.
     pub fn time_left(&self) -> Option<std::time::Duration> {
-        self.deadline()
-            .map(|d| d.saturating_duration_since(Instant::now()))
+        match *self.lock() {
+            State::Open => None,
+            State::Until(deadline) => Some(deadline.map_or(std::time::Duration::ZERO, |d| {
+                d.saturating_duration_since(Instant::now())
+            })),
+        }
     }
 
     /// Allows writes until `deadline` (a successful renewal). Never moves the deadline back.

@@ -123,6 +123,14 @@ impl tower_service::Service<Request<Body>> for TimedService {
         } else {
             self.timeouts.request
         };
+        // The fence may have closed since the fenced layer let the write through (a rate-limit
+        // wait, or a lost renewal in between): not sent at all, rather than sent with no time.
+        if let Some(fence) = request.extensions().get::<Fence>()
+            && !fence.allows()
+        {
+            let refused = crate::fence::Fenced { what };
+            return Box::pin(std::future::ready(Err(Box::new(refused) as BoxError)));
+        }
         let (deadline, after) = deadline_of(&request, timeout, Instant::now());
         let timed_out = move |what: String| Box::new(Unanswered::TimedOut { what, after });
         Box::pin(async move {
@@ -304,6 +312,31 @@ mod tests {
             waited > Duration::ZERO && waited <= Duration::from_secs(4),
             "{waited:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_write_whose_fence_closed_on_the_way_is_not_sent() {
+        let (inner, calls) = client_of(Server::Answers(10));
+        let fence = Fence::closed();
+        fence.extend_until(std::time::Instant::now() + Duration::from_secs(10));
+        // The fenced layer let it through; then the Lease was lost before it was sent.
+        let mut request = Request::post("/api/v1/namespaces/default/configmaps")
+            .body(Body::empty())
+            .unwrap();
+        request.extensions_mut().insert(fence.clone());
+        fence.close();
+        let mut service = TimedService {
+            inner,
+            timeouts: short(),
+        };
+        let error = tower_service::Service::call(&mut service, request)
+            .await
+            .unwrap_err();
+        assert!(
+            error.downcast_ref::<crate::fence::Fenced>().is_some(),
+            "{error}"
+        );
+        assert_eq!(calls.load(SeqCst), 0, "sent although fenced");
     }
 
     #[tokio::test(start_paused = true)]
