@@ -307,7 +307,8 @@ async fn create(pool: &Arc<NodePool>, count: usize, ctx: &Context) -> Result<Act
             .inc();
         tracing::info!(nodepool = %name, nodeclaim = %made.name_any(), "static NodePool below its replicas: created NodeClaim");
         // Counted at once, so a wake-up before the watch delivers it does not create it again.
-        ctx.cluster.update(|index| index.apply_nodeclaim(made));
+        ctx.cluster
+            .update(|index| index.apply_created_nodeclaim(made));
     }
     Ok(Action::requeue(RESYNC))
 }

@@ -101,14 +101,24 @@ pub fn node_ready(node: &Node) -> bool {
         .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
-/// The provider ID of a Node.
+/// The provider ID of a Node (an empty one is none: it names no instance).
 pub fn node_provider_id(node: &Node) -> Option<&str> {
-    node.spec.as_ref()?.provider_id.as_deref()
+    node.spec
+        .as_ref()?
+        .provider_id
+        .as_deref()
+        .filter(|id| !id.is_empty())
 }
 
-/// The provider ID of a NodeClaim.
+/// The provider ID of a NodeClaim (an empty one is none: the claim is still launching, and
+/// garbage collection protects its instance by the claim's name).
 pub fn nodeclaim_provider_id(claim: &NodeClaim) -> Option<&str> {
-    claim.status.as_ref()?.provider_id.as_deref()
+    claim
+        .status
+        .as_ref()?
+        .provider_id
+        .as_deref()
+        .filter(|id| !id.is_empty())
 }
 
 fn pod_node(pod: &Pod) -> Option<&str> {
@@ -137,6 +147,22 @@ impl ClusterIndex {
         self.seen(Kind::Node, &namespaced(&*node));
         self.nodes.insert(node.name_any(), node);
     }
+    /// A Node as the apiserver answered a write made from `read`: taken only while the index
+    /// still holds `read`, as [`Self::apply_written_nodeclaim`] (a Node whose deletion the
+    /// watch delivered meanwhile would otherwise come back, and no later event removes it).
+    pub fn apply_written_node(&mut self, read: &Node, mut written: Node) {
+        let Some(held) = self.nodes.get(&written.name_any()) else {
+            return;
+        };
+        if held.metadata.resource_version != read.metadata.resource_version
+            || held.metadata.resource_version == written.metadata.resource_version
+        {
+            return;
+        }
+        super::trim(&mut written);
+        // Not counted as listed: during a re-list only the list says what still exists.
+        self.nodes.insert(written.name_any(), Arc::new(written));
+    }
     pub fn delete_node(&mut self, name: &str) {
         self.nodes.remove(name);
         self.pod_events.forget(name);
@@ -154,9 +180,11 @@ impl ClusterIndex {
     /// waiting for a version that had already come (a Node unregistered for 60 s at 1 000 nodes,
     /// and provisioning paused meanwhile).
     pub fn apply_created_nodeclaim(&mut self, created: NodeClaim) {
-        if !self.nodeclaims.contains_key(&created.name_any()) {
-            self.apply_nodeclaim(created);
-        }
+        // Not counted as listed: a list begun before the create does not hold it, and the
+        // watch brings it after the list.
+        self.nodeclaims
+            .entry(created.name_any())
+            .or_insert_with(|| Arc::new(created));
     }
     /// A NodeClaim as the apiserver answered a write made from `read`, so the next pass does
     /// not decide from the version it just replaced. The answer is taken only while the index
@@ -176,7 +204,9 @@ impl ClusterIndex {
             return;
         }
         super::trim(&mut written);
-        self.apply_nodeclaim(written);
+        // Not counted as listed: during a re-list only the list says what still exists (one
+        // deleted while the watch was down and written just before would otherwise stay).
+        self.nodeclaims.insert(name, Arc::new(written));
     }
     pub fn delete_nodeclaim(&mut self, name: &str) {
         self.nodeclaims.remove(name);
@@ -729,6 +759,53 @@ mod tests {
         index.delete_nodeclaim("c");
         index.apply_written_nodeclaim(&version("1"), answered("2"));
         assert!(index.nodeclaim("c").is_none());
+    }
+
+    #[test]
+    fn a_written_node_does_not_come_back_after_its_deletion() {
+        let version = |rv: &str| {
+            let mut n = node("n", Some("exoscale://n"), &[]);
+            n.metadata.resource_version = Some(rv.into());
+            n
+        };
+        let mut index = ClusterIndex::default();
+        index.apply_node(version("1"));
+        index.apply_written_node(&version("1"), version("2"));
+        assert_eq!(
+            index.node("n").unwrap().resource_version().as_deref(),
+            Some("2")
+        );
+        // Deleted (the watch's event) before the taint write's answer was taken.
+        index.delete_node("n");
+        index.apply_written_node(&version("2"), version("3"));
+        assert!(index.node("n").is_none(), "a ghost Node");
+        // A later version already arrived: kept.
+        index.apply_node(version("5"));
+        index.apply_written_node(&version("4"), version("6"));
+        assert_eq!(
+            index.node("n").unwrap().resource_version().as_deref(),
+            Some("5")
+        );
+    }
+
+    #[test]
+    fn a_write_answer_taken_during_a_relist_does_not_keep_what_the_list_lacks() {
+        let version = |rv: &str| {
+            let mut claim = nodeclaim("c", "p", Some("exoscale://c"));
+            claim.metadata.resource_version = Some(rv.into());
+            claim
+        };
+        let mut index = ClusterIndex::default();
+        index.apply_nodeclaim(version("1"));
+        // The watch failed; the NodeClaim was deleted meanwhile, after a status write whose
+        // answer comes while the re-list runs.
+        index.begin_list(Kind::NodeClaim);
+        index.apply_written_nodeclaim(&version("1"), version("2"));
+        index.finish_list(Kind::NodeClaim);
+        assert!(
+            index.nodeclaim("c").is_none(),
+            "kept though the list lacks it"
+        );
     }
 
     #[test]

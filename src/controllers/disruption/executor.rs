@@ -283,7 +283,9 @@ impl Executor {
                 ]))
                 .inc();
             tracing::info!(nodeclaim = %name, nodepool = %claim.node_pool, %reason, "launched replacement NodeClaim");
-            self.ctx.cluster.update(|index| index.apply_nodeclaim(made));
+            self.ctx
+                .cluster
+                .update(|index| index.apply_created_nodeclaim(made));
             names.push(name);
         }
         Ok(names)
@@ -347,7 +349,9 @@ impl Executor {
                 .await
             {
                 Ok(updated) => {
-                    self.ctx.cluster.update(|index| index.apply_node(updated));
+                    self.ctx
+                        .cluster
+                        .update(|index| index.apply_written_node(&current, updated));
                     return Ok(());
                 }
                 Err(e) if is_conflict(&e) => continue,
