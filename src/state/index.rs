@@ -949,6 +949,9 @@ mod tests {
         index.finish_list(Kind::Pod);
         assert!(index.synced());
         assert!(index.unsynced_because().is_empty());
+        // An empty providerID names no instance: the claim is still launching.
+        index.apply_nodeclaim(nodeclaim("c2", "default", Some("")));
+        assert!(!index.synced(), "c2's providerID is empty");
     }
 
     /// Another Karpenter's launch in flight is not ours to wait for; its nodes are told apart
