@@ -124,8 +124,9 @@ impl Orchestration {
     }
 
     /// As [`Orchestration::new`]; `watched` says the command was already re-checked over the
-    /// validation delay ([`super::validation::watched_long_enough`]): it starts at once, and
-    /// empty nodes waiting for the budget (standby only) look again after [`STANDBY_RECHECK`].
+    /// validation delay ([`super::validation::watched_long_enough`]): it is validated at once
+    /// (against a fresh view, not after the delay), and empty nodes waiting for the budget
+    /// (standby only) look again after [`STANDBY_RECHECK`].
     pub fn begin(
         command: Command,
         now: DateTime<Utc>,
@@ -136,8 +137,16 @@ impl Orchestration {
         let standby_recheck = watched && command.candidates.is_empty();
         let wait = if standby_recheck {
             Some(STANDBY_RECHECK)
-        } else if command.method.needs_validation() && !watched {
-            Some(COMMAND_VALIDATION_DELAY)
+        } else if command.method.needs_validation() {
+            // Watched: the delay is waived, not the re-check. Deciding may have taken long
+            // (up to the consolidation timeout) from a view taken before: the command is
+            // checked at once against a view taken after it (a pod bound to a candidate
+            // meanwhile, a do-not-disrupt pod, a budget spent).
+            Some(if watched {
+                Duration::ZERO
+            } else {
+                COMMAND_VALIDATION_DELAY
+            })
         } else {
             None
         };

@@ -336,7 +336,12 @@ fn a_deletion_held_for_the_validation_delay_starts_at_once_and_others_wait_for_i
         let begun = o.command.map(|cmd| {
             let watched = watched_long_enough(&cmd, &v);
             let decision = cmd.decision();
-            let (orchestration, actions) = Orchestration::begin(cmd, v.now, 0, watched);
+            let (mut orchestration, mut actions) = Orchestration::begin(cmd, v.now, 0, watched);
+            if watched {
+                // Validated at once, against a view taken after deciding (here the same).
+                assert_eq!(orchestration.phase, Phase::Validating { at: v.now });
+                actions = orchestration.validate(&v);
+            }
             (decision, watched, orchestration.phase, actions)
         });
         (begun, carried)
@@ -1263,7 +1268,12 @@ mod validation_and_orchestration {
             let carried = carry_first_seen(since, &o.empty_nodes, v.now);
             let cmd = o.command.expect("an emptiness command");
             let watched = watched_long_enough(&cmd, &v);
-            let (orchestration, actions) = Orchestration::begin(cmd, v.now, 0, watched);
+            let (mut orchestration, mut actions) = Orchestration::begin(cmd, v.now, 0, watched);
+            if watched && !orchestration.command.candidates.is_empty() {
+                // Validated at once, against a view taken after deciding (here the same).
+                assert_eq!(orchestration.phase, Phase::Validating { at: v.now });
+                actions = orchestration.validate(&v);
+            }
             (watched, orchestration, actions, carried)
         };
 
@@ -1285,6 +1295,21 @@ mod validation_and_orchestration {
         assert_eq!(o.phase, Phase::Done);
         assert!(deletes_now(&actions), "{actions:?}");
         assert_eq!(carried.get("e2"), Some(&now()));
+        // A pod bound to e1 while that pass decided (a decision can take minutes): the at-once
+        // validation sees it in a view taken after the decision, and e1 is not deleted.
+        let mut decided = cluster(policy, vec![empty("e1"), empty("e2")]);
+        decided.now = now() + chrono::Duration::seconds(15);
+        decided.empty_since = since.clone();
+        let cmd = run(&decided).command.expect("an emptiness command");
+        assert_eq!(cmd.candidate_names(), ["e1"]);
+        let (mut o, _) = Orchestration::begin(cmd, decided.now, 0, true);
+        let mut arrived = empty("e1");
+        arrived.pods.push(pod("arrived", "100m", "64Mi"));
+        let mut fresh = cluster(policy, vec![arrived, empty("e2")]);
+        fresh.now = decided.now;
+        let actions = o.validate(&fresh);
+        assert!(!deletes_now(&actions), "{actions:?}");
+        assert!(matches!(o.phase, Phase::Failed { .. }), "{:?}", o.phase);
         // A pod came and left between two passes (its event at 14 s): every pass saw e1 empty,
         // yet it was not empty throughout. Validation.
         let mut churned = empty("e1");

@@ -319,7 +319,10 @@ fn is_full(v: &IntOrString) -> bool {
 pub fn pdb(object: &PodDisruptionBudget) -> Option<Pdb> {
     let spec = object.spec.as_ref()?;
     let name = object.name_any();
-    let selector = match convert::label_selector(&name, spec.selector.as_ref()) {
+    // In policy/v1 a PDB without a selector selects no pod (an empty one selects every pod
+    // of its namespace): read as "every pod", it would block each node of the namespace.
+    let selector = spec.selector.as_ref()?;
+    let selector = match convert::label_selector(&name, Some(selector)) {
         Ok(s) => s,
         Err(error) => {
             tracing::debug!(pdb = %name, %error, "PDB selector not understood");
@@ -412,6 +415,23 @@ mod tests {
         );
         index.apply_pdb(pdb);
         index
+    }
+
+    #[test]
+    fn a_pdb_without_a_selector_selects_no_pod_and_an_empty_one_every_pod() {
+        let with = |spec: serde_json::Value| {
+            let mut p = testing::pdb("apps", "guard");
+            p.spec = Some(serde_json::from_value(spec).unwrap());
+            pdb(&p)
+        };
+        assert!(with(serde_json::json!({"maxUnavailable": 0})).is_none());
+        let every = with(serde_json::json!({"maxUnavailable": 0, "selector": {}})).unwrap();
+        let pod = testing::pod("apps", "web", Some("n1"));
+        assert!(
+            every
+                .selector
+                .matches(&pod.metadata.labels.unwrap_or_default())
+        );
     }
 
     fn inputs<'a>(nominated: &'a dyn Fn(&str) -> bool, queued: &[&str]) -> ViewInputs<'a> {

@@ -120,13 +120,37 @@ fn tolerates_disrupted_taint(pod: &Pod) -> bool {
         })
 }
 
-/// `karpenter.sh/do-not-disrupt: "true"` on the pod.
-pub fn has_do_not_disrupt(pod: &Pod) -> bool {
-    pod.metadata
+/// `karpenter.sh/do-not-disrupt` protects the pod from eviction now: `"true"`, or a duration
+/// not yet elapsed since the pod started (a pod not started yet is protected, and so is one
+/// whose protection ends beyond the last representable instant), as disruption's decision
+/// reads it and upstream's eviction queue does. Any other value protects nothing.
+pub fn do_not_disrupt_active(pod: &Pod, now: Timestamp) -> bool {
+    let Some(value) = pod
+        .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(DO_NOT_DISRUPT_ANNOTATION))
-        .is_some_and(|v| v == "true")
+    else {
+        return false;
+    };
+    if value == "true" {
+        return true;
+    }
+    let Ok(protected_for) = crate::apis::duration::parse_duration(value) else {
+        return false;
+    };
+    let started = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.start_time.as_ref())
+        .map(|t| t.0);
+    match started {
+        None => true,
+        Some(start) => k8s_openapi::jiff::SignedDuration::try_from(protected_for)
+            .ok()
+            .and_then(|d| start.checked_add(d).ok())
+            .is_none_or(|until| until > now),
+    }
 }
 
 fn deletion(pod: &Pod) -> Option<Timestamp> {
@@ -233,7 +257,7 @@ pub fn plan(
             PodAction::Wait(WaitReason::Terminating)
         } else if Some(tier(pod)) != current_tier {
             PodAction::Wait(WaitReason::LaterTier)
-        } else if has_do_not_disrupt(pod) {
+        } else if do_not_disrupt_active(pod, now) {
             PodAction::Wait(WaitReason::DoNotDisrupt)
         } else {
             PodAction::Evict
@@ -371,6 +395,40 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![1],
             "past the deadline the grace period is clamped to 1 s"
+        );
+    }
+
+    #[test]
+    fn a_do_not_disrupt_duration_protects_the_pod_until_it_has_run_that_long() {
+        let mut p = annotated(
+            pod("ns", "warming", Some("n")),
+            DO_NOT_DISRUPT_ANNOTATION,
+            "1h",
+        );
+        p.status.get_or_insert_with(Default::default).start_time = Some(ts(0));
+        let waits = vec![("warming".into(), PodAction::Wait(WaitReason::DoNotDisrupt))];
+        assert_eq!(
+            actions(&plan(std::slice::from_ref(&p), ts(600).0, None)),
+            waits
+        );
+        assert_eq!(
+            actions(&plan(std::slice::from_ref(&p), ts(3600).0, None)),
+            vec![("warming".into(), PodAction::Evict)]
+        );
+        // Not started yet: protected. A value that is neither: not.
+        p.status.as_mut().unwrap().start_time = None;
+        assert_eq!(
+            actions(&plan(std::slice::from_ref(&p), ts(7200).0, None)),
+            waits
+        );
+        let junk = annotated(
+            pod("ns", "warming", Some("n")),
+            DO_NOT_DISRUPT_ANNOTATION,
+            "yes",
+        );
+        assert_eq!(
+            actions(&plan(std::slice::from_ref(&junk), ts(0).0, None)),
+            vec![("warming".into(), PodAction::Evict)]
         );
     }
 

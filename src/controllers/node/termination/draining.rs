@@ -152,7 +152,8 @@ async fn evict_and_delete(
         }
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
         let params = DeleteParams {
-            grace_period_seconds: Some(grace.max(0) as u32),
+            // Saturating: a grace beyond u32 (a huge terminationGracePeriod) is not cut short.
+            grace_period_seconds: Some(u32::try_from(grace.max(0)).unwrap_or(u32::MAX)),
             preconditions: Some(Preconditions {
                 uid: uid.map(str::to_string),
                 resource_version: None,
