@@ -53,7 +53,15 @@ impl Endpoint {
             url: url.to_string(),
             reason: reason.to_string(),
         };
-        let mut parsed = Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
+        let mut parsed = Url::parse(url).map_err(|e| EndpointError::InvalidUrl {
+            // An unparsable URL may still carry credentials before an `@`: not echoed then.
+            url: if url.contains('@') {
+                "(withheld: it may carry credentials)".into()
+            } else {
+                url.to_string()
+            },
+            reason: e.to_string(),
+        })?;
         if !parsed.username().is_empty() || parsed.password().is_some() {
             // Not echoed: the URL holds a secret.
             return Err(EndpointError::InvalidUrl {
@@ -187,6 +195,12 @@ mod tests {
         }
         let Err(e) = Endpoint::parse("https://key:s3cret@api-ch-gva-2.exoscale.com/v2") else {
             panic!("credentials in the URL accepted");
+        };
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        // Nor when the rest of the URL does not parse (a bad port).
+        let Err(e) = Endpoint::parse("https://key:s3cret@api-ch-gva-2.exoscale.com:99999/v2")
+        else {
+            panic!("a bad port accepted");
         };
         assert!(!e.to_string().contains("s3cret"), "{e}");
     }

@@ -537,11 +537,17 @@ impl Config {
             r.errors.push(e.to_string());
         }
         let cluster_endpoint = r.raw(&args.cluster_endpoint, "CLUSTER_ENDPOINT");
-        if let Some(endpoint) = &cluster_endpoint
-            && url::Url::parse(endpoint).is_err()
-        {
-            r.errors
-                .push(format!("CLUSTER_ENDPOINT={endpoint:?}: not a URL"));
+        if let Some(endpoint) = &cluster_endpoint {
+            // Nodes send their bootstrap token to it: https only.
+            match url::Url::parse(endpoint) {
+                Err(_) => r
+                    .errors
+                    .push(format!("CLUSTER_ENDPOINT={endpoint:?}: not a URL")),
+                Ok(url) if url.scheme() != "https" => r.errors.push(format!(
+                    "CLUSTER_ENDPOINT={endpoint:?}: must be an https URL (nodes send their bootstrap token to it)"
+                )),
+                Ok(_) => {}
+            }
         }
         let exoscale = ExoscaleSettings {
             api_key: Secret::new(api_key),
@@ -901,6 +907,7 @@ mod tests {
             ("LISTEN_ADDRESS", "localhost"),
             ("EXOSCALE_API_QPS", "0"),
             ("POD_METRICS", "all"),
+            ("CLUSTER_ENDPOINT", "http://10.0.0.1:6443"),
         ]);
         let err = Config::resolve(&RunArgs::default(), &e).unwrap_err();
         let text = err.to_string();
@@ -916,10 +923,11 @@ mod tests {
             "LISTEN_ADDRESS=\"localhost\"",
             "EXOSCALE_API_QPS=\"0\"",
             "POD_METRICS=\"all\": expected aggregated or per-pod",
+            "CLUSTER_ENDPOINT=\"http://10.0.0.1:6443\": must be an https URL",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in {text}");
         }
-        assert_eq!(err.0.len(), 11);
+        assert_eq!(err.0.len(), 12);
     }
 
     #[test]

@@ -336,13 +336,23 @@ pub async fn delete_token(client: &Client, name: &str) -> Result<(), TokenError>
     }
 }
 
-/// The token Secret names recorded on a NodeClaim's annotation value.
+/// The token Secret names recorded on a NodeClaim's annotation value: only names a token of
+/// ours can have (`bootstrap-token-` and a six-character `[a-z0-9]` ID). Anyone who may patch
+/// NodeClaims can write the annotation, and the names are deleted: any other kube-system
+/// Secret named there is ignored (the admission policy refuses the rest).
 pub fn recorded(annotation: Option<&str>) -> BTreeSet<String> {
     annotation
         .unwrap_or_default()
         .split(',')
         .map(str::trim)
-        .filter(|n| n.starts_with(SECRET_NAME_PREFIX))
+        .filter(|n| {
+            n.strip_prefix(SECRET_NAME_PREFIX).is_some_and(|id| {
+                id.len() == 6
+                    && id
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            })
+        })
         .map(str::to_string)
         .collect()
 }
@@ -522,7 +532,7 @@ mod tests {
     #[test]
     fn recorded_token_names_round_trip_and_foreign_entries_are_ignored() {
         let names = recorded(Some(
-            "bootstrap-token-abc123, bootstrap-token-def456,kube-root-ca,",
+            "bootstrap-token-abc123, bootstrap-token-def456,kube-root-ca,bootstrap-token-signer-key,bootstrap-token-ABC123,",
         ));
         assert_eq!(
             names,

@@ -26,6 +26,9 @@ pub const MAX_USER_DATA_LEN: usize = 32767;
 pub enum UserDataError {
     #[error("the cluster endpoint (CLUSTER_ENDPOINT) is empty")]
     MissingApiServer,
+    /// The node would send its bootstrap token in clear text.
+    #[error("the cluster endpoint {0:?} is not an https URL (set CLUSTER_ENDPOINT)")]
+    InsecureApiServer(String),
     #[error("the cluster CA bundle is empty")]
     MissingCa,
     #[error("user data is {len} base64 characters, over the API limit of {MAX_USER_DATA_LEN}")]
@@ -184,8 +187,15 @@ pub fn kubelet_taints(taints: &[Taint]) -> BTreeMap<String, Vec<String>> {
 
 /// The TOML document, before compression. Useful for tests and `simulate`.
 pub fn render_toml(input: &UserDataInput) -> Result<String, UserDataError> {
-    if input.api_server.trim().is_empty() {
+    let api_server = input.api_server.trim();
+    if api_server.is_empty() {
         return Err(UserDataError::MissingApiServer);
+    }
+    if !api_server
+        .get(..8)
+        .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+    {
+        return Err(UserDataError::InsecureApiServer(api_server.to_string()));
     }
     if input.cluster_ca_pem.iter().all(u8::is_ascii_whitespace) {
         return Err(UserDataError::MissingCa);
@@ -393,6 +403,12 @@ mod tests {
         let mut i = input();
         i.api_server = " ".into();
         assert_eq!(render(&i).unwrap_err(), UserDataError::MissingApiServer);
+        // The token would travel in clear text.
+        i.api_server = "http://10.0.0.1:6443".into();
+        assert!(matches!(
+            render(&i).unwrap_err(),
+            UserDataError::InsecureApiServer(_)
+        ));
     }
 
     #[test]

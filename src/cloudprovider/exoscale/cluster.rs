@@ -126,12 +126,18 @@ impl NodeBootstrap for KubeNodeBootstrap {
         secret_names: &'a [String],
     ) -> BoxFuture<'a, std::result::Result<(), String>> {
         Box::pin(async move {
+            // Every name is tried: one refused delete must not leave the others' tokens valid.
+            let mut failed = Vec::new();
             for name in secret_names {
-                bootstrap_token::delete_token(&self.client, name)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                if let Err(e) = bootstrap_token::delete_token(&self.client, name).await {
+                    failed.push(e.to_string());
+                }
             }
-            Ok(())
+            if failed.is_empty() {
+                Ok(())
+            } else {
+                Err(failed.join("; "))
+            }
         })
     }
 
@@ -156,4 +162,72 @@ pub fn recorded_tokens(claim: &NodeClaim) -> BTreeSet<String> {
             .and_then(|a| a.get(NODECLAIM_TOKENS_ANNOTATION))
             .map(String::as_str),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll};
+
+    /// An API server that refuses (403) the delete of the Secret whose name ends in `1` and
+    /// deletes the others, recording their names.
+    #[derive(Clone)]
+    struct RefusesOne {
+        deleted: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl tower_service::Service<http::Request<kube::client::Body>> for RefusesOne {
+        type Response = http::Response<http_body_util::Full<bytes::Bytes>>;
+        type Error = Box<dyn std::error::Error + Send + Sync>;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+            let name = request.uri().path().rsplit('/').next().unwrap_or_default();
+            let (status, body) = if name.ends_with('1') {
+                (
+                    403,
+                    r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"refused by the test","reason":"Forbidden","code":403}"#,
+                )
+            } else {
+                self.deleted.lock().unwrap().push(name.to_string());
+                (
+                    200,
+                    r#"{"kind":"Status","apiVersion":"v1","status":"Success"}"#,
+                )
+            };
+            std::future::ready(Ok(http::Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                .unwrap()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_token_delete_does_not_leave_the_other_tokens() {
+        let deleted = Arc::new(Mutex::new(Vec::new()));
+        let client = kube::Client::new(
+            RefusesOne {
+                deleted: deleted.clone(),
+            },
+            "default",
+        );
+        let bootstrap = KubeNodeBootstrap::new(client, std::time::Duration::from_secs(60));
+        let names = [
+            "bootstrap-token-aaaaa1".to_string(),
+            "bootstrap-token-bbbbb2".to_string(),
+            "bootstrap-token-ccccc3".to_string(),
+        ];
+        let error = bootstrap.delete_tokens(&names).await.unwrap_err();
+        assert!(error.contains("bootstrap-token-aaaaa1"), "{error}");
+        assert_eq!(
+            *deleted.lock().unwrap(),
+            ["bootstrap-token-bbbbb2", "bootstrap-token-ccccc3"]
+        );
+    }
 }
