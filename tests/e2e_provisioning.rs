@@ -1529,18 +1529,7 @@ async fn a_nodeclaim_create_whose_answer_is_lost_is_not_repeated() {
     assert_eq!(claims.list(&selector).await.unwrap().items.len(), 1);
 
     transport.claims_late.send_replace(false);
-    eventually("the pod bound", || async {
-        let pods = world
-            .pods()
-            .list(&ListParams::default().labels("app=web"))
-            .await
-            .ok()?;
-        pods.items
-            .iter()
-            .all(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
-            .then_some(())
-    })
-    .await;
+    eventually("the pod bound", || all_bound(&world, "web")).await;
     assert_eq!(
         claims.list(&selector).await.unwrap().items.len(),
         1,
@@ -1599,20 +1588,7 @@ async fn a_nodeclaim_create_never_answered_is_given_up_and_made_again() {
     // Created again only once the API server can no longer be committing the first (65 s).
     let limit =
         harness::WAIT + karpenter_exoscale::controllers::lost_creates::SERVER_MAY_COMMIT_FOR;
-    harness::eventually_within("the pod bound", limit, || async {
-        let pods = world
-            .pods()
-            .list(&ListParams::default().labels("app=web"))
-            .await
-            .ok()?;
-        (!pods.items.is_empty()
-            && pods
-                .items
-                .iter()
-                .all(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())))
-        .then_some(())
-    })
-    .await;
+    harness::eventually_within("the pod bound", limit, || all_bound(&world, "web")).await;
     let selector = ListParams::default().labels(&format!("{NODEPOOL_LABEL}={pool_name}"));
     assert_eq!(
         world
@@ -1707,20 +1683,7 @@ async fn a_nodeclaim_create_committed_after_it_was_given_up_is_not_made_twice() 
         delivered.load(SeqCst).then_some(())
     })
     .await;
-    eventually("the pod bound", || async {
-        let pods = world
-            .pods()
-            .list(&ListParams::default().labels("app=web"))
-            .await
-            .ok()?;
-        (!pods.items.is_empty()
-            && pods
-                .items
-                .iter()
-                .all(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())))
-        .then_some(())
-    })
-    .await;
+    eventually("the pod bound", || all_bound(&world, "web")).await;
     assert_eq!(
         creates.load(SeqCst),
         1,
@@ -1847,20 +1810,7 @@ async fn a_nodeclass_watch_refused_after_its_list_recovers() {
     let pool_name = format!("nc-watch-{}", &world.namespace[world.namespace.len() - 6..]);
     create_nodepool(&world, &pool_name).await;
     let deployments = create_deployment(&world, "web", "web", 1, "1", "1Gi").await;
-    eventually("the pod bound", || async {
-        let pods = world
-            .pods()
-            .list(&ListParams::default().labels("app=web"))
-            .await
-            .ok()?;
-        (!pods.items.is_empty()
-            && pods
-                .items
-                .iter()
-                .all(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())))
-        .then_some(())
-    })
-    .await;
+    eventually("the pod bound", || all_bound(&world, "web")).await;
     assert!(
         refusals.load(SeqCst) >= 2,
         "the watch was refused, then opened"
@@ -1873,4 +1823,19 @@ async fn a_nodeclass_watch_refused_after_its_list_recovers() {
         .delete(&pool_name, &DeleteParams::default())
         .await;
     world.finish().await;
+}
+
+/// `Some` once pods labelled `app=<app>` exist and every one is bound to a node.
+async fn all_bound(world: &World, app: &str) -> Option<()> {
+    let pods = world
+        .pods()
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .ok()?;
+    (!pods.items.is_empty()
+        && pods
+            .items
+            .iter()
+            .all(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())))
+    .then_some(())
 }
