@@ -67,17 +67,7 @@ impl NodePod {
         let Some(value) = self.do_not_disrupt.as_deref() else {
             return false;
         };
-        if !self.is_active() {
-            return false;
-        }
-        if value == "true" {
-            return true;
-        }
-        match (parse_duration(value), self.started_at) {
-            (Ok(d), Some(start)) => do_not_disrupt_until(start, d).is_none_or(|end| end > now),
-            (Ok(_), None) => true,
-            (Err(_), _) => false,
-        }
+        self.is_active() && do_not_disrupt_protects(value, self.started_at, now)
     }
 
     /// Subject to eviction (so to PDBs) when the node drains.
@@ -104,6 +94,25 @@ impl NodePod {
 /// When a `karpenter.sh/do-not-disrupt` duration counted from `start` ends; `None` when that is
 /// beyond the last representable instant (the annotation's value comes from the pod's author,
 /// so `9999999999h` must not panic: it protects for good).
+/// Whether a pod's `karpenter.sh/do-not-disrupt` value protects it at `now`: `"true"`, or a
+/// duration not yet elapsed since it started (`None`: not started yet, protected; a protection
+/// ending beyond the last representable instant holds). Any other value protects nothing. The
+/// one rule for disruption's decisions and the drain, as upstream's `IsDoNotDisruptActive`.
+pub fn do_not_disrupt_protects(
+    value: &str,
+    started_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> bool {
+    if value == "true" {
+        return true;
+    }
+    match (parse_duration(value), started_at) {
+        (Ok(d), Some(start)) => do_not_disrupt_until(start, d).is_none_or(|end| end > now),
+        (Ok(_), None) => true,
+        (Err(_), _) => false,
+    }
+}
+
 pub fn do_not_disrupt_until(start: DateTime<Utc>, grace: Duration) -> Option<DateTime<Utc>> {
     start.checked_add_signed(chrono::Duration::from_std(grace).ok()?)
 }

@@ -120,10 +120,8 @@ fn tolerates_disrupted_taint(pod: &Pod) -> bool {
         })
 }
 
-/// `karpenter.sh/do-not-disrupt` protects the pod from eviction now: `"true"`, or a duration
-/// not yet elapsed since the pod started (a pod not started yet is protected, and so is one
-/// whose protection ends beyond the last representable instant), as disruption's decision
-/// reads it and upstream's eviction queue does. Any other value protects nothing.
+/// `karpenter.sh/do-not-disrupt` protects the pod from eviction now, by the rule disruption's
+/// decisions use ([`crate::disruption::model::do_not_disrupt_protects`]).
 pub fn do_not_disrupt_active(pod: &Pod, now: Timestamp) -> bool {
     let Some(value) = pod
         .metadata
@@ -133,24 +131,14 @@ pub fn do_not_disrupt_active(pod: &Pod, now: Timestamp) -> bool {
     else {
         return false;
     };
-    if value == "true" {
-        return true;
-    }
-    let Ok(protected_for) = crate::apis::duration::parse_duration(value) else {
-        return false;
-    };
+    use crate::controllers::disruption::view::to_chrono;
     let started = pod
         .status
         .as_ref()
         .and_then(|s| s.start_time.as_ref())
-        .map(|t| t.0);
-    match started {
-        None => true,
-        Some(start) => k8s_openapi::jiff::SignedDuration::try_from(protected_for)
-            .ok()
-            .and_then(|d| start.checked_add(d).ok())
-            .is_none_or(|until| until > now),
-    }
+        .map(to_chrono);
+    let now = to_chrono(&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+    crate::disruption::model::do_not_disrupt_protects(value, started, now)
 }
 
 fn deletion(pod: &Pod) -> Option<Timestamp> {
