@@ -76,16 +76,26 @@ fn owner_name(instance: &NodeClaim) -> Option<String> {
         .or_else(|| instance.metadata.name.clone())
 }
 
+/// When a pass runs, by both of this replica's clocks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PassTime {
+    /// Compared with instances' creation times (Exoscale's clock).
+    pub wall: Timestamp,
+    /// Measures how long this replica has seen an orphan: setting the wall clock forward
+    /// does not shorten that.
+    pub monotonic: Duration,
+}
+
 /// Decides a pass. `ownership` is the provider's judgement of each instance; `first_seen`
-/// remembers when each orphan was first noticed, so instances without a creation time also get
-/// the full grace period.
+/// remembers when (monotonic) each orphan was first noticed, so instances without a creation
+/// time also get the full grace period.
 pub fn plan(
     instances: &[NodeClaim],
     ownership: impl Fn(&NodeClaim) -> Ownership,
     index: &ClusterIndex,
-    now: Timestamp,
+    now: PassTime,
     grace: Duration,
-    first_seen: &mut BTreeMap<String, Timestamp>,
+    first_seen: &mut BTreeMap<String, Duration>,
 ) -> Plan {
     let claims = index.nodeclaims();
     let known_ids: BTreeSet<&str> = claims
@@ -130,21 +140,23 @@ pub fn plan(
             continue;
         }
         still_orphaned.insert(id.to_string());
-        let seen = *first_seen.entry(id.to_string()).or_insert(now);
+        let seen = *first_seen.entry(id.to_string()).or_insert(now.monotonic);
         // Orphaned for the grace period by both clocks: since its creation (Exoscale's clock)
-        // and since this replica first saw it orphaned (its own). The creation time alone would
-        // let a local clock running ahead shorten the grace; after a restart, an orphan waits
+        // and since this replica first saw it orphaned (its own, monotonic). The creation time
+        // alone would let a local clock running ahead shorten the grace, and a wall-clock first
+        // sighting would let the clock being set forward do so; after a restart, an orphan waits
         // one grace period again.
-        let born = instance
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0)
-            .map_or(seen, |c| c.max(seen));
+        let seen_long_enough = now.monotonic.saturating_sub(seen) >= grace;
         // Full precision (a `500ms` grace is not 0), and a grace beyond `SignedDuration`'s
         // range never elapses rather than wrapping negative.
-        let orphaned_for = now.duration_since(born);
-        if SignedDuration::try_from(grace).is_ok_and(|grace| orphaned_for >= grace) {
+        let old_enough = SignedDuration::try_from(grace).is_ok_and(|grace| {
+            instance
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .is_none_or(|created| now.wall.duration_since(created.0) >= grace)
+        });
+        if seen_long_enough && old_enough {
             plan.delete_instances.push(instance.clone());
         }
     }
@@ -174,7 +186,7 @@ pub fn plan(
 /// Garbage collector with its memory of first sightings and of what it already reported.
 #[derive(Default)]
 pub struct Collector {
-    first_seen: Mutex<BTreeMap<String, Timestamp>>,
+    first_seen: Mutex<BTreeMap<String, Duration>>,
     reported: Mutex<BTreeSet<Unowned>>,
 }
 
@@ -193,7 +205,10 @@ impl Collector {
                 &instances,
                 |i| ctx.cloud.ownership(i),
                 &index,
-                ctx.now(),
+                PassTime {
+                    wall: ctx.now(),
+                    monotonic: ctx.clock.monotonic(),
+                },
                 ctx.timings.instance_gc_grace_period,
                 &mut first_seen,
             )
@@ -312,9 +327,9 @@ mod tests {
     fn plan_proven(
         instances: &[NodeClaim],
         index: &ClusterIndex,
-        now: Timestamp,
+        now: PassTime,
         grace: Duration,
-        first_seen: &mut BTreeMap<String, Timestamp>,
+        first_seen: &mut BTreeMap<String, Duration>,
     ) -> Plan {
         plan(
             instances,
@@ -324,6 +339,14 @@ mod tests {
             grace,
             first_seen,
         )
+    }
+
+    /// A pass at `secs` by both clocks, which have run together since the origin.
+    fn at(secs: i64) -> PassTime {
+        PassTime {
+            wall: ts(secs).0,
+            monotonic: Duration::from_secs(secs.unsigned_abs()),
+        }
     }
 
     /// Ownership by the instance's NodeClaim label: names starting with "foreign-" are another
@@ -345,11 +368,11 @@ mod tests {
         // NodeClaim "nc" recorded instance b; instance a, same name label, is the twin.
         index.apply_nodeclaim(nodeclaim("nc", "p", Some("exoscale://b")));
         // Seen orphaned since long ago.
-        let mut seen = BTreeMap::from([("exoscale://a".to_string(), ts(0).0)]);
+        let mut seen = BTreeMap::from([("exoscale://a".to_string(), Duration::ZERO)]);
         let p = plan_proven(
             &[instance("a", "nc", 0), instance("b", "nc", 0)],
             &index,
-            ts(10_000).0,
+            at(10_000),
             Duration::from_secs(60),
             &mut seen,
         );
@@ -365,7 +388,7 @@ mod tests {
     fn only_instances_proven_ours_are_ever_deleted() {
         let mut index = ClusterIndex::default();
         index.apply_nodeclaim(nodeclaim("legacy-owned", "p", Some("exoscale://l1")));
-        let mut seen = BTreeMap::from([("exoscale://o1".to_string(), ts(0).0)]);
+        let mut seen = BTreeMap::from([("exoscale://o1".to_string(), Duration::ZERO)]);
         let instances = [
             instance("f1", "foreign-a", 0),
             instance("f2", "foreign-b", 0),
@@ -377,7 +400,7 @@ mod tests {
             &instances,
             by_name,
             &index,
-            ts(100_000).0,
+            at(100_000),
             Duration::from_secs(60),
             &mut seen,
         );
@@ -408,7 +431,7 @@ mod tests {
             &[instance("l3", "legacy-launching", 0)],
             by_name,
             &index,
-            ts(100_000).0,
+            at(100_000),
             Duration::from_secs(60),
             &mut seen,
         );
@@ -426,10 +449,10 @@ mod tests {
 
     /// The instances a pass at `now` (seconds) deletes from one orphan created at 0, with a
     /// 600-s grace.
-    fn deleted_at(now: i64, seen: &mut BTreeMap<String, Timestamp>) -> Vec<NodeClaim> {
+    fn deleted_at(now: i64, seen: &mut BTreeMap<String, Duration>) -> Vec<NodeClaim> {
         let orphan = instance("a", "gone", 0);
         let grace = Duration::from_secs(600);
-        plan_proven(&[orphan], &ClusterIndex::default(), ts(now).0, grace, seen).delete_instances
+        plan_proven(&[orphan], &ClusterIndex::default(), at(now), grace, seen).delete_instances
     }
 
     #[test]
@@ -453,6 +476,38 @@ mod tests {
         assert_eq!(deleted_at(4200, &mut seen).len(), 1);
     }
 
+    /// The wall clock set forward by more than the grace period (NTP catching up, an operator)
+    /// between two passes: the orphan first seen just before is kept until this replica has
+    /// itself watched it for the grace period.
+    #[test]
+    fn setting_the_wall_clock_forward_does_not_shorten_the_grace() {
+        let mut seen = BTreeMap::new();
+        let orphan = instance("a", "gone", 1000);
+        let grace = Duration::from_secs(600);
+        let pass = |now: PassTime, seen: &mut BTreeMap<String, Duration>| {
+            plan_proven(
+                std::slice::from_ref(&orphan),
+                &ClusterIndex::default(),
+                now,
+                grace,
+                seen,
+            )
+            .delete_instances
+        };
+        assert!(pass(at(1000), &mut seen).is_empty());
+        // One second later by the monotonic clock, an hour later by the wall clock.
+        let jumped = |monotonic_secs: u64| PassTime {
+            wall: ts(4601).0,
+            monotonic: Duration::from_secs(monotonic_secs),
+        };
+        assert!(
+            pass(jumped(1001), &mut seen).is_empty(),
+            "deleted after 1 s"
+        );
+        assert!(pass(jumped(1599), &mut seen).is_empty());
+        assert_eq!(pass(jumped(1600), &mut seen), vec![orphan.clone()]);
+    }
+
     #[test]
     fn a_grace_too_long_to_represent_never_elapses_and_sub_second_graces_count() {
         let index = ClusterIndex::default();
@@ -462,15 +517,17 @@ mod tests {
         let p = plan_proven(
             std::slice::from_ref(&orphan),
             &index,
-            ts(1000).0,
+            at(1000),
             Duration::from_secs(u64::MAX),
             &mut seen,
         );
         assert!(p.delete_instances.is_empty(), "{p:?}");
         // 1 500 ms is not truncated to 1 s.
         let grace = Duration::from_millis(1500);
-        let at = |ms: i64| {
-            Timestamp::from_millisecond(ts(1000).0.as_millisecond() + ms).expect("valid instant")
+        let at = |ms: i64| PassTime {
+            wall: Timestamp::from_millisecond(ts(1000).0.as_millisecond() + ms)
+                .expect("valid instant"),
+            monotonic: Duration::from_millis(1_000_000 + ms.unsigned_abs()),
         };
         let p = plan_proven(
             std::slice::from_ref(&orphan),
@@ -499,7 +556,7 @@ mod tests {
         let p = plan_proven(
             &[instance("a", "launching", 0), instance("b", "renamed", 0)],
             &index,
-            ts(100_000).0,
+            at(100_000),
             Duration::from_secs(60),
             &mut seen,
         );
@@ -517,7 +574,7 @@ mod tests {
             plan_proven(
                 std::slice::from_ref(&orphan),
                 &index,
-                ts(1000).0,
+                at(1000),
                 grace,
                 &mut seen
             )
@@ -528,7 +585,7 @@ mod tests {
             plan_proven(
                 std::slice::from_ref(&orphan),
                 &index,
-                ts(1059).0,
+                at(1059),
                 grace,
                 &mut seen
             )
@@ -539,7 +596,7 @@ mod tests {
             plan_proven(
                 std::slice::from_ref(&orphan),
                 &index,
-                ts(1060).0,
+                at(1060),
                 grace,
                 &mut seen
             )
@@ -553,7 +610,7 @@ mod tests {
         plan_proven(
             std::slice::from_ref(&orphan),
             &index,
-            ts(1061).0,
+            at(1061),
             grace,
             &mut seen,
         );
@@ -569,7 +626,7 @@ mod tests {
         let p = plan_proven(
             &[instance("y", "alive", 0)],
             &index,
-            ts(10).0,
+            at(10),
             Duration::from_secs(60),
             &mut BTreeMap::new(),
         );
@@ -590,7 +647,7 @@ mod tests {
         let p = plan_proven(
             &[],
             &index,
-            ts(10).0,
+            at(10),
             Duration::from_secs(60),
             &mut BTreeMap::new(),
         );
