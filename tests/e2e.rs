@@ -39,7 +39,7 @@ use karpenter_exoscale::operator::run::build_cloud;
 use karpenter_exoscale::operator::tasks::TaskError;
 use karpenter_exoscale::sim::kubelet::{Join, KubeletBehaviour};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 #[tokio::test]
@@ -421,12 +421,33 @@ async fn gc_keeps_a_nodeclaim_whose_instance_left_the_list_but_exists() {
 /// collection deletes our orphan, and never another cluster's instance (other ID, or our ID
 /// with another UID), nor one with our ID but no UID that no NodeClaim owns — those are
 /// reported in `karpenter_exoscale_unowned_instances` and an `UnownedInstance` event.
+/// Throughout, one NodeClaim never gets a provider ID (deleted, held by someone else's
+/// finalizer), so cluster state is never "synced": collection runs all the same.
 #[tokio::test]
 async fn a_wrong_cluster_id_never_lets_gc_delete_another_clusters_instances() {
     let Some(world) = World::start("e2e-gc", joins()).await else {
         return;
     };
     world.create_nodeclass(json!({})).await;
+    let claims: Api<NodeClaim> = Api::all(world.client.clone());
+    let held = format!("held-{}", suffix(&world));
+    let held_claim: NodeClaim = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+        "metadata": {"name": held, "finalizers": ["e2e.test/hold"]},
+        "spec": {
+            "requirements": [],
+            "nodeClassRef": {"group": "karpenter.exoscale.com", "kind": "ExoscaleNodeClass", "name": "absent"}
+        }
+    }))
+    .unwrap();
+    claims
+        .create(&PostParams::default(), &held_claim)
+        .await
+        .unwrap();
+    claims
+        .delete(&held, &DeleteParams::default())
+        .await
+        .unwrap();
     world.start_replica("a").await;
     world.ready_nodeclass().await;
     // Instances launched outside any controller, as four "clusters" would.
@@ -597,6 +618,21 @@ async fn a_wrong_cluster_id_never_lets_gc_delete_another_clusters_instances() {
         },
     )
     .await;
+    assert!(
+        claims
+            .get(&held)
+            .await
+            .is_ok_and(|c| c.status.and_then(|s| s.provider_id).is_none()),
+        "the held NodeClaim stayed launching throughout"
+    );
+    claims
+        .patch(
+            &held,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
     drop((ours, other_id, same_id));
     world.finish().await;
 }

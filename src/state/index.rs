@@ -504,6 +504,14 @@ impl ClusterIndex {
         self.listed.contains(&kind) && !self.stale.contains(&kind)
     }
 
+    /// Every one of `kinds` is [`Self::current`]. For work that reads only those kinds and must
+    /// not wait for [`Self::synced`]'s "no launch in flight": garbage collection and token
+    /// cleanup matter most while launches keep failing, which is when a NodeClaim is always
+    /// waiting for its provider ID.
+    pub fn current_all(&self, kinds: &[Kind]) -> bool {
+        kinds.iter().all(|&kind| self.current(kind))
+    }
+
     pub fn node(&self, name: &str) -> Option<Arc<Node>> {
         self.nodes.get(name).cloned()
     }

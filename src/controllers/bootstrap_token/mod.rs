@@ -17,7 +17,7 @@ use kube::api::Api;
 use crate::apis::NodeClaim;
 use crate::apis::labels::{NODECLAIM_TOKENS_ANNOTATION, conditions};
 use crate::providers::bootstrap_token;
-use crate::state::ClusterIndex;
+use crate::state::{ClusterIndex, Kind};
 
 use super::{Context, absent_ok, patch_object};
 
@@ -44,7 +44,9 @@ pub fn release_plan(index: &ClusterIndex) -> Vec<(String, BTreeSet<String>)> {
 
 /// One cleanup pass; returns how many tokens were deleted.
 pub async fn cleanup_once(ctx: &Context) -> Result<usize, super::Error> {
-    if !ctx.cluster.synced() || !ctx.leadership.is_leader() {
+    // Only NodeClaims are read: a launch in flight (a NodeClaim without provider ID) must not
+    // keep registered nodes' tokens alive.
+    if !ctx.cluster.read().current(Kind::NodeClaim) || !ctx.leadership.is_leader() {
         return Ok(0);
     }
     let plan = release_plan(&ctx.cluster.read());

@@ -21,7 +21,7 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use crate::apis::NodeClaim;
 use crate::apis::labels::{INSTANCE_NODECLAIM_LABEL, conditions};
 use crate::cloudprovider::Ownership;
-use crate::state::{ClusterIndex, nodeclaim_provider_id};
+use crate::state::{ClusterIndex, Kind, nodeclaim_provider_id};
 
 use super::{Context, Result, ignore_not_found};
 use crate::state::node_ready;
@@ -183,6 +183,12 @@ pub fn plan(
     plan
 }
 
+/// What a pass reads from cluster state: which NodeClaims own instances, and which Nodes are
+/// Ready.
+pub fn may_collect(index: &ClusterIndex) -> bool {
+    index.current_all(&[Kind::NodeClaim, Kind::Node])
+}
+
 /// Garbage collector with its memory of first sightings and of what it already reported.
 #[derive(Default)]
 pub struct Collector {
@@ -191,10 +197,12 @@ pub struct Collector {
 }
 
 impl Collector {
-    /// One pass. Skipped unless this replica leads and its cluster state is synced (every
-    /// instance would look orphaned to a stale or partial view).
+    /// One pass. Skipped unless this replica leads and its NodeClaims and Nodes are current
+    /// (every instance would look orphaned to a stale or partial view). Launches in flight do
+    /// not hold it back: their instances are spared by name, and a launch that keeps failing
+    /// is exactly when twins and orphans appear.
     pub async fn collect(&self, ctx: &Context) -> Result<Plan> {
-        if !ctx.leadership.is_leader() || !ctx.cluster.synced() {
+        if !ctx.leadership.is_leader() || !may_collect(&ctx.cluster.read()) {
             return Ok(Plan::default());
         }
         let instances = ctx.cloud.list().await?;
@@ -615,6 +623,29 @@ mod tests {
             &mut seen,
         );
         assert!(seen.is_empty());
+    }
+
+    /// A NodeClaim that never gets its provider ID (creates keep failing) makes cluster state
+    /// unsynced for as long as it lasts; collection runs all the same, and stops only when
+    /// what it reads is not current.
+    #[test]
+    fn collection_waits_for_current_nodeclaims_and_nodes_not_for_launches() {
+        let listed_with_a_launch = || {
+            let mut index = ClusterIndex::default();
+            for kind in Kind::ALL {
+                index.finish_list(kind);
+            }
+            index.apply_nodeclaim(nodeclaim("launching", "p", None));
+            index
+        };
+        let index = listed_with_a_launch();
+        assert!(!index.synced(), "a launch in flight leaves state unsynced");
+        assert!(may_collect(&index));
+        for kind in [Kind::NodeClaim, Kind::Node] {
+            let mut stale = listed_with_a_launch();
+            stale.mark_stale(kind);
+            assert!(!may_collect(&stale), "{kind:?} stale");
+        }
     }
 
     #[test]
