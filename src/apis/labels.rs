@@ -142,6 +142,103 @@ pub fn is_restricted_label(key: &str) -> bool {
     karpenter_domain && !WELL_KNOWN_LABELS.contains(&key)
 }
 
+/// Longest label value and qualified-name name part (Kubernetes `validation.LabelValueMaxLength`).
+const LABEL_NAME_MAX: usize = 63;
+/// Longest DNS-1123 subdomain, the optional prefix of a qualified name.
+const DNS_SUBDOMAIN_MAX: usize = 253;
+
+const NAME_CHARSET: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+
+/// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`: the name part of a key, or a non-empty value.
+fn is_label_name(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(first), Some(last)) => {
+            first.is_ascii_alphanumeric()
+                && last.is_ascii_alphanumeric()
+                && bytes
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        }
+        _ => false,
+    }
+}
+
+/// Lowercase RFC 1123 subdomain: dot-separated `[a-z0-9]([-a-z0-9]*[a-z0-9])?` parts.
+fn is_dns_subdomain(text: &str) -> bool {
+    text.split('.').all(|part| {
+        let bytes = part.as_bytes();
+        let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        match (bytes.first(), bytes.last()) {
+            (Some(first), Some(last)) => {
+                alnum(first) && alnum(last) && bytes.iter().all(|b| alnum(b) || *b == b'-')
+            }
+            _ => false,
+        }
+    })
+}
+
+/// Checks a label key is a qualified name (Kubernetes `IsQualifiedName`): an optional DNS
+/// subdomain prefix and '/', then a name. `Err` says every way it is not.
+pub fn validate_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((_, name)) if name.contains('/') => {
+            return Err(format!(
+                "a qualified name is an optional DNS subdomain prefix and '/', then a name that {NAME_CHARSET}"
+            ));
+        }
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let mut problems = Vec::new();
+    match prefix {
+        Some("") => problems.push("prefix part must be non-empty".to_string()),
+        Some(prefix) if prefix.len() > DNS_SUBDOMAIN_MAX => problems.push(format!(
+            "prefix part must be no more than {DNS_SUBDOMAIN_MAX} characters"
+        )),
+        Some(prefix) if !is_dns_subdomain(prefix) => problems.push(
+            "prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character".to_string(),
+        ),
+        _ => {}
+    }
+    if name.is_empty() {
+        problems.push("name part must be non-empty".to_string());
+    } else {
+        if name.len() > LABEL_NAME_MAX {
+            problems.push(format!(
+                "name part must be no more than {LABEL_NAME_MAX} characters"
+            ));
+        }
+        if !is_label_name(name) {
+            problems.push(format!("name part {NAME_CHARSET}"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join(", "))
+    }
+}
+
+/// Checks a label value (Kubernetes `IsValidLabelValue`): empty, or a name of at most 63
+/// characters.
+pub fn validate_label_value(value: &str) -> Result<(), String> {
+    let mut problems = Vec::new();
+    if value.len() > LABEL_NAME_MAX {
+        problems.push(format!("must be no more than {LABEL_NAME_MAX} characters"));
+    }
+    if !value.is_empty() && !is_label_name(value) {
+        problems.push(format!(
+            "a valid label must be an empty string or {NAME_CHARSET}"
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join(", "))
+    }
+}
+
 /// Condition types shared by the CRDs.
 pub mod conditions {
     pub const READY: &str = "Ready";
@@ -183,6 +280,66 @@ mod tests {
         assert!(!is_restricted_label("karpenter.sh/capacity-type"));
         assert!(!is_restricted_label("team.example.com/owner"));
         assert!(!is_restricted_label("notkarpenter.shx/a"));
+    }
+
+    #[test]
+    fn label_keys_must_be_qualified_names() {
+        let name63 = "a".repeat(63);
+        let prefix253 = format!("{}.{}", "a".repeat(126), "b".repeat(126));
+        for ok in [
+            "app",
+            "App_Name.v-1",
+            "team.example.com/owner",
+            "kubernetes.io/arch",
+            "x/Y",
+            name63.as_str(),
+            &format!("{prefix253}/{name63}"),
+        ] {
+            assert_eq!(validate_label_key(ok), Ok(()), "{ok}");
+        }
+        for (bad, why) in [
+            ("", "name part must be non-empty"),
+            ("team/", "name part must be non-empty"),
+            ("/owner", "prefix part must be non-empty"),
+            ("a/b/c", "a qualified name"),
+            ("-app", "name part must consist"),
+            ("app_", "name part must consist"),
+            ("app name", "name part must consist"),
+            ("Team.example.com/owner", "lowercase RFC 1123"),
+            ("team..example.com/owner", "lowercase RFC 1123"),
+            ("team_x.com/owner", "lowercase RFC 1123"),
+            ("é", "name part must consist"),
+        ] {
+            let err = validate_label_key(bad).unwrap_err();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
+        let long_name = "a".repeat(64);
+        assert!(
+            validate_label_key(&long_name)
+                .unwrap_err()
+                .contains("no more than 63")
+        );
+        let long_prefix = format!("{}/a", "a".repeat(254));
+        assert!(
+            validate_label_key(&long_prefix)
+                .unwrap_err()
+                .contains("no more than 253")
+        );
+    }
+
+    #[test]
+    fn label_values_are_empty_or_short_names() {
+        for ok in ["", "a", "on-demand", "v1.2_3", &"z".repeat(63)] {
+            assert_eq!(validate_label_value(ok), Ok(()), "{ok}");
+        }
+        for bad in ["-a", "a.", "a b", "a/b", "é"] {
+            assert!(validate_label_value(bad).is_err(), "{bad}");
+        }
+        assert!(
+            validate_label_value(&"z".repeat(64))
+                .unwrap_err()
+                .contains("no more than 63")
+        );
     }
 
     #[test]

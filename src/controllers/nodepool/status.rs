@@ -8,6 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::apis::labels::{
     CAPACITY_TYPE_LABEL, NODEPOOL_LABEL, conditions, is_restricted_label, normalize_label,
+    validate_label_key, validate_label_value,
 };
 use crate::apis::{ConditionStatus, ConditionsExt, NodePool, NodePoolStatus, Operator};
 use crate::cloudprovider::NodeClassState;
@@ -17,14 +18,17 @@ use crate::state::NodePoolUsage;
 pub fn validate(pool: &NodePool) -> Result<(), String> {
     let mut problems = Vec::new();
     let template = &pool.spec.template;
-    for key in template
-        .metadata
-        .as_ref()
-        .map(|m| m.labels.keys().cloned().collect::<Vec<_>>())
-        .unwrap_or_default()
-    {
-        if key == NODEPOOL_LABEL || is_restricted_label(&key) {
+    let labels = template.metadata.as_ref().map(|m| &m.labels);
+    for (key, value) in labels.into_iter().flatten() {
+        if key == NODEPOOL_LABEL || is_restricted_label(key) {
             problems.push(format!("label {key:?} is restricted"));
+        }
+        // An invalid label would make every NodeClaim create of the pool fail with a 422.
+        if let Err(why) = validate_label_key(key) {
+            problems.push(format!("invalid label key {key:?}: {why}"));
+        }
+        if let Err(why) = validate_label_value(value) {
+            problems.push(format!("invalid value {value:?} for label {key:?}: {why}"));
         }
     }
     let mut seen = std::collections::BTreeSet::new();
@@ -42,6 +46,19 @@ pub fn validate(pool: &NodePool) -> Result<(), String> {
         let key = normalize_label(&req.key);
         if key == NODEPOOL_LABEL || is_restricted_label(key) {
             problems.push(format!("requirement key {:?} is restricted", req.key));
+        }
+        if let Err(why) = validate_label_key(key) {
+            problems.push(format!("invalid requirement key {:?}: {why}", req.key));
+        }
+        if matches!(req.operator, Operator::In | Operator::NotIn) {
+            for value in &req.values {
+                if let Err(why) = validate_label_value(value) {
+                    problems.push(format!(
+                        "invalid value {value:?} for requirement {:?}: {why}",
+                        req.key
+                    ));
+                }
+            }
         }
         match req.operator {
             Operator::In if req.values.is_empty() => problems.push(format!(
@@ -357,6 +374,59 @@ mod tests {
         assert!(err.contains("karpenter.sh/nodepool"), "{err}");
         assert!(err.contains("no valid capacity type"), "{err}");
         assert_eq!(validate(&pool()), Ok(()));
+    }
+
+    #[test]
+    fn invalid_label_keys_and_values_fail_validation_and_block_ready() {
+        let mut p = pool();
+        p.spec.template.metadata = Some(
+            serde_json::from_value(json!({"labels": {
+                "team/a/b": "x", "good.example.com/app": "-bad", "fine": "ok"
+            }}))
+            .unwrap(),
+        );
+        for req in [
+            json!({"key": "Bad_Prefix.com/zone", "operator": "Exists"}),
+            json!({"key": "tier", "operator": "NotIn", "values": ["ok", "not ok"]}),
+            // Gt/Lt values are integers, not label values: checked by their own rule only.
+            json!({"key": "size", "operator": "Gt", "values": ["4"]}),
+        ] {
+            p.spec
+                .template
+                .spec
+                .requirements
+                .push(serde_json::from_value(req).unwrap());
+        }
+        let err = validate(&p).unwrap_err();
+        for named in [
+            "invalid label key \"team/a/b\"",
+            "invalid value \"-bad\" for label \"good.example.com/app\"",
+            "invalid requirement key \"Bad_Prefix.com/zone\"",
+            "invalid value \"not ok\" for requirement \"tier\"",
+        ] {
+            assert!(err.contains(named), "{named} in {err}");
+        }
+        assert!(!err.contains("fine") && !err.contains("size"), "{err}");
+
+        let status = desired_status(
+            &p,
+            Some(&nodeclass(Some(ConditionStatus::True))),
+            &NodePoolUsage::default(),
+            HealthVerdict::Unknown,
+            ts(0).0,
+        );
+        let validation = status
+            .conditions
+            .get_condition(conditions::VALIDATION_SUCCEEDED)
+            .unwrap();
+        assert_eq!(validation.status, ConditionStatus::False);
+        assert!(validation.message.contains("team/a/b"));
+        let ready = status.conditions.get_condition(conditions::READY).unwrap();
+        assert_eq!(
+            ready.status,
+            ConditionStatus::False,
+            "provisioning skips a NodePool whose Ready is False"
+        );
     }
 
     #[test]
