@@ -12,7 +12,9 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 
-use crate::apis::labels::{NODECLASS_FINALIZER, conditions};
+use crate::apis::labels::{
+    NODECLASS_FINALIZER, conditions, validate_label_key, validate_label_value,
+};
 use crate::apis::{ConditionStatus, ConditionsExt, ExoscaleNodeClass, ExoscaleNodeClassStatus};
 use crate::operator::events::Severity;
 use crate::state::Shared;
@@ -106,7 +108,8 @@ impl CheckTimes {
     }
 }
 
-/// Checks what the CRD schema cannot: reserved quantities parse.
+/// Checks what the CRD schema cannot: reserved quantities parse, node labels are valid
+/// Kubernetes labels, cluster DNS entries are IP addresses and feature gates are gate names.
 pub fn validate(nodeclass: &ExoscaleNodeClass) -> Result<(), String> {
     let kubelet = nodeclass.kubelet();
     let checks = [
@@ -123,16 +126,52 @@ pub fn validate(nodeclass: &ExoscaleNodeClass) -> Result<(), String> {
             &kubelet.system_reserved.ephemeral_storage,
         ),
     ];
-    let bad: Vec<String> = checks
+    let mut bad: Vec<String> = checks
         .iter()
         .filter(|(_, v)| !v.is_empty() && parse_milli(v).is_none())
         .map(|(field, v)| format!("kubelet.{field} {v:?} is not a quantity"))
         .collect();
+    // The user data hands these to the kubelet as they are: a bad one fails the node's boot.
+    for (key, value) in &nodeclass.spec.node_labels {
+        if let Err(why) = validate_label_key(key) {
+            bad.push(format!("nodeLabels key {key:?} is invalid: {why}"));
+        }
+        if let Err(why) = validate_label_value(value) {
+            bad.push(format!(
+                "nodeLabels[{key:?}] value {value:?} is invalid: {why}"
+            ));
+        }
+    }
+    // Blank entries are dropped by the user data, so only the others need to parse.
+    bad.extend(
+        kubelet
+            .cluster_dns
+            .iter()
+            .map(|dns| dns.trim())
+            .filter(|dns| !dns.is_empty() && dns.parse::<std::net::IpAddr>().is_err())
+            .map(|dns| format!("kubelet.clusterDNS {dns:?} is not an IP address")),
+    );
+    bad.extend(
+        kubelet
+            .feature_gates
+            .keys()
+            .filter(|gate| !is_feature_gate_name(gate))
+            .map(|gate| {
+                format!(
+                    "kubelet.featureGates key {gate:?} is not a feature gate name ([A-Za-z0-9]+)"
+                )
+            }),
+    );
     if bad.is_empty() {
         Ok(())
     } else {
         Err(bad.join("; "))
     }
+}
+
+/// Kubelet feature gates are CamelCase words such as `InPlacePodVerticalScaling`.
+fn is_feature_gate_name(gate: &str) -> bool {
+    !gate.is_empty() && gate.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
 const STEPS: [(&str, &str); 4] = [
@@ -478,6 +517,69 @@ mod tests {
             checks.due_in("a", 1, 1100, forever),
             (i64::MAX - 1100) as u64
         );
+    }
+
+    #[test]
+    fn invalid_node_labels_fail_validation_naming_the_label() {
+        let mut nc = nodeclass();
+        nc.spec.node_labels = [("team/a/b", "x"), ("tier", "not ok"), ("good", "")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let err = validate(&nc).unwrap_err();
+        assert!(err.contains("nodeLabels key \"team/a/b\""), "{err}");
+        assert!(
+            err.contains("nodeLabels[\"tier\"] value \"not ok\""),
+            "{err}"
+        );
+        assert!(!err.contains("good"), "{err}");
+        let status = desired_status(&nc, Err(err), None, ts(0).0);
+        let ready = status.conditions.get_condition("Ready").unwrap();
+        assert_eq!(ready.status, ConditionStatus::False);
+        assert!(ready.message.contains("team/a/b"), "{}", ready.message);
+    }
+
+    #[test]
+    fn cluster_dns_must_be_ip_addresses() {
+        let mut nc = nodeclass();
+        let mut kubelet = nc.kubelet();
+        kubelet.cluster_dns = vec![
+            "10.96.0.10".into(),
+            "fd00::a".into(),
+            " ".into(),
+            "10.96.0.300".into(),
+            "kube-dns".into(),
+        ];
+        nc.spec.kubelet = Some(kubelet);
+        let err = validate(&nc).unwrap_err();
+        assert!(
+            err.contains("\"10.96.0.300\" is not an IP address"),
+            "{err}"
+        );
+        assert!(err.contains("\"kube-dns\" is not an IP address"), "{err}");
+        assert!(
+            !err.contains("10.96.0.10\"") && !err.contains("fd00"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn feature_gate_keys_must_be_gate_names() {
+        let mut nc = nodeclass();
+        let mut kubelet = nc.kubelet();
+        kubelet.feature_gates = [
+            ("InPlacePodVerticalScaling", true),
+            ("", true),
+            ("A=b,C", false),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        nc.spec.kubelet = Some(kubelet);
+        let err = validate(&nc).unwrap_err();
+        assert!(err.contains("featureGates key \"\""), "{err}");
+        assert!(err.contains("featureGates key \"A=b,C\""), "{err}");
+        assert!(!err.contains("InPlacePodVerticalScaling"), "{err}");
     }
 
     #[test]
