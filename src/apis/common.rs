@@ -348,7 +348,27 @@ pub fn nodeclass_conditions_schema(_: &mut SchemaGenerator) -> Schema {
     conditions_schema(ConditionFlavour::StrictUnkeyed)
 }
 
+/// Longest condition message written. Messages echo user input (selector names, label keys,
+/// quantities) of any length; past the CRDs' 32768 the apiserver rejects the whole status patch.
+pub const CONDITION_MESSAGE_MAX_CHARS: usize = 1024;
+/// Ends a message that was cut.
+const CUT_MARKER: char = '…';
+
+/// `message` cut on a character boundary to at most [`CONDITION_MESSAGE_MAX_CHARS`] characters,
+/// the last one being [`CUT_MARKER`] when anything was cut.
+pub fn bounded_condition_message(message: &str) -> Cow<'_, str> {
+    if message.chars().nth(CONDITION_MESSAGE_MAX_CHARS).is_none() {
+        return Cow::Borrowed(message);
+    }
+    let kept = message
+        .char_indices()
+        .nth(CONDITION_MESSAGE_MAX_CHARS - 1)
+        .map_or(message.len(), |(end, _)| end);
+    Cow::Owned(format!("{}{CUT_MARKER}", &message[..kept]))
+}
+
 /// Helpers over a list of conditions, keeping `lastTransitionTime` stable when nothing changed.
+/// Every message set is bounded by [`bounded_condition_message`].
 pub trait ConditionsExt {
     fn get_condition(&self, type_: &str) -> Option<&Condition>;
     fn is_true(&self, type_: &str) -> bool {
@@ -381,6 +401,7 @@ impl ConditionsExt for Vec<Condition> {
         generation: Option<i64>,
         now: k8s_openapi::jiff::Timestamp,
     ) -> bool {
+        let message = &*bounded_condition_message(message);
         if let Some(existing) = self.iter_mut().find(|c| c.type_ == type_) {
             let unchanged = existing.status == status
                 && existing.reason == reason
@@ -413,6 +434,30 @@ impl ConditionsExt for Vec<Condition> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn condition_messages_are_bounded_on_a_char_boundary() {
+        let t0 = k8s_openapi::jiff::Timestamp::from_second(1_000).unwrap();
+        // A 40 000-character selector name echoed in an error, multi-byte to test the cut.
+        let huge = format!(
+            "security group with name {:?} not found",
+            "é".repeat(40_000)
+        );
+        let mut conditions = Vec::new();
+        conditions.set_condition("Ready", ConditionStatus::False, "Failed", &huge, None, t0);
+        let message = &conditions[0].message;
+        assert_eq!(message.chars().count(), CONDITION_MESSAGE_MAX_CHARS);
+        assert!(message.starts_with("security group with name \"éé"));
+        assert!(message.ends_with("é…"), "cut marked");
+        assert!(
+            !conditions.set_condition("Ready", ConditionStatus::False, "Failed", &huge, None, t0),
+            "the same long message again is no change (no status rewrite every pass)"
+        );
+
+        let exact = "x".repeat(CONDITION_MESSAGE_MAX_CHARS);
+        assert_eq!(bounded_condition_message(&exact), exact.as_str());
+        assert_eq!(bounded_condition_message("short"), "short");
+    }
 
     #[test]
     fn set_condition_keeps_transition_time_when_status_is_stable() {

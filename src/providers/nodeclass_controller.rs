@@ -583,6 +583,29 @@ mod tests {
     }
 
     #[test]
+    fn a_huge_name_in_an_error_keeps_every_condition_message_within_the_crd_limit() {
+        let name = "w".repeat(40_000);
+        let mut resolved = ok();
+        resolved.security_groups = Err(format!("security group with name {name:?} not found"));
+        let status = desired_status(&nodeclass(), Ok(()), Some(&resolved), ts(0).0);
+        for condition in &status.conditions {
+            assert!(
+                condition.message.chars().count()
+                    <= crate::apis::common::CONDITION_MESSAGE_MAX_CHARS,
+                "{} message has {} chars",
+                condition.type_,
+                condition.message.len()
+            );
+        }
+        let ready = status.conditions.get_condition("Ready").unwrap();
+        assert!(
+            ready
+                .message
+                .starts_with("SecurityGroupsResolved: security group with name")
+        );
+    }
+
+    #[test]
     fn invalid_reservations_fail_validation() {
         let mut nc = nodeclass();
         let mut kubelet = nc.kubelet();
