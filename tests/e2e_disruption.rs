@@ -104,6 +104,7 @@ impl Operator {
             preference_policy: karpenter_exoscale::scheduling::PreferencePolicy::Respect,
             min_values_policy: karpenter_exoscale::scheduling::MinValuesPolicy::Strict,
             default_topology_spread: Vec::new(),
+            ignore_dra_requests: true,
             requeue_after: karpenter_exoscale::provisioning::controller::REQUEUE_AFTER,
         };
         let settings = disruption::Settings {

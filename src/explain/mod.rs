@@ -79,6 +79,7 @@ impl Env {
                 defaults.preference_policy,
                 defaults.min_values_policy,
                 &defaults.default_topology_spread,
+                defaults.ignore_dra_requests,
             ),
             instance_types: None,
             templates: BTreeMap::new(),

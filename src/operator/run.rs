@@ -618,6 +618,7 @@ pub fn disruption_settings(config: &Config) -> crate::controllers::disruption::S
         preference_policy: config.preference_policy,
         min_values_policy: config.min_values_policy,
         default_topology_spread: config.default_topology_spread.clone(),
+        ignore_dra_requests: config.ignore_dra_requests,
         ..crate::controllers::disruption::Settings::default()
     }
 }
@@ -670,8 +671,18 @@ mod tests {
         let settings = disruption_settings(&config(&[
             ("PREFERENCE_POLICY", "Ignore"),
             ("MIN_VALUES_POLICY", "BestEffort"),
+            ("IGNORE_DRA_REQUESTS", "false"),
         ]));
         assert_eq!(settings.preference_policy, PreferencePolicy::Ignore);
         assert_eq!(settings.min_values_policy, MinValuesPolicy::BestEffort);
+        assert!(!settings.ignore_dra_requests);
+        assert!(disruption_settings(&config(&[])).ignore_dra_requests);
+    }
+
+    #[test]
+    fn provisioning_follows_ignore_dra_requests() {
+        let settings = |env: &[(&str, &str)]| crate::provisioning::settings(&config(env));
+        assert!(settings(&[]).ignore_dra_requests, "upstream's default");
+        assert!(!settings(&[("IGNORE_DRA_REQUESTS", "false")]).ignore_dra_requests);
     }
 }

@@ -56,6 +56,8 @@ pub struct Settings {
     pub min_values_policy: MinValuesPolicy,
     /// `SCHEDULER_CONFIG`'s default topology spread.
     pub default_topology_spread: Vec<TopologySpreadConstraint>,
+    /// `IGNORE_DRA_REQUESTS`: pods claiming DRA devices get no node.
+    pub ignore_dra_requests: bool,
     /// How long pending pods wait, when no round ran, before they ask for one
     /// ([`REQUEUE_AFTER`]; no setting changes it, tests lengthen it).
     pub requeue_after: Duration,
@@ -278,6 +280,7 @@ impl Provisioner {
             self.settings.preference_policy,
             self.settings.min_values_policy,
             &self.settings.default_topology_spread,
+            self.settings.ignore_dra_requests,
         );
         let mut prepared = {
             let index = self.ctx.cluster.read();

@@ -76,11 +76,13 @@ pub fn scheduler_options(
     preference_policy: PreferencePolicy,
     min_values_policy: MinValuesPolicy,
     default_topology_spread: &[TopologySpreadConstraint],
+    ignore_dra_requests: bool,
 ) -> SchedulerOptions {
     SchedulerOptions {
         preference_policy,
         min_values_policy,
         default_topology_spread: default_topology_spread.to_vec(),
+        ignore_dra_requests,
         well_known_labels: WellKnownLabels::with_provider_labels(
             crate::apis::labels::WELL_KNOWN_LABELS.iter().copied(),
         ),
@@ -501,6 +503,97 @@ mod tests {
         let names: Vec<_> = prepared.pods.iter().map(|p| p.pod.name.clone()).collect();
         assert_eq!(names, ["a"]);
         assert_eq!(prepared.input.node_pools.len(), 1);
+    }
+
+    /// Solves the pending pods of `index` with `IGNORE_DRA_REQUESTS` as given.
+    fn solve_pending(
+        index: &ClusterIndex,
+        ignore_dra_requests: bool,
+    ) -> (Vec<Pod>, crate::scheduling::Results) {
+        let options = SchedulerOptions {
+            ignore_dra_requests,
+            ..SchedulerOptions::default()
+        };
+        let pools = vec![(pool("p"), fixtures::instance_types(10))];
+        let prepared = prepare(index, pools, options, PodsToPlace::Pending);
+        assert!(prepared.left_out.is_empty() && prepared.invalid.is_empty());
+        let pods: Vec<Pod> = prepared.pods.iter().map(|p| p.pod.clone()).collect();
+        let results = crate::scheduling::Scheduler::new(prepared.input).solve(&pods);
+        (pods, results)
+    }
+
+    /// Upstream refuses pods that claim DRA devices while `IGNORE_DRA_REQUESTS` is true, the
+    /// claim in the pod's `resourceClaims` or in a container's `resources.claims` alike: no
+    /// NodeClaim, and the reason their FailedScheduling event gives. False: placed as usual.
+    #[test]
+    fn pods_claiming_dra_devices_get_no_nodeclaim_while_dra_requests_are_ignored() {
+        let mut index = ClusterIndex::default();
+        index.apply_pod(pending("plain", "1"));
+        let mut pod_claim = pending("pod-claim", "1");
+        pod_claim.spec.as_mut().unwrap().resource_claims = Some(
+            serde_json::from_value(serde_json::json!(
+                [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]))
+            .unwrap(),
+        );
+        index.apply_pod(pod_claim);
+        index.apply_pod(
+            serde_json::from_value::<HeldPod>(serde_json::json!({
+                "metadata": {"name": "container-claim", "namespace": "default", "uid": "cc"},
+                "spec": {"containers": [{"name": "c", "resources": {
+                    "requests": {"cpu": "1"}, "claims": [{"name": "gpu"}]}}]},
+                "status": {"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+            }))
+            .unwrap(),
+        );
+
+        let (pods, results) = solve_pending(&index, true);
+        let placed: Vec<&str> = results.new_node_claims[0]
+            .pods
+            .iter()
+            .map(|&i| pods[i].name.as_str())
+            .collect();
+        assert_eq!(placed, ["plain"], "{results:?}");
+        let mut refused: Vec<(&str, &str)> = results
+            .unschedulable
+            .iter()
+            .map(|u| (pods[u.pod].name.as_str(), u.reason.as_str()))
+            .collect();
+        refused.sort_unstable();
+        // Upstream's wording, which the pod's FailedScheduling event carries.
+        let upstream = "pod has Dynamic Resource Allocation requirements that are not yet supported by Karpenter";
+        assert_eq!(
+            refused,
+            [("container-claim", upstream), ("pod-claim", upstream)]
+        );
+
+        let (_, results) = solve_pending(&index, false);
+        assert!(results.unschedulable.is_empty(), "{results:?}");
+        assert_eq!(results.scheduled_pod_count(), 3);
+    }
+
+    /// A DaemonSet whose pods claim DRA devices would not run on the node while
+    /// `IGNORE_DRA_REQUESTS` is true: upstream leaves it out of the node's overhead.
+    #[test]
+    fn daemonsets_claiming_dra_devices_add_no_overhead_while_dra_requests_are_ignored() {
+        let mut index = ClusterIndex::default();
+        index.apply_pod(pending("web", "1"));
+        index.apply_daemonset(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "gpu-agent", "namespace": "kube-system"},
+                "spec": {"selector": {}, "template": {"spec": {
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                    "containers": [{"name": "agent", "resources": {
+                        "requests": {"cpu": "500m"}, "claims": [{"name": "gpu"}]}}]}}}
+            }))
+            .unwrap(),
+        );
+        let overhead = |ignore_dra_requests| {
+            let (_, results) = solve_pending(&index, ignore_dra_requests);
+            results.new_node_claims[0].daemon_overhead.cpu()
+        };
+        assert!(overhead(true).is_zero());
+        assert_eq!(overhead(false), Quantity::parse("500m").unwrap());
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub fn settings(config: &Config) -> controller::Settings {
         preference_policy: config.preference_policy,
         min_values_policy: config.min_values_policy,
         default_topology_spread: config.default_topology_spread.clone(),
+        ignore_dra_requests: config.ignore_dra_requests,
         requeue_after: controller::REQUEUE_AFTER,
     }
 }

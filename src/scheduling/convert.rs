@@ -537,6 +537,20 @@ fn host_ports(spec: &held::PodSpec) -> Vec<HostPort> {
         .collect()
 }
 
+/// Upstream's `HasDRARequirements`: the pod claims Dynamic Resource Allocation devices, in
+/// `spec.resourceClaims` or in a container's or init container's `resources.claims`.
+fn uses_dynamic_resources(spec: &held::PodSpec) -> bool {
+    let claims = |c: &held::Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.claims.as_ref())
+            .is_some_and(|claims| !claims.is_empty())
+    };
+    spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty())
+        || spec.init_containers.iter().flatten().any(claims)
+        || spec.containers.iter().any(claims)
+}
+
 fn node_selector(selector: Option<&BTreeMap<String, String>>) -> Requirements {
     Requirements::from_labels(selector.into_iter().flatten())
 }
@@ -631,6 +645,7 @@ pub fn pod_from_k8s(pod: &HeldPod) -> Result<Pod, ConvertError> {
             .collect::<Result<Vec<_>, _>>()?,
         host_ports: host_ports(spec),
         volume_requirements: None,
+        uses_dynamic_resources: uses_dynamic_resources(spec),
         labels,
     };
     Ok(Pod {
@@ -809,6 +824,7 @@ pub fn daemonset_from_k8s(ds: &K8sDaemonSet) -> Result<DaemonSetPod, ConvertErro
         node_selector: node_selector(spec.node_selector.as_ref()),
         required_node_affinity,
         host_ports: host_ports(spec),
+        uses_dynamic_resources: uses_dynamic_resources(spec),
     })
 }
 
@@ -1188,5 +1204,27 @@ mod tests {
             daemonset_from_k8s(&empty),
             Err(ConvertError::MissingTemplate(_))
         ));
+    }
+
+    /// Upstream's `HasDRARequirements`: a claim in `spec.resourceClaims`, a container's or an
+    /// init container's `resources.claims`; empty lists claim nothing.
+    #[test]
+    fn dra_claims_are_read_from_the_pod_and_every_container() {
+        let uses = |spec: serde_json::Value| {
+            let pod = pod_from_k8s(&k8s_pod(json!({"metadata": {"name": "p"}, "spec": spec})));
+            pod.unwrap().uses_dynamic_resources
+        };
+        let container = |claims: serde_json::Value| json!({"name": "c", "resources": {"requests": {"cpu": "1"}, "claims": claims}});
+        assert!(!uses(json!({"containers": [container(json!([]))]})));
+        assert!(!uses(
+            json!({"resourceClaims": [], "containers": [{"name": "c"}]})
+        ));
+        assert!(uses(json!({"resourceClaims": [{"name": "gpu",
+            "resourceClaimName": "gpu-0"}], "containers": [{"name": "c"}]})));
+        assert!(uses(
+            json!({"containers": [container(json!([{"name": "gpu"}]))]})
+        ));
+        assert!(uses(json!({"containers": [{"name": "c"}],
+            "initContainers": [container(json!([{"name": "gpu", "request": "one"}]))]})));
     }
 }

@@ -45,9 +45,9 @@ pub use model::{
 pub use quantity::{Quantity, QuantityError, Resources};
 pub use requirements::{Incompatibility, Operator, Requirement, RequirementError, Requirements};
 pub use scheduler::{
-    ExistingNodeAssignment, MAX_INSTANCE_TYPES, MinValuesPolicy, NO_NODEPOOLS, NewNodeClaim,
-    PreferencePolicy, Results, Scheduler, SchedulerInput, SchedulerOptions, SkippedNodePool,
-    UnschedulablePod,
+    DRA_NOT_SUPPORTED, ExistingNodeAssignment, MAX_INSTANCE_TYPES, MinValuesPolicy, NO_NODEPOOLS,
+    NewNodeClaim, PreferencePolicy, Results, Scheduler, SchedulerInput, SchedulerOptions,
+    SkippedNodePool, UnschedulablePod,
 };
 pub use taints::{Taint, TaintEffect, Toleration, TolerationOperator};
 pub use topology::TopologyError;

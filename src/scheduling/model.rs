@@ -234,6 +234,10 @@ pub struct PodShape {
     /// Node constraints from the pod's volumes (a bound PV's zone…); they narrow the node only,
     /// never the pod's own requirements used for spread counting.
     pub volume_requirements: Option<Requirements>,
+    /// Claims Dynamic Resource Allocation devices (see [`SchedulerOptions::ignore_dra_requests`]).
+    ///
+    /// [`SchedulerOptions::ignore_dra_requests`]: super::SchedulerOptions::ignore_dra_requests
+    pub uses_dynamic_resources: bool,
 }
 
 impl std::ops::Deref for Pod {
@@ -347,6 +351,10 @@ pub struct DaemonSetPod {
     pub node_selector: Requirements,
     pub required_node_affinity: Vec<Requirements>,
     pub host_ports: Vec<HostPort>,
+    /// Claims Dynamic Resource Allocation devices (see [`SchedulerOptions::ignore_dra_requests`]).
+    ///
+    /// [`SchedulerOptions::ignore_dra_requests`]: super::SchedulerOptions::ignore_dra_requests
+    pub uses_dynamic_resources: bool,
 }
 
 /// Where and at what price an instance type can be launched.

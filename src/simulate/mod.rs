@@ -120,6 +120,7 @@ pub fn simulate(m: &Manifests, zone: &str, currency: &str) -> Result<Report, Sim
             defaults.preference_policy,
             defaults.min_values_policy,
             &defaults.default_topology_spread,
+            defaults.ignore_dra_requests,
         ),
         PodsToPlace::These(pending),
     );

@@ -57,6 +57,8 @@ pub struct Settings {
     /// `SCHEDULER_CONFIG`'s default topology spread (consolidation places pods as provisioning
     /// would).
     pub default_topology_spread: Vec<TopologySpreadConstraint>,
+    /// `IGNORE_DRA_REQUESTS`: pods claiming DRA devices cannot be moved, as in provisioning.
+    pub ignore_dra_requests: bool,
 }
 
 impl Default for Settings {
@@ -69,6 +71,7 @@ impl Default for Settings {
             preference_policy: PreferencePolicy::Respect,
             min_values_policy: MinValuesPolicy::Strict,
             default_topology_spread: Vec::new(),
+            ignore_dra_requests: true,
         }
     }
 }
@@ -193,6 +196,7 @@ impl Disruption {
             self.settings.preference_policy,
             self.settings.min_values_policy,
             &self.settings.default_topology_spread,
+            self.settings.ignore_dra_requests,
         );
         let index = self.ctx.cluster.read();
         build_view(

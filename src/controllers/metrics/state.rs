@@ -582,6 +582,7 @@ mod tests {
             resources: Some(ResourceRequirements {
                 requests: Some(resources(requests).into()),
                 limits: Some(resources(limits).into()),
+                claims: None,
             }),
             ..Default::default()
         }]

@@ -35,6 +35,23 @@ pub struct SchedulerOptions {
     /// Spread given to each pod that declares none and has labels, selecting pods with its
     /// labels (`SCHEDULER_CONFIG`, as upstream's `--scheduler-config`).
     pub default_topology_spread: Vec<TopologySpreadConstraint>,
+    /// `IGNORE_DRA_REQUESTS` (upstream's default, true): while Dynamic Resource Allocation is
+    /// not supported, pods that claim devices are refused ([`DRA_NOT_SUPPORTED`]) and DaemonSets
+    /// that claim devices add no overhead. False: the claims are ignored and such pods are
+    /// placed like any other (upstream would allocate the devices; Exoscale offers none).
+    pub ignore_dra_requests: bool,
+}
+
+/// Upstream's error for a pod refused because it claims Dynamic Resource Allocation devices.
+pub const DRA_NOT_SUPPORTED: &str =
+    "pod has Dynamic Resource Allocation requirements that are not yet supported by Karpenter";
+
+impl SchedulerOptions {
+    /// Whether something that claims DRA devices (`uses_dynamic_resources`) is left out: the
+    /// one rule for pods to place and DaemonSet overhead alike.
+    pub(super) fn refuses_dynamic_resources(&self, uses_dynamic_resources: bool) -> bool {
+        uses_dynamic_resources && self.ignore_dra_requests
+    }
 }
 
 impl Default for SchedulerOptions {
@@ -46,6 +63,7 @@ impl Default for SchedulerOptions {
             excluded_nodes: HashSet::new(),
             max_instance_types: MAX_INSTANCE_TYPES,
             default_topology_spread: Vec::new(),
+            ignore_dra_requests: true,
         }
     }
 }

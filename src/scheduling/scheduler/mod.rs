@@ -138,6 +138,10 @@ impl Scheduler {
             daemonsets,
             options,
         } = input;
+        let daemonsets: Vec<DaemonSetPod> = daemonsets
+            .into_iter()
+            .filter(|d| !options.refuses_dynamic_resources(d.uses_dynamic_resources))
+            .collect();
         let wk = &options.well_known_labels;
         // Heavier first; equal weights by name descending (upstream order).
         node_pools.sort_by(|a, b| b.weight.cmp(&a.weight).then(b.name.cmp(&a.name)));

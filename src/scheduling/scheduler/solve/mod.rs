@@ -390,6 +390,11 @@ impl<'a> Solve<'a> {
         &mut self,
         pi: usize,
     ) -> Result<(), (String, Vec<(String, String)>)> {
+        // Permanent while the setting holds: nothing to relax, no NodePool to ask.
+        let claims_devices = self.pods[pi].uses_dynamic_resources;
+        if self.s.options.refuses_dynamic_resources(claims_devices) {
+            return Err((DRA_NOT_SUPPORTED.to_string(), Vec::new()));
+        }
         let mut r = Relaxation::default();
         loop {
             let attempt = self.attempt(pi, &r);
