@@ -1068,6 +1068,171 @@ async fn a_refused_launch_deletes_its_token() {
     assert!(!w.bootstrap.tokens().contains_key("refused"));
 }
 
+// ---- answers that name the wrong thing ----
+
+/// An instance that is none of ours: launched, then stripped of every label (another team's
+/// VM in the same organization, as far as the provider can tell).
+async fn stranger(w: &World, name: &str) -> String {
+    let nc = w.launch(name, &["standard.medium"]).await;
+    let id = parse_provider_id(&provider_id(&nc)).unwrap().to_string();
+    let op = w
+        .client
+        .update_instance_labels(&id, &Default::default())
+        .await
+        .unwrap();
+    w.client.wait_operation(&op).await.unwrap();
+    id
+}
+
+/// A create answer whose operation is about `reference`, with this link and command.
+fn create_answer(reference: &str, link: &str, command: &str, state: &str) -> FaultAction {
+    FaultAction::Status {
+        status: 200,
+        body: serde_json::json!({
+            "id": "6f3c1c0e-8d2a-4b7e-9a51-0c2d3e4f5a6b",
+            "state": state,
+            "reason": if state == "failure" { Some("unavailable") } else { None },
+            "message": if state == "failure" { Some("insufficient capacity") } else { None },
+            "reference": {"id": reference, "link": link, "command": command}
+        })
+        .to_string(),
+    }
+}
+
+/// Fault: a create answer names another kind of resource (here the UUID of a VM that is not
+/// ours, under a security group's link). It is not recorded as the NodeClaim's instance: the
+/// launch looks its instance up instead, and the stranger is never touched.
+#[tokio::test]
+async fn a_create_answer_naming_another_resource_is_looked_up_not_trusted() {
+    let w = world_with_lookup_wait(Duration::from_millis(500)).await;
+    let id = stranger(&w, "stranger").await;
+    w.sim.inject(Fault::on(
+        "create-instance",
+        create_answer(
+            &id,
+            &format!("/v2/security-group/{id}"),
+            "get-security-group",
+            "pending",
+        ),
+    ));
+    let err = w
+        .provider
+        .create(&claim("victim", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("outcome unknown"), "{err}");
+    assert!(w.sim.instance(&id).is_some());
+}
+
+/// Fault: a NodeClaim's provider ID names a VM that was not launched for it (a create answer
+/// that named the wrong instance, an ID edited by hand). Deleting the NodeClaim does not
+/// delete that VM; the error names why.
+#[tokio::test]
+async fn deleting_a_nodeclaim_never_deletes_an_instance_launched_for_another() {
+    let w = world().await;
+    let id = stranger(&w, "stranger").await;
+    let mut victim = w.launch("victim", &["standard.medium"]).await;
+    let own = parse_provider_id(&provider_id(&victim))
+        .unwrap()
+        .to_string();
+    victim.status.as_mut().unwrap().provider_id = Some(format!("exoscale://{id}"));
+    let err = w.provider.delete(&victim).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("was not launched for NodeClaim victim"),
+        "{err}"
+    );
+    // Another of ours, labelled for another NodeClaim, is refused the same way.
+    victim.status.as_mut().unwrap().provider_id = Some(format!("exoscale://{own}"));
+    victim.metadata.name = Some("someone-else".into());
+    assert!(w.provider.delete(&victim).await.is_err());
+    assert_eq!(w.sim.call_count("delete-instance"), 0);
+    assert!(w.sim.instance(&id).is_some() && w.sim.instance(&own).is_some());
+}
+
+/// Fault: a create answer whose operation has already failed for capacity. No instance is
+/// recorded, and the failure is a capacity one (the offering is then marked unavailable).
+#[tokio::test]
+async fn a_create_answer_whose_operation_failed_is_no_launch() {
+    let w = world().await;
+    let id = "0b1c2d3e-4f50-4a6b-8c7d-9e0f1a2b3c4d";
+    w.sim.inject(Fault::on(
+        "create-instance",
+        create_answer(id, &format!("/v2/instance/{id}"), "get-instance", "failure"),
+    ));
+    let err = w
+        .provider
+        .create(&claim("failed", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(err.is_insufficient_capacity(), "{err}");
+}
+
+/// Fault: with private networks, the create answer names a VM that is not ours (a valid
+/// instance link). Nothing is attached to it and it is not rolled back (deleted).
+#[tokio::test]
+async fn a_create_answer_naming_a_stranger_attaches_and_deletes_nothing() {
+    let w = world().await;
+    let id = stranger(&w, "stranger").await;
+    let mut s = spec();
+    s.private_network_selector_terms = vec![SelectorTerm {
+        id: None,
+        name: Some("karpenter-private".into()),
+    }];
+    w.put_nodeclass(s).await;
+    w.sim.inject(Fault::on(
+        "create-instance",
+        create_answer(
+            &id,
+            &format!("/v2/instance/{id}"),
+            "get-instance",
+            "success",
+        ),
+    ));
+    let err = w
+        .provider
+        .create(&claim("victim", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("does not carry NodeClaim victim's labels"),
+        "{err}"
+    );
+    assert_eq!(w.sim.call_count("attach-instance-to-private-network"), 0);
+    assert_eq!(w.sim.call_count("delete-instance"), 0);
+    assert!(
+        w.sim
+            .instance(&id)
+            .unwrap()
+            .instance
+            .private_networks
+            .is_empty()
+    );
+}
+
+/// Fault: a 404 that is not the API's own error document (a proxy's HTML page) while a
+/// NodeClaim's instance is read for its deletion. It is not taken as "the instance is gone"
+/// (the NodeClaim would lose its finalizer while its VM runs): the pass fails, and the next
+/// one deletes the instance.
+#[tokio::test]
+async fn a_404_page_from_a_proxy_is_not_proof_an_instance_is_gone() {
+    let w = world().await;
+    let nc = w.launch("d404", &["standard.medium"]).await;
+    w.sim.inject(Fault::on(
+        "get-instance",
+        FaultAction::Status {
+            status: 404,
+            body: "<html><body><h1>404 Not Found</h1></body></html>".into(),
+        },
+    ));
+    let err = w.provider.delete(&nc).await.unwrap_err();
+    assert!(!err.is_not_found(), "{err}");
+    assert_eq!(w.sim.call_count("delete-instance"), 0);
+    w.provider.delete(&nc).await.unwrap();
+    assert_eq!(w.sim.call_count("delete-instance"), 1);
+}
+
 // ---- capacity errors ----
 
 #[tokio::test]

@@ -401,6 +401,32 @@ async fn a_create_answer_without_an_instance_id_is_looked_up() {
     assert_eq!(sim.instances().len(), 1);
 }
 
+/// Fault: while an operation is polled, an answer about the same operation names another
+/// resource. Polling stops with an error rather than report the other resource's success.
+#[tokio::test]
+async fn an_operation_that_changes_its_reference_is_not_trusted() {
+    let (sim, client) = setup().await;
+    let op = client
+        .create_instance(&create_request(&sim, &client, "polled").await)
+        .await
+        .unwrap();
+    let other = "0b1c2d3e-4f50-4a6b-8c7d-9e0f1a2b3c4d";
+    sim.inject(karpenter_exoscale::sim::Fault::on(
+        "get-operation",
+        karpenter_exoscale::sim::FaultAction::Status {
+            status: 200,
+            body: serde_json::json!({
+                "id": op.id,
+                "state": "success",
+                "reference": {"id": other, "link": format!("/v2/instance/{other}"), "command": "get-instance"}
+            })
+            .to_string(),
+        },
+    ));
+    let err = client.wait_operation(&op).await.unwrap_err();
+    assert!(err.to_string().contains(other), "{err}");
+}
+
 #[tokio::test]
 async fn anti_affinity_group_limit_is_a_capacity_error() {
     let (sim, client) = setup().await;

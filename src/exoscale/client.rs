@@ -632,13 +632,9 @@ impl Client {
         };
         match self.create_instance(req).await {
             Ok(op) => {
-                // Not an instance ID: the create did something, what is unknown. Look it up
-                // rather than trust (or repeat) it.
-                let Some(id) = op
-                    .reference_id()
-                    .filter(|id| uuid::Uuid::parse_str(id).is_ok())
-                    .map(str::to_string)
-                else {
+                // Not plainly an instance ID: the create did something, what is unknown. Look
+                // it up rather than trust (or repeat) it.
+                let Some(id) = op.instance_reference().map(str::to_string) else {
                     let err = Error::Decode {
                         what: "create-instance operation".into(),
                         message: format!(
@@ -949,6 +945,19 @@ impl Client {
         let mut current = op.clone();
         let mut consecutive_errors = 0;
         loop {
+            // An operation does not change what it acts on: an answer that says otherwise is
+            // not about the resource the caller waits for.
+            if op.reference_id().is_some() && current.reference_id() != op.reference_id() {
+                return Err(Error::Decode {
+                    what: "operation".into(),
+                    message: format!(
+                        "operation {} was about {:?}, now answers about {:?}",
+                        error::sanitize_api_text(&op.id),
+                        error::sanitize_api_text(op.reference_id().unwrap_or_default()),
+                        error::sanitize_api_text(current.reference_id().unwrap_or_default())
+                    ),
+                });
+            }
             match current.state {
                 OperationState::Pending => {}
                 OperationState::Success => return Ok(current),

@@ -213,17 +213,19 @@ impl ErrorBody {
 /// `Retry-After` header, which wins over a `retry_after` body field.
 pub fn from_response(status: u16, body: &[u8], retry_after_header: Option<Duration>) -> Error {
     let parsed: Option<ErrorBody> = serde_json::from_slice(body).ok();
-    let message = parsed
-        .as_ref()
-        .and_then(ErrorBody::text)
-        .unwrap_or_else(|| {
-            let raw = String::from_utf8_lossy(body).trim().to_string();
-            if raw.is_empty() {
-                format!("HTTP {status}")
-            } else {
-                raw
-            }
-        });
+    let api_text = parsed.as_ref().and_then(ErrorBody::text);
+    // Only the API's own error document says "no such resource". A 404 without one (an HTML
+    // page from a proxy or load balancer, an empty body) says nothing about the resource: read
+    // as "not found", it would let a NodeClaim go while its instance still runs.
+    let api_says_not_found = api_text.is_some();
+    let message = api_text.unwrap_or_else(|| {
+        let raw = String::from_utf8_lossy(body).trim().to_string();
+        if raw.is_empty() {
+            format!("HTTP {status}")
+        } else {
+            raw
+        }
+    });
     let message = sanitize_api_text(&message);
     let retry_after = retry_after_header
         .map(|d| d.min(MAX_SERVER_WAIT))
@@ -238,7 +240,8 @@ pub fn from_response(status: u16, body: &[u8], retry_after_header: Option<Durati
             retry_after,
             message,
         },
-        404 => Error::NotFound { message },
+        404 if api_says_not_found => Error::NotFound { message },
+        404 => Error::Server { status, message },
         400..=499 => match capacity_kind(&message) {
             Some(CapacityKind::Quota) => Error::QuotaExceeded { status, message },
             Some(CapacityKind::Capacity) => Error::InsufficientCapacity { status, message },
@@ -269,6 +272,18 @@ pub fn parse_retry_after(value: &str, now_unix: i64) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only the API's own error document is proof that a resource does not exist.
+    #[test]
+    fn a_404_without_the_apis_error_document_is_not_not_found() {
+        let e = from_response(404, br#"{"message":"Instance not found"}"#, None);
+        assert!(e.is_not_found(), "{e:?}");
+        for body in [&b"<html><body>404 Not Found</body></html>"[..], b"", b"{}"] {
+            let e = from_response(404, body, None);
+            assert!(!e.is_not_found(), "{e:?}");
+            assert!(matches!(e, Error::Server { status: 404, .. }), "{e:?}");
+        }
+    }
 
     #[test]
     fn absurd_server_waits_are_capped_not_panics() {

@@ -436,6 +436,32 @@ impl Operation {
     pub fn reference_id(&self) -> Option<&str> {
         self.reference.as_ref().and_then(|r| r.id.as_deref())
     }
+
+    /// The instance the operation names, only if it names one plainly: a canonical UUID, and
+    /// no link or command that says it is another kind of resource. An answer that names
+    /// anything else is not trusted as "the instance this create made": a wrong ID would be
+    /// recorded on the NodeClaim, and later deleted as its instance.
+    pub fn instance_reference(&self) -> Option<&str> {
+        let reference = self.reference.as_ref()?;
+        let id = reference.id.as_deref().filter(|id| is_canonical_uuid(id))?;
+        let link_names_it = reference.link.as_deref().is_none_or(|link| {
+            link.strip_suffix(id)
+                .is_some_and(|head| head.ends_with("/instance/"))
+        });
+        let command_names_it = reference
+            .command
+            .as_deref()
+            .is_none_or(|command| command == "get-instance");
+        (link_names_it && command_names_it).then_some(id)
+    }
+}
+
+/// Lowercase, hyphenated, 36 characters: the one spelling Exoscale answers with, and the only
+/// one a provider ID may carry (so each instance has exactly one provider ID).
+pub fn is_canonical_uuid(id: &str) -> bool {
+    id.len() == 36
+        && !id.bytes().any(|b| b.is_ascii_uppercase())
+        && uuid::Uuid::parse_str(id).is_ok()
 }
 
 // List wrappers, keyed by the plural kebab name.
@@ -485,6 +511,39 @@ pub struct AntiAffinityGroupList {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_operation_names_an_instance_only_plainly() {
+        let id = "6a7a4f0e-3e0c-4c3b-9d58-3f1f1f0c2b11";
+        let op = |id: &str, link: Option<String>, command: Option<&str>| Operation {
+            id: "op".into(),
+            state: OperationState::Pending,
+            reason: None,
+            message: None,
+            reference: Some(OperationReference {
+                id: Some(id.into()),
+                link,
+                command: command.map(String::from),
+            }),
+        };
+        let plain = op(id, Some(format!("/v2/instance/{id}")), Some("get-instance"));
+        assert_eq!(plain.instance_reference(), Some(id));
+        assert_eq!(op(id, None, None).instance_reference(), Some(id));
+        for not_an_instance in [
+            op(id, Some(format!("/v2/security-group/{id}")), None),
+            op(id, None, Some("get-security-group")),
+            op(&id.to_uppercase(), None, None),
+            op(&format!("{{{id}}}"), None, None),
+            op(&id.replace('-', ""), None, None),
+            op(id, Some("/v2/instance/another".into()), None),
+        ] {
+            assert_eq!(
+                not_an_instance.instance_reference(),
+                None,
+                "{not_an_instance:?}"
+            );
+        }
+    }
 
     #[test]
     fn debug_output_never_shows_user_data() {

@@ -36,10 +36,7 @@ pub fn parse_provider_id(value: &str) -> Result<&str, ProviderIdError> {
     if id.is_empty() {
         return Err(ProviderIdError::Missing(value.to_string()));
     }
-    let is_uuid = uuid::Uuid::parse_str(id).is_ok()
-        && id.len() == 36
-        && !id.bytes().any(|b| b.is_ascii_uppercase());
-    if !is_uuid {
+    if !crate::exoscale::models::is_canonical_uuid(id) {
         return Err(ProviderIdError::NotUuid(value.to_string()));
     }
     Ok(id)
@@ -114,6 +111,18 @@ impl ClusterIdentity {
             Some(_) => Ownership::Foreign,
             None => Ownership::Unproven,
         }
+    }
+}
+
+/// Whether `instance` was launched for the NodeClaim `nodeclaim`: its NodeClaim label names
+/// it (every instance this provider or the Go provider launched carries one) or, without that
+/// label, its name does (`<prefix><nodeclaim>`, or the NodeClaim a listed instance stands in
+/// for is named after it). A provider ID alone is not proof: a create answer naming another
+/// instance, or an ID edited by hand, would make another VM "this NodeClaim's instance".
+pub fn launched_for(instance: &Instance, nodeclaim: &str, prefix: &str) -> bool {
+    match instance.labels.get(INSTANCE_NODECLAIM_LABEL) {
+        Some(label) => label == nodeclaim,
+        None => instance.name == nodeclaim || instance.name == instance_name(prefix, nodeclaim),
     }
 }
 
@@ -337,6 +346,18 @@ impl InstanceProvider {
             .create_instance_known_new(&req, &identity)
             .await
             .map_err(classify_create)?;
+        // An answer whose operation already failed is a failure, whatever it names (a
+        // capacity failure then marks the offering unavailable); no call is made for it.
+        let failed = |op: &&exoscale::models::Operation| {
+            matches!(
+                op.state,
+                exoscale::models::OperationState::Failure
+                    | exoscale::models::OperationState::Timeout
+            )
+        };
+        if let Some(op) = created.operation.as_ref().filter(failed) {
+            self.client.wait_operation(op).await.map_err(classify)?;
+        }
         if spec.private_networks.is_empty() {
             // The create's answer says all a launch needs (ID, type, template, labels): the
             // happy path is one call, and the instance's progress is the registration's job.
@@ -354,6 +375,17 @@ impl InstanceProvider {
             .get_instance(&created.instance.id)
             .await
             .map_err(LaunchError::Api)?;
+        // Read back, the instance must be the one this create made: a network attached to
+        // (and on failure the rollback deleting) another would act on a VM not ours.
+        if !identity.matches(&instance) {
+            return Err(LaunchError::Api(exoscale::Error::Decode {
+                what: "create-instance operation".into(),
+                message: format!(
+                    "the create answer named instance {}, which does not carry NodeClaim {}'s labels; nothing is done to it",
+                    instance.id, spec.nodeclaim
+                ),
+            }));
+        }
         let instance = self
             .ensure_private_networks(instance, &spec.private_networks)
             .await?;
@@ -561,6 +593,26 @@ mod tests {
                 .nodeclaim_filter("nc")
                 .matches(&instance_with(legacy)),
             "a create never adopts an instance without our UID"
+        );
+    }
+
+    #[test]
+    fn an_instance_is_a_nodeclaims_only_by_its_label_or_name() {
+        let ours = instance_with(identity().labels("nc", None));
+        assert!(launched_for(&ours, "nc", "karpenter-"));
+        assert!(
+            !launched_for(&ours, "other", "karpenter-"),
+            "labelled for another"
+        );
+        let mut unlabelled = instance_with(Labels::new());
+        unlabelled.name = "karpenter-nc".into();
+        assert!(launched_for(&unlabelled, "nc", "karpenter-"));
+        assert!(!launched_for(&unlabelled, "other", "karpenter-"));
+        unlabelled.name = "database-1".into();
+        assert!(!launched_for(&unlabelled, "nc", "karpenter-"), "a stranger");
+        assert!(
+            launched_for(&unlabelled, "database-1", "karpenter-"),
+            "GC's stand-in"
         );
     }
 

@@ -28,8 +28,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::apis::labels::{
-    EXOSCALE_GROUP, INSTANCE_CLUSTER_UID_LABEL, NODECLAIM_TOKENS_ANNOTATION,
-    NODECLASS_HASH_ANNOTATION, NODEPOOL_LABEL, conditions,
+    EXOSCALE_GROUP, INSTANCE_CLUSTER_UID_LABEL, INSTANCE_NODECLAIM_LABEL,
+    NODECLAIM_TOKENS_ANNOTATION, NODECLASS_HASH_ANNOTATION, NODEPOOL_LABEL, conditions,
 };
 use crate::apis::{
     ConditionStatus, ConditionsExt, ExoscaleNodeClass, NodeClaim, NodeClassReference, NodePool,
@@ -442,12 +442,25 @@ impl ExoscaleCloudProvider {
         nodeclass: &ExoscaleNodeClass,
         instance: &Instance,
     ) -> Result<NodeClaim> {
+        // A provider ID is parsed back only in its one canonical spelling: another (uppercase,
+        // braced, from a list answer) would leave a NodeClaim whose finalizer never goes.
+        if !exoscale::models::is_canonical_uuid(&instance.id) {
+            return Err(CloudProviderError::create(
+                reasons::INSTANCE_CREATION_FAILED,
+                format!(
+                    "the API named the launched instance {:?}, not a lowercase hyphenated UUID",
+                    exoscale::error::sanitize_api_text(&instance.id)
+                ),
+            ));
+        }
         let discovered = self.discovered(instance).ok_or_else(|| {
             CloudProviderError::create(
                 reasons::INSTANCE_CREATION_FAILED,
                 format!(
                     "instance {} has instance type {} that is not usable in {}",
-                    instance.id, instance.instance_type.id, self.settings.zone
+                    instance.id,
+                    exoscale::error::sanitize_api_text(&instance.instance_type.id),
+                    self.settings.zone
                 ),
             )
         })?;
@@ -640,6 +653,19 @@ impl CloudProvider for ExoscaleCloudProvider {
                 return Err(CloudProviderError::Other(format!(
                     "instance {} carries another cluster's identity (label {INSTANCE_CLUSTER_UID_LABEL}); not deleting it: if this NodeClaim is not this cluster's, remove its finalizer by hand",
                     instance.id
+                )));
+            }
+            if !instance::launched_for(&instance, &name, &self.settings.instance_prefix) {
+                return Err(CloudProviderError::Other(format!(
+                    "instance {} was not launched for NodeClaim {name} (label {INSTANCE_NODECLAIM_LABEL}={:?}, name {:?}); not deleting it: if the provider ID is wrong, correct it or remove the finalizer by hand",
+                    instance.id,
+                    exoscale::error::sanitize_api_text(
+                        instance
+                            .labels
+                            .get(INSTANCE_NODECLAIM_LABEL)
+                            .map_or("", String::as_str)
+                    ),
+                    exoscale::error::sanitize_api_text(&instance.name),
                 )));
             }
             // `instance_of` has just read it: no second GET.
