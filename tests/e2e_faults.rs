@@ -668,3 +668,63 @@ async fn killed_before_finalizer_removal() {
     terminated_cleanly(&world, &claim, &node).await;
     world.finish().await;
 }
+
+/// Fault: a NodeClaim is deleted between its launch and the status write that records its
+/// instance (the write is refused, 409), and the instance list does not show the new VM (as
+/// just after a create). The retried pass records the launch remembered in memory, so teardown
+/// deletes that instance by its ID rather than conclude from the list that none exists, which
+/// would let the finalizer go while the VM boots.
+#[tokio::test]
+async fn a_nodeclaim_deleted_before_its_instance_was_recorded_still_has_it_deleted() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let never_joins: harness::KubeletPolicy = Arc::new(|_: &str| KubeletBehaviour {
+        join: Join::Never,
+        ..KubeletBehaviour::default()
+    });
+    let Some(world) = World::start("e2e-unrecorded", never_joins).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    let claim = format!("unrecorded-{}", suffix(&world));
+    let deleted = Arc::new(AtomicBool::new(false));
+    let client = harness::intercepted(world.client.clone(), {
+        let (claim, deleted) = (claim.clone(), deleted.clone());
+        move |inner: kube::Client, request: harness::Request| {
+            let (claim, deleted) = (claim.clone(), deleted.clone());
+            async move {
+                let status_write = request.method() == http::Method::PATCH
+                    && request.uri().path()
+                        == format!("/apis/karpenter.sh/v1/nodeclaims/{claim}/status");
+                if status_write && !deleted.swap(true, SeqCst) {
+                    let claims: Api<NodeClaim> = Api::all(inner.clone());
+                    claims.delete(&claim, &DeleteParams::default()).await?;
+                }
+                inner.send(request).await.map_err(Into::into)
+            }
+        }
+    });
+    world.sim.inject(
+        Fault::on(
+            "list-instances",
+            FaultAction::Status {
+                status: 200,
+                body: r#"{"instances":[]}"#.into(),
+            },
+        )
+        .always(),
+    );
+    world.start_replica_with("a", client).await;
+    world.ready_nodeclass().await;
+    world.create_nodeclaim(&claim, json!({})).await;
+    gone(&world.nodeclaims(), &claim, "NodeClaim").await;
+    assert!(
+        deleted.load(SeqCst),
+        "deleted while its status write was on its way"
+    );
+    assert_eq!(world.sim.call_count("create-instance"), 1, "launched once");
+    eventually("the launched instance deleted", || async {
+        (instances_of(&world, &claim) == 0).then_some(())
+    })
+    .await;
+    world.finish().await;
+}
