@@ -146,6 +146,15 @@ fn missing_required_values_fail_with_their_names() {
     assert!(err.contains("credentials.existingSecret"), "{err}");
 }
 
+/// Several replicas without leader election would all act: refused at render time.
+#[test]
+fn leader_election_is_off_only_with_one_replica() {
+    let err = try_render(&[&REQUIRED[..], &["settings.disableLeaderElection=true"]].concat())
+        .unwrap_err();
+    assert!(err.contains("needs replicas=1"), "{err}");
+    render(&["settings.disableLeaderElection=true", "replicas=1"]);
+}
+
 #[test]
 fn credentials_from_values_become_a_secret_the_deployment_reads() {
     let docs = try_render(&[

@@ -4,10 +4,12 @@ use url::Url;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EndpointError {
-    #[error("invalid zone name {0:?}: expected lowercase letters, digits and '-', e.g. ch-gva-2")]
+    #[error(
+        "EXOSCALE_ZONE={0:?}: invalid zone name, expected lowercase letters, digits and '-', e.g. ch-gva-2"
+    )]
     InvalidZone(String),
     #[error(
-        "invalid API environment {0:?}: expected lowercase letters and digits, e.g. api or ppapi"
+        "EXOSCALE_API_ENVIRONMENT={0:?}: invalid API environment, expected lowercase letters and digits, e.g. api or ppapi"
     )]
     InvalidEnvironment(String),
     #[error("invalid EXOSCALE_API_ENDPOINT {url:?}: {reason}")]

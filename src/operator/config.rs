@@ -95,6 +95,23 @@ impl Default for FeatureGates {
     }
 }
 
+/// Go's `strconv.ParseBool`, which upstream reads feature gates with: `True`, `1` and `t` are
+/// as good as `true` there, so a setting written for upstream means the same here.
+fn go_parse_bool(value: &str) -> Option<bool> {
+    // Go takes each word all lowercase, all uppercase or capitalised, nothing else.
+    let rest = value.get(1..).unwrap_or_default();
+    let one_case = value == value.to_ascii_lowercase()
+        || value == value.to_ascii_uppercase()
+        || rest == rest.to_ascii_lowercase();
+    match value.to_ascii_lowercase().as_str() {
+        "1" | "t" => Some(true),
+        "0" | "f" => Some(false),
+        "true" if one_case => Some(true),
+        "false" if one_case => Some(false),
+        _ => None,
+    }
+}
+
 impl FeatureGates {
     /// Parses `Name=bool,Name=bool` over the defaults.
     pub fn parse(value: &str) -> Result<Self, String> {
@@ -103,10 +120,8 @@ impl FeatureGates {
             let Some((name, enabled)) = part.split_once('=') else {
                 return Err(format!("feature gate {part:?} must look like Name=true"));
             };
-            let enabled: bool = enabled
-                .trim()
-                .parse()
-                .map_err(|_| format!("feature gate {name}: {enabled:?} is not true or false"))?;
+            let enabled = go_parse_bool(enabled.trim())
+                .ok_or_else(|| format!("feature gate {name}: {enabled:?} is not true or false"))?;
             let slot = match name.trim() {
                 "NodeRepair" => &mut gates.node_repair,
                 "ReservedCapacity" => &mut gates.reserved_capacity,
@@ -417,11 +432,45 @@ const MINUTE: u64 = 60;
 const HOUR: u64 = 60 * MINUTE;
 
 /// A bootstrap token lives TTL + 2 min, so this caps it at about 2 h; a node that takes longer
-/// than that to join is broken.
-const REGISTRATION_TTL_RANGE: DurationRange =
-    DurationRange::new(Duration::from_secs(10), Duration::from_secs(2 * HOUR));
+/// than that to join is broken. An Exoscale VM needs a minute or two to boot and join: a
+/// shorter TTL (`15s` typed for `15m`) would delete every NodeClaim before it registers, and
+/// launch it again, for good.
+const REGISTRATION_TTL_RANGE: DurationRange = DurationRange::new(
+    Duration::from_secs(3 * MINUTE),
+    Duration::from_secs(2 * HOUR),
+);
+/// Creates queue behind the API's rate limit and a lookup after an unknown outcome waits up to
+/// a minute: a shorter timeout gives launches up that would have succeeded.
 const LAUNCH_TIMEOUT_RANGE: DurationRange =
-    DurationRange::new(Duration::from_secs(10), Duration::from_secs(HOUR));
+    DurationRange::new(Duration::from_secs(2 * MINUTE), Duration::from_secs(HOUR));
+/// Against a simulated cloud on this machine (the e2e tests, a sandbox), where a VM "boots" in
+/// milliseconds, the lifecycle timings may be as short as this.
+const SIMULATED_CLOUD_MIN: Duration = Duration::from_secs(10);
+
+/// Whether the API endpoint is on a loopback address: only a simulated cloud is. Lifecycle
+/// timings shorter than a real VM needs are accepted only there.
+fn simulated_cloud(api_endpoint: Option<&str>) -> bool {
+    api_endpoint
+        .and_then(|endpoint| url::Url::parse(endpoint).ok())
+        .is_some_and(|url| match url.host() {
+            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+            Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+            None => false,
+        })
+}
+
+impl DurationRange {
+    /// This range, with its minimum lowered to [`SIMULATED_CLOUD_MIN`] against a simulated
+    /// cloud.
+    fn for_cloud(self, simulated: bool) -> Self {
+        if simulated {
+            DurationRange::new(self.min.min(SIMULATED_CLOUD_MIN), self.max)
+        } else {
+            self
+        }
+    }
+}
 const INSTANCE_GC_GRACE_PERIOD_RANGE: DurationRange =
     DurationRange::new(Duration::from_secs(1), Duration::from_secs(24 * HOUR));
 const INSTANCE_GC_INTERVAL_RANGE: DurationRange =
@@ -527,6 +576,7 @@ impl Config {
         };
         let api_environment = r.raw(&args.exoscale_api_environment, "EXOSCALE_API_ENVIRONMENT");
         let api_endpoint = r.raw(&args.exoscale_api_endpoint, "EXOSCALE_API_ENDPOINT");
+        let simulated = simulated_cloud(api_endpoint.as_deref());
         if !zone.is_empty()
             && let Err(e) = crate::exoscale::Endpoint::resolve(
                 &zone,
@@ -600,13 +650,13 @@ impl Config {
                 &args.nodeclaim_registration_ttl,
                 "NODECLAIM_REGISTRATION_TTL",
                 defaults.registration_ttl,
-                |v| REGISTRATION_TTL_RANGE.parse(v),
+                |v| REGISTRATION_TTL_RANGE.for_cloud(simulated).parse(v),
             ),
             launch_timeout: r.parsed(
                 &args.nodeclaim_launch_timeout,
                 "NODECLAIM_LAUNCH_TIMEOUT",
                 defaults.launch_timeout,
-                |v| LAUNCH_TIMEOUT_RANGE.parse(v),
+                |v| LAUNCH_TIMEOUT_RANGE.for_cloud(simulated).parse(v),
             ),
             instance_gc_grace_period: r.parsed(
                 &args.instance_gc_grace_period,
@@ -894,6 +944,13 @@ mod tests {
         // Malformed entries are still refused.
         assert!(FeatureGates::parse("NodeRepair").is_err());
         assert!(FeatureGates::parse("NodeRepair=maybe").is_err());
+        // As Go's ParseBool reads them upstream.
+        for (text, enabled) in [("True", true), ("1", true), ("t", true), ("F", false)] {
+            let gates = FeatureGates::parse(&format!("NodeRepair={text}")).unwrap();
+            assert_eq!(gates.node_repair, enabled, "{text}");
+        }
+        assert!(FeatureGates::parse("NodeRepair=yes").is_err());
+        assert!(FeatureGates::parse("NodeRepair=tRuE").is_err());
     }
 
     #[test]
@@ -1006,14 +1063,15 @@ mod tests {
     #[test]
     fn duration_settings_out_of_range_name_the_variable_and_the_range() {
         let cases = [
-            ("NODECLAIM_REGISTRATION_TTL", "15h", "from 10s to 2h"),
+            ("NODECLAIM_REGISTRATION_TTL", "15h", "from 3m to 2h"),
             (
                 "NODECLAIM_REGISTRATION_TTL",
                 "99999999999999999999h",
-                "from 10s to 2h",
+                "from 3m to 2h",
             ),
-            ("NODECLAIM_REGISTRATION_TTL", "5s", "from 10s to 2h"),
-            ("NODECLAIM_LAUNCH_TIMEOUT", "2h", "from 10s to 1h"),
+            ("NODECLAIM_REGISTRATION_TTL", "15s", "from 3m to 2h"),
+            ("NODECLAIM_LAUNCH_TIMEOUT", "2h", "from 2m to 1h"),
+            ("NODECLAIM_LAUNCH_TIMEOUT", "20s", "from 2m to 1h"),
             ("INSTANCE_GC_GRACE_PERIOD", "25h", "from 1s to 24h"),
             ("INSTANCE_GC_INTERVAL", "61m", "from 1s to 1h"),
             ("NODECLASS_RECHECK_INTERVAL", "500ms", "from 1s to 24h"),
@@ -1033,10 +1091,43 @@ mod tests {
         }
     }
 
+    /// Lifecycle timings too short for a real VM (`15s` typed for `15m`) are refused, unless
+    /// the API endpoint is a simulated cloud on a loopback address.
+    #[test]
+    fn timings_shorter_than_a_real_vm_needs_are_for_a_simulated_cloud_only() {
+        for endpoint in [
+            None,
+            Some("https://api-ch-gva-2.exoscale.com/v2"),
+            Some("https://127.example.com/v2"),
+        ] {
+            let mut e = minimal();
+            if let Some(endpoint) = endpoint {
+                e.insert("EXOSCALE_API_ENDPOINT".into(), endpoint.into());
+            }
+            e.insert("NODECLAIM_REGISTRATION_TTL".into(), "15s".into());
+            e.insert("NODECLAIM_LAUNCH_TIMEOUT".into(), "20s".into());
+            let err = Config::resolve(&RunArgs::default(), &e).unwrap_err();
+            assert_eq!(err.0.len(), 2, "{endpoint:?}: {:?}", err.0);
+        }
+        for endpoint in [
+            "https://127.0.0.1:8443/v2",
+            "https://[::1]:8443/v2",
+            "https://localhost:8443/v2",
+        ] {
+            let mut e = minimal();
+            e.insert("EXOSCALE_API_ENDPOINT".into(), endpoint.into());
+            e.insert("NODECLAIM_REGISTRATION_TTL".into(), "15s".into());
+            e.insert("NODECLAIM_LAUNCH_TIMEOUT".into(), "20s".into());
+            let config = Config::resolve(&RunArgs::default(), &e).unwrap();
+            assert_eq!(config.timings.registration_ttl, Duration::from_secs(15));
+        }
+    }
+
     #[test]
     fn the_e2e_harness_and_test_timings_stay_valid() {
         let mut e = minimal();
         for (variable, value) in [
+            ("EXOSCALE_API_ENDPOINT", "https://127.0.0.1:8443/v2"),
             ("NODECLAIM_REGISTRATION_TTL", "20s"),
             ("NODECLAIM_LAUNCH_TIMEOUT", "20s"),
             ("INSTANCE_GC_GRACE_PERIOD", "5s"),
@@ -1089,6 +1180,10 @@ mod tests {
     #[test]
     fn test_timings_are_configurable() {
         let mut e = minimal();
+        e.insert(
+            "EXOSCALE_API_ENDPOINT".into(),
+            "https://127.0.0.1:8443/v2".into(),
+        );
         e.insert("NODECLAIM_REGISTRATION_TTL".into(), "20s".into());
         e.insert("INSTANCE_GC_GRACE_PERIOD".into(), "0s".into());
         let err = Config::resolve(&RunArgs::default(), &e).unwrap_err();

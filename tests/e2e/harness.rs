@@ -220,11 +220,14 @@ impl World {
         let suffix = &namespace[namespace.len() - 6..];
         let nodeclass = format!("nc-{suffix}");
         let lease = format!("karpenter-{suffix}");
+        let sim_endpoint = sim.endpoint().to_string();
         let env: BTreeMap<String, String> = [
             ("EXOSCALE_API_KEY", "unused-by-serve"),
             ("EXOSCALE_API_SECRET", "unused-by-serve"),
             ("EXOSCALE_ZONE", sim.zone()),
             ("EXOSCALE_SKS_CLUSTER_ID", sim.cluster_id()),
+            // A simulated cloud: the lifecycle timings below are shorter than a real VM needs.
+            ("EXOSCALE_API_ENDPOINT", &sim_endpoint),
             ("LEADER_ELECTION_NAME", &lease),
             ("LEADER_ELECTION_NAMESPACE", &namespace),
             ("NODECLAIM_REGISTRATION_TTL", "20s"),
