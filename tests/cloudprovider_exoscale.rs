@@ -1387,6 +1387,43 @@ async fn nodeclass_readiness_gates_create() {
     assert!(w.sim.instances().is_empty());
 }
 
+/// A NodeClass edited since its status was resolved (Ready for generation 1, spec at 2) is
+/// not used until it is resolved again: a launch would take the old security groups.
+#[tokio::test]
+async fn a_nodeclass_edited_since_its_resolution_is_not_used_until_resolved_again() {
+    let w = world().await;
+    let mut nc = w.nodeclasses_get();
+    nc.metadata.generation = Some(2);
+    nc.status.as_mut().unwrap().conditions.set_condition(
+        conditions::READY,
+        ConditionStatus::True,
+        "Ready",
+        "",
+        Some(1),
+        k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap(),
+    );
+    w.nodeclasses.insert(nc.clone());
+    let err = w
+        .provider
+        .create(&claim("stale", &["standard.medium"]))
+        .await
+        .unwrap_err();
+    assert!(err.is_nodeclass_not_ready(), "{err}");
+    assert!(err.to_string().contains("generation 2"), "{err}");
+    assert!(w.sim.instances().is_empty());
+    // Resolved for generation 2: used.
+    nc.status.as_mut().unwrap().conditions.set_condition(
+        conditions::READY,
+        ConditionStatus::True,
+        "Ready",
+        "",
+        Some(2),
+        k8s_openapi::jiff::Timestamp::from_second(1_800_000_001).unwrap(),
+    );
+    w.nodeclasses.insert(nc);
+    w.launch("stale", &["standard.medium"]).await;
+}
+
 // ---- private networks ----
 
 #[tokio::test]

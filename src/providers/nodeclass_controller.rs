@@ -75,9 +75,14 @@ impl Resolution for ExoscaleResolution {
     }
 }
 
-/// When each NodeClass (name → generation, unix time) was last resolved.
+/// How soon a NodeClass that did not come out Ready is resolved again (at most the recheck
+/// interval): an Exoscale error, or a security group created just after the NodeClass, should
+/// not wait hours.
+pub const NOT_READY_RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// When each NodeClass (name → generation, unix time, came out Ready) was last resolved.
 #[derive(Default)]
-pub struct CheckTimes(std::sync::Mutex<std::collections::BTreeMap<String, (i64, i64)>>);
+pub struct CheckTimes(std::sync::Mutex<std::collections::BTreeMap<String, (i64, i64, bool)>>);
 
 impl CheckTimes {
     /// Seconds until a re-check is due (0 = now) for this generation.
@@ -91,7 +96,12 @@ impl CheckTimes {
         let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         match map.get(name) {
             // Saturating: an interval beyond i64 seconds must not wrap to "due now".
-            Some((g, at)) if *g == generation => {
+            Some((g, at, ready)) if *g == generation => {
+                let interval = if *ready {
+                    interval
+                } else {
+                    interval.min(NOT_READY_RECHECK)
+                };
                 let interval = i64::try_from(interval.as_secs()).unwrap_or(i64::MAX);
                 let due_at = at.saturating_add(interval);
                 u64::try_from(due_at.saturating_sub(now)).unwrap_or(0)
@@ -100,11 +110,12 @@ impl CheckTimes {
         }
     }
 
-    pub fn checked(&self, name: &str, generation: i64, now: i64) {
+    /// Records a resolution whose status is now in place (written, or already there).
+    pub fn checked(&self, name: &str, generation: i64, now: i64, ready: bool) {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(name.into(), (generation, now));
+            .insert(name.into(), (generation, now, ready));
     }
 }
 
@@ -366,8 +377,9 @@ pub async fn reconcile(
         remove_finalizer(&api, nc.as_ref(), NODECLASS_FINALIZER).await?;
         return Ok(Action::await_change());
     }
-    // Add the finalizer and carry on in the same reconcile (the Go provider waited a minute).
-    add_finalizer(&api, nc.as_ref(), NODECLASS_FINALIZER).await?;
+    // Add the finalizer and carry on in the same reconcile (the Go provider waited a minute),
+    // from the version that write returned: the status write below is guarded by it.
+    let nc = add_finalizer(&api, nc.as_ref(), NODECLASS_FINALIZER).await?;
     let generation = nc.metadata.generation.unwrap_or(0);
     let interval = ctx.timings.nodeclass_recheck_interval;
     let due_in = this
@@ -383,7 +395,7 @@ pub async fn reconcile(
         _ => None,
     };
     let status = desired_status(&nc, validation, resolved.as_ref(), ctx.now());
-    this.checks.checked(&name, generation, ctx.clock.now_unix());
+    let ready = status.conditions.is_true(conditions::READY);
     let before = nc.status.clone().unwrap_or_default();
     if status != before {
         patch_status(&api, &nc, &status).await?;
@@ -391,13 +403,8 @@ pub async fn reconcile(
         let ready = status.conditions.get_condition(conditions::READY);
         match ready {
             Some(c) if c.status == ConditionStatus::True && !was_ready => {
-                ctx.event(
-                    nc.as_ref(),
-                    Severity::Normal,
-                    "Ready",
-                    "NodeClass is ready for use",
-                )
-                .await
+                ctx.event(&nc, Severity::Normal, "Ready", "NodeClass is ready for use")
+                    .await
             }
             Some(c)
                 if c.status == ConditionStatus::False
@@ -407,13 +414,20 @@ pub async fn reconcile(
                         .map(|b| &b.message)
                         != Some(&c.message) =>
             {
-                ctx.event(nc.as_ref(), Severity::Warning, &c.reason, c.message.clone())
+                ctx.event(&nc, Severity::Warning, &c.reason, c.message.clone())
                     .await
             }
             _ => {}
         }
     }
-    Ok(Action::requeue(ctx.timings.nodeclass_recheck_interval))
+    // Only now: a status write that failed leaves the check due, so the retry writes it.
+    this.checks
+        .checked(&name, generation, ctx.clock.now_unix(), ready);
+    Ok(Action::requeue(if ready {
+        interval
+    } else {
+        interval.min(NOT_READY_RECHECK)
+    }))
 }
 
 #[cfg(test)]
@@ -497,12 +511,25 @@ mod tests {
         );
     }
 
+    /// A NodeClass that did not come out Ready (an Exoscale error, a security group created a
+    /// moment later) is resolved again within a minute, not after the recheck interval.
+    #[test]
+    fn a_nodeclass_that_is_not_ready_is_rechecked_within_a_minute() {
+        let checks = CheckTimes::default();
+        let interval = std::time::Duration::from_secs(6 * 3600);
+        checks.checked("a", 1, 1000, false);
+        assert_eq!(checks.due_in("a", 1, 1030, interval), 30);
+        assert_eq!(checks.due_in("a", 1, 1060, interval), 0);
+        checks.checked("a", 1, 1060, true);
+        assert_eq!(checks.due_in("a", 1, 1120, interval), 6 * 3600 - 60);
+    }
+
     #[test]
     fn rechecks_are_due_per_generation() {
         let checks = CheckTimes::default();
         let interval = std::time::Duration::from_secs(300);
         assert_eq!(checks.due_in("a", 1, 1000, interval), 0);
-        checks.checked("a", 1, 1000);
+        checks.checked("a", 1, 1000, true);
         assert_eq!(checks.due_in("a", 1, 1100, interval), 200);
         assert_eq!(
             checks.due_in("a", 2, 1100, interval),

@@ -205,6 +205,17 @@ impl ExoscaleCloudProvider {
             .status
             .as_ref()
             .and_then(|s| s.conditions.get_condition(conditions::READY));
+        // Ready for an older spec is not ready: after an edit (other security groups, another
+        // template) a launch would use what the status resolved for the old one.
+        let resolved_for = ready.and_then(|c| c.observed_generation);
+        if let (Some(resolved), Some(current)) = (resolved_for, nodeclass.metadata.generation)
+            && resolved != current
+        {
+            return Err(CloudProviderError::NodeClassNotReady(format!(
+                "ExoscaleNodeClass {:?} changed (generation {current}); its status is for generation {resolved}, waiting for it to be resolved again",
+                reference.name
+            )));
+        }
         match ready.map(|c| c.status) {
             Some(ConditionStatus::True) => Ok(nodeclass),
             Some(ConditionStatus::False) => Err(CloudProviderError::NodeClassNotReady(format!(
