@@ -360,8 +360,9 @@ pub fn overhead(
     Ok(r)
 }
 
-/// Checks every kubelet reservation and eviction threshold parses; the error names the field
-/// (`kubelet.kubeReserved.cpu`, ...). What the NodeClass controller reports as validation.
+/// Checks every kubelet reservation and eviction threshold parses as [`overhead`] reads it;
+/// the error names the field (`kubelet.kubeReserved.cpu`, ...). The NodeClass controller
+/// reports it as validation.
 pub fn validate_kubelet(kubelet: &KubeletConfiguration) -> Result<(), InstanceTypeError> {
     let mut capacity = Resources::new();
     capacity.set(MEMORY, Quantity::from_units(GIB));

@@ -18,7 +18,6 @@ use crate::apis::labels::{
 use crate::apis::{ConditionStatus, ConditionsExt, ExoscaleNodeClass, ExoscaleNodeClassStatus};
 use crate::operator::events::Severity;
 use crate::state::Shared;
-use crate::state::quantity::parse_milli;
 
 use crate::controllers::{
     Context, Result, Shutdown, add_finalizer, error_policy, patch_status, remove_finalizer,
@@ -123,24 +122,12 @@ impl CheckTimes {
 /// Kubernetes labels, cluster DNS entries are IP addresses and feature gates are gate names.
 pub fn validate(nodeclass: &ExoscaleNodeClass) -> Result<(), String> {
     let kubelet = nodeclass.kubelet();
-    let checks = [
-        ("kubeReserved.cpu", &kubelet.kube_reserved.cpu),
-        ("kubeReserved.memory", &kubelet.kube_reserved.memory),
-        (
-            "kubeReserved.ephemeralStorage",
-            &kubelet.kube_reserved.ephemeral_storage,
-        ),
-        ("systemReserved.cpu", &kubelet.system_reserved.cpu),
-        ("systemReserved.memory", &kubelet.system_reserved.memory),
-        (
-            "systemReserved.ephemeralStorage",
-            &kubelet.system_reserved.ephemeral_storage,
-        ),
-    ];
-    let mut bad: Vec<String> = checks
-        .iter()
-        .filter(|(_, v)| !v.is_empty() && parse_milli(v).is_none())
-        .map(|(field, v)| format!("kubelet.{field} {v:?} is not a quantity"))
+    // The very check the instance types' overhead makes at launch: a value it refuses would
+    // fail every launch of a NodeClass reported Ready.
+    let mut bad: Vec<String> = crate::providers::instance_types::validate_kubelet(&kubelet)
+        .err()
+        .map(|e| e.to_string())
+        .into_iter()
         .collect();
     // The user data hands these to the kubelet as they are: a bad one fails the node's boot.
     for (key, value) in &nodeclass.spec.node_labels {
