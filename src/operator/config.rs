@@ -431,7 +431,7 @@ impl DurationRange {
 const MINUTE: u64 = 60;
 const HOUR: u64 = 60 * MINUTE;
 
-/// A bootstrap token lives TTL + 2 min, so this caps it at about 2 h; a node that takes longer
+/// A bootstrap token lives TTL + launch timeout + 2 min, so this caps it at about 3 h; a node that takes longer
 /// than that to join is broken. An Exoscale VM needs a minute or two to boot and join: a
 /// shorter TTL (`15s` typed for `15m`) would delete every NodeClaim before it registers, and
 /// launch it again, for good.

@@ -172,8 +172,10 @@ pub async fn run(
             instance_prefix: settings.instance_prefix.clone(),
             cluster_endpoint: settings.cluster_endpoint.clone().unwrap_or(cluster_url),
             cluster_domain: settings.cluster_domain.clone(),
-            bootstrap_token_ttl: config.timings.registration_ttl
-                + crate::providers::bootstrap_token::TOKEN_TTL_MARGIN,
+            bootstrap_token_ttl: crate::providers::bootstrap_token::token_ttl(
+                config.timings.launch_timeout,
+                config.timings.registration_ttl,
+            ),
         },
         exo,
         writer,

@@ -33,6 +33,15 @@ pub const SECRET_NAME_PREFIX: &str = "bootstrap-token-";
 pub const TOKEN_TTL: Duration = Duration::from_secs(10 * 60);
 /// Added to the registration TTL: boot time past the TTL check and clock skew.
 pub const TOKEN_TTL_MARGIN: Duration = Duration::from_secs(2 * 60);
+
+/// How long a token lives: as long as its node may still register. The token is made before
+/// the instance's create (which can queue behind the API's rate limit, or wait a minute for a
+/// lookup after an unknown outcome, up to the launch timeout), and the registration deadline
+/// counts from the launch: a token counted from its own creation with the registration TTL
+/// alone could expire while its NodeClaim still waits for the node.
+pub fn token_ttl(launch_timeout: Duration, registration_ttl: Duration) -> Duration {
+    launch_timeout + registration_ttl + TOKEN_TTL_MARGIN
+}
 /// The group SKS binds for node bootstrap. The Go provider also added
 /// `system:bootstrappers:ingress`, which no joining path of a worker node needs.
 const AUTH_EXTRA_GROUPS: &str = "system:bootstrappers:worker";
@@ -396,6 +405,16 @@ mod tests {
         for c in TOKEN_ALPHABET {
             assert!(drawn.as_bytes().contains(c), "{} never drawn", *c as char);
         }
+    }
+
+    /// A launch that took its whole launch timeout still has a token for the whole
+    /// registration TTL after it.
+    #[test]
+    fn a_token_outlives_the_slowest_launch_plus_the_registration_ttl() {
+        let (launch, registration) = (Duration::from_secs(300), Duration::from_secs(900));
+        let ttl = token_ttl(launch, registration);
+        assert!(ttl >= launch + registration + TOKEN_TTL_MARGIN, "{ttl:?}");
+        assert_eq!(ttl, Duration::from_secs(22 * 60));
     }
 
     #[test]
