@@ -64,6 +64,21 @@ impl World {
     async fn launch(&self, name: &str, types: &[&str]) -> NodeClaim {
         self.provider.create(&claim(name, types)).await.unwrap()
     }
+
+    /// Launches a NodeClaim allowed `types`, which must fail: the error.
+    async fn launch_refused(&self, name: &str, types: &[&str]) -> CloudProviderError {
+        self.provider.create(&claim(name, types)).await.unwrap_err()
+    }
+
+    /// The NodeClass selects the private network `karpenter-private`.
+    async fn use_private_network(&self) {
+        let mut s = spec();
+        s.private_network_selector_terms = vec![SelectorTerm {
+            id: None,
+            name: Some("karpenter-private".into()),
+        }];
+        self.put_nodeclass(s).await;
+    }
 }
 
 async fn world() -> World {
@@ -1019,11 +1034,7 @@ async fn an_outcome_unknown_launch_keeps_the_token_its_instance_needs() {
         "create-instance",
         FaultAction::LoseResponseCommitLater(Duration::from_secs(2)),
     ));
-    let err = w
-        .provider
-        .create(&claim("unknown", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("unknown", &["standard.medium"]).await;
     assert!(err.to_string().contains("outcome unknown"), "{err}");
     let token = w
         .bootstrap
@@ -1058,11 +1069,7 @@ async fn a_refused_launch_deletes_its_token() {
     let w = world().await;
     w.sim
         .inject(Fault::status("create-instance", 400, "Invalid template"));
-    let err = w
-        .provider
-        .create(&claim("refused", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("refused", &["standard.medium"]).await;
     assert!(err.to_string().contains("Invalid template"), "{err}");
     assert!(w.sim.instances().is_empty());
     assert!(!w.bootstrap.tokens().contains_key("refused"));
@@ -1115,11 +1122,7 @@ async fn a_create_answer_naming_another_resource_is_looked_up_not_trusted() {
             "pending",
         ),
     ));
-    let err = w
-        .provider
-        .create(&claim("victim", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("victim", &["standard.medium"]).await;
     assert!(err.to_string().contains("outcome unknown"), "{err}");
     assert!(w.sim.instance(&id).is_some());
 }
@@ -1160,11 +1163,7 @@ async fn a_create_answer_whose_operation_failed_is_no_launch() {
         "create-instance",
         create_answer(id, &format!("/v2/instance/{id}"), "get-instance", "failure"),
     ));
-    let err = w
-        .provider
-        .create(&claim("failed", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("failed", &["standard.medium"]).await;
     assert!(err.is_insufficient_capacity(), "{err}");
 }
 
@@ -1174,12 +1173,7 @@ async fn a_create_answer_whose_operation_failed_is_no_launch() {
 async fn a_create_answer_naming_a_stranger_attaches_and_deletes_nothing() {
     let w = world().await;
     let id = stranger(&w, "stranger").await;
-    let mut s = spec();
-    s.private_network_selector_terms = vec![SelectorTerm {
-        id: None,
-        name: Some("karpenter-private".into()),
-    }];
-    w.put_nodeclass(s).await;
+    w.use_private_network().await;
     w.sim.inject(Fault::on(
         "create-instance",
         create_answer(
@@ -1189,11 +1183,7 @@ async fn a_create_answer_naming_a_stranger_attaches_and_deletes_nothing() {
             "success",
         ),
     ));
-    let err = w
-        .provider
-        .create(&claim("victim", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("victim", &["standard.medium"]).await;
     assert!(
         err.to_string()
             .contains("does not carry NodeClaim victim's labels"),
@@ -1240,10 +1230,8 @@ async fn quota_exhaustion_is_insufficient_capacity_and_marks_the_offering() {
     let w = world().await;
     w.sim.set_instance_quota(Some(0));
     let err = w
-        .provider
-        .create(&claim("q", &["standard.medium", "standard.large"]))
-        .await
-        .unwrap_err();
+        .launch_refused("q", &["standard.medium", "standard.large"])
+        .await;
     match &err {
         CloudProviderError::InsufficientCapacity { offerings, .. } => {
             assert_eq!(
@@ -1295,11 +1283,7 @@ async fn a_full_anti_affinity_group_is_insufficient_capacity() {
     for i in 0..8 {
         w.launch(&format!("spread-{i}"), &["standard.medium"]).await;
     }
-    let err = w
-        .provider
-        .create(&claim("spread-8", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("spread-8", &["standard.medium"]).await;
     assert!(err.is_insufficient_capacity(), "{err}");
     assert_eq!(w.sim.instances().len(), 8);
 }
@@ -1308,17 +1292,9 @@ async fn a_full_anti_affinity_group_is_insufficient_capacity() {
 async fn a_type_withdrawn_since_discovery_is_insufficient_capacity() {
     let w = world().await;
     w.sim.set_authorized("standard.medium", false);
-    let err = w
-        .provider
-        .create(&claim("w", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("w", &["standard.medium"]).await;
     assert!(err.is_insufficient_capacity(), "{err}");
-    let err = w
-        .provider
-        .create(&claim("w", &["no.such-type"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("w", &["no.such-type"]).await;
     assert!(err.is_insufficient_capacity(), "{err}");
 }
 
@@ -1327,11 +1303,7 @@ async fn other_api_failures_are_create_errors_with_a_reason() {
     let w = world().await;
     w.sim
         .inject(Fault::status("create-instance", 400, "Invalid request: disk").always());
-    let err = w
-        .provider
-        .create(&claim("e", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("e", &["standard.medium"]).await;
     match err {
         CloudProviderError::Create { reason, message } => {
             assert_eq!(reason, "InstanceCreationFailed");
@@ -1357,32 +1329,20 @@ async fn nodeclass_readiness_gates_create() {
             k8s_openapi::jiff::Timestamp::from_second(1_800_000_100).unwrap(),
         );
     });
-    let err = w
-        .provider
-        .create(&claim("n", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("n", &["standard.medium"]).await;
     assert!(err.is_nodeclass_not_ready(), "{err}");
     assert!(
         err.to_string()
             .contains("security group with name x not found")
     );
     w.edit_status(|s| s.conditions.clear());
-    let err = w
-        .provider
-        .create(&claim("n", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("n", &["standard.medium"]).await;
     assert!(
         matches!(err, CloudProviderError::Create { .. }),
         "unresolved: retry later: {err}"
     );
     w.nodeclasses.remove("default");
-    let err = w
-        .provider
-        .create(&claim("n", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("n", &["standard.medium"]).await;
     assert!(err.to_string().contains("not found"), "{err}");
     assert!(w.sim.instances().is_empty());
 }
@@ -1403,11 +1363,7 @@ async fn a_nodeclass_edited_since_its_resolution_is_not_used_until_resolved_agai
         k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap(),
     );
     w.nodeclasses.insert(nc.clone());
-    let err = w
-        .provider
-        .create(&claim("stale", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("stale", &["standard.medium"]).await;
     assert!(err.is_nodeclass_not_ready(), "{err}");
     assert!(err.to_string().contains("generation 2"), "{err}");
     assert!(w.sim.instances().is_empty());
@@ -1429,12 +1385,7 @@ async fn a_nodeclass_edited_since_its_resolution_is_not_used_until_resolved_agai
 #[tokio::test]
 async fn private_networks_are_attached_after_create() {
     let w = world().await;
-    let mut s = spec();
-    s.private_network_selector_terms = vec![SelectorTerm {
-        id: None,
-        name: Some("karpenter-private".into()),
-    }];
-    w.put_nodeclass(s).await;
+    w.use_private_network().await;
     let nc = w.launch("pn", &["standard.medium"]).await;
     let id = parse_provider_id(&provider_id(&nc)).unwrap().to_string();
     let pn = w.sim.private_networks()[0].0.clone();
@@ -1453,22 +1404,13 @@ async fn private_networks_are_attached_after_create() {
 #[tokio::test]
 async fn a_failed_private_network_attach_rolls_the_instance_back() {
     let w = world().await;
-    let mut s = spec();
-    s.private_network_selector_terms = vec![SelectorTerm {
-        id: None,
-        name: Some("karpenter-private".into()),
-    }];
-    w.put_nodeclass(s).await;
+    w.use_private_network().await;
     w.sim.inject(Fault::status(
         "attach-instance-to-private-network",
         400,
         "Invalid attachment",
     ));
-    let err = w
-        .provider
-        .create(&claim("rb", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("rb", &["standard.medium"]).await;
     match &err {
         CloudProviderError::Create { reason, message } => {
             assert_eq!(reason, "PrivateNetworkAttachFailed");
@@ -1484,12 +1426,7 @@ async fn a_failed_private_network_attach_rolls_the_instance_back() {
 #[tokio::test]
 async fn a_failed_attach_operation_rolls_back_too() {
     let w = world().await;
-    let mut s = spec();
-    s.private_network_selector_terms = vec![SelectorTerm {
-        id: None,
-        name: Some("karpenter-private".into()),
-    }];
-    w.put_nodeclass(s).await;
+    w.use_private_network().await;
     w.sim.inject(Fault::on(
         "attach-instance-to-private-network",
         FaultAction::FailOperation {
@@ -1497,11 +1434,7 @@ async fn a_failed_attach_operation_rolls_back_too() {
             message: "network busy".into(),
         },
     ));
-    let err = w
-        .provider
-        .create(&claim("rb-op", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("rb-op", &["standard.medium"]).await;
     assert!(err.to_string().contains("network busy"), "{err}");
     eventually("rollback", || async { w.sim.instances().is_empty() }).await;
 }
@@ -1824,11 +1757,7 @@ async fn a_released_token_is_not_deleted_again_with_its_nodeclaim() {
 async fn token_lifecycle_follows_the_nodeclaim() {
     let w = world().await;
     w.bootstrap.fail_next_creates(1);
-    let err = w
-        .provider
-        .create(&claim("t", &["standard.medium"]))
-        .await
-        .unwrap_err();
+    let err = w.launch_refused("t", &["standard.medium"]).await;
     match &err {
         CloudProviderError::Create { reason, .. } => {
             assert_eq!(reason, "BootstrapTokenCreationFailed")
