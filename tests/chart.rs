@@ -149,8 +149,8 @@ fn missing_required_values_fail_with_their_names() {
 /// Several replicas without leader election would all act: refused at render time.
 #[test]
 fn leader_election_is_off_only_with_one_replica() {
-    let err = try_render(&[&REQUIRED[..], &["settings.disableLeaderElection=true"]].concat())
-        .unwrap_err();
+    let err =
+        try_render(&[REQUIRED, &["settings.disableLeaderElection=true"]].concat()).unwrap_err();
     assert!(err.contains("needs replicas=1"), "{err}");
     render(&["settings.disableLeaderElection=true", "replicas=1"]);
 }
