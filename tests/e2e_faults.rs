@@ -671,9 +671,9 @@ async fn killed_before_finalizer_removal() {
 
 /// Fault: a NodeClaim is deleted between its launch and the status write that records its
 /// instance (the write is refused, 409), and the instance list does not show the new VM (as
-/// just after a create). The retried pass records the launch remembered in memory, so teardown
-/// deletes that instance by its ID rather than conclude from the list that none exists, which
-/// would let the finalizer go while the VM boots.
+/// just after a create). Teardown deletes the instance this process launched, by the ID its
+/// launch remembers, rather than conclude from the list that none exists, which would let the
+/// finalizer go while the VM boots.
 #[tokio::test]
 async fn a_nodeclaim_deleted_before_its_instance_was_recorded_still_has_it_deleted() {
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};

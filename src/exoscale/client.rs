@@ -947,7 +947,9 @@ impl Client {
         loop {
             // An operation does not change what it acts on: an answer that says otherwise is
             // not about the resource the caller waits for.
-            if op.reference_id().is_some() && current.reference_id() != op.reference_id() {
+            if let (Some(was), Some(now)) = (op.reference_id(), current.reference_id())
+                && was != now
+            {
                 return Err(Error::Decode {
                     what: "operation".into(),
                     message: format!(

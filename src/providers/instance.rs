@@ -120,10 +120,13 @@ impl ClusterIdentity {
 /// for is named after it). A provider ID alone is not proof: a create answer naming another
 /// instance, or an ID edited by hand, would make another VM "this NodeClaim's instance".
 pub fn launched_for(instance: &Instance, nodeclaim: &str, prefix: &str) -> bool {
-    match instance.labels.get(INSTANCE_NODECLAIM_LABEL) {
-        Some(label) => label == nodeclaim,
-        None => instance.name == nodeclaim || instance.name == instance_name(prefix, nodeclaim),
-    }
+    // A stand-in named after the instance (a Node's teardown without its NodeClaim, GC) is
+    // the instance's by name whatever its label says.
+    instance.name == nodeclaim
+        || match instance.labels.get(INSTANCE_NODECLAIM_LABEL) {
+            Some(label) => label == nodeclaim,
+            None => instance.name == instance_name(prefix, nodeclaim),
+        }
 }
 
 /// Not being torn down.

@@ -53,6 +53,19 @@ pub async fn finalize(claim: &NodeClaim, ctx: &Context) -> Result<Action> {
         )
         .await;
     }
+    if nodeclaim_provider_id(claim).is_none()
+        && let Some(launched) = ctx
+            .recent_launches
+            .provider_id_of(&claim.uid().unwrap_or_default(), std::time::Instant::now())
+    {
+        // Launched here, but deleted before the status write recorded the instance: that
+        // instance is the one to delete. Looked up by its label instead, it may not be listed
+        // yet, and "none listed" would let the finalizer go while it boots.
+        claim
+            .status
+            .get_or_insert_with(Default::default)
+            .provider_id = Some(launched);
+    }
     if let Some(provider_id) = nodeclaim_provider_id(claim) {
         // Before the Node list is complete (or while its watch is down), no Node in the index
         // does not mean no Node: the instance would go before its Node was drained.

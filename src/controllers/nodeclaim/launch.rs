@@ -85,6 +85,17 @@ impl RecentLaunches {
         self.unexpired(now).get(uid, now).cloned()
     }
 
+    /// The provider ID this process's launch of the NodeClaim `uid` got, in the last
+    /// [`RECENT_LAUNCH_TTL`]. Teardown asks when the NodeClaim records none: a NodeClaim
+    /// deleted between its launch and the status write may never get it recorded, and an
+    /// instance list taken just after the create may not show the VM yet.
+    pub fn provider_id_of(&self, uid: &str, now: std::time::Instant) -> Option<String> {
+        self.get(uid, now)
+            .as_ref()
+            .and_then(nodeclaim_provider_id)
+            .map(str::to_string)
+    }
+
     /// The name of the NodeClaim launched as `provider_id`. A Node can register before the
     /// watch brings the launch's status write, when the cluster index does not know the
     /// provider ID yet: its event would otherwise wake no NodeClaim.
