@@ -19,7 +19,8 @@ pub struct ExoscaleSettings {
     pub cluster_endpoint: String,
     /// `CLUSTER_DOMAIN` (default `cluster.local`).
     pub cluster_domain: String,
-    /// How long a bootstrap token stays valid: `NODECLAIM_REGISTRATION_TTL` plus a margin, so a
-    /// node that may still register can still authenticate.
+    /// How long a bootstrap token stays valid ([`crate::providers::bootstrap_token::token_ttl`]:
+    /// launch timeout + registration TTL + a margin), so a node that may still register can
+    /// still authenticate.
     pub bootstrap_token_ttl: std::time::Duration,
 }
