@@ -955,8 +955,8 @@ impl Client {
                     message: format!(
                         "operation {} was about {:?}, now answers about {:?}",
                         error::sanitize_api_text(&op.id),
-                        error::sanitize_api_text(op.reference_id().unwrap_or_default()),
-                        error::sanitize_api_text(current.reference_id().unwrap_or_default())
+                        error::sanitize_api_text(was),
+                        error::sanitize_api_text(now)
                     ),
                 });
             }

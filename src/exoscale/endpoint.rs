@@ -97,6 +97,11 @@ impl Endpoint {
         &self.0
     }
 
+    /// On a loopback address (a simulated cloud on this machine, never Exoscale).
+    pub fn is_loopback(&self) -> bool {
+        is_loopback(&self.0)
+    }
+
     /// The full URL of an API path such as `/instance/{id}`.
     pub fn join(&self, path: &str) -> Url {
         let mut url = self.0.clone();

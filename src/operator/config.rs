@@ -447,19 +447,6 @@ const LAUNCH_TIMEOUT_RANGE: DurationRange =
 /// milliseconds, the lifecycle timings may be as short as this.
 const SIMULATED_CLOUD_MIN: Duration = Duration::from_secs(10);
 
-/// Whether the API endpoint is on a loopback address: only a simulated cloud is. Lifecycle
-/// timings shorter than a real VM needs are accepted only there.
-fn simulated_cloud(api_endpoint: Option<&str>) -> bool {
-    api_endpoint
-        .and_then(|endpoint| url::Url::parse(endpoint).ok())
-        .is_some_and(|url| match url.host() {
-            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-            Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
-            None => false,
-        })
-}
-
 impl DurationRange {
     /// This range, with its minimum lowered to [`SIMULATED_CLOUD_MIN`] against a simulated
     /// cloud.
@@ -576,16 +563,22 @@ impl Config {
         };
         let api_environment = r.raw(&args.exoscale_api_environment, "EXOSCALE_API_ENVIRONMENT");
         let api_endpoint = r.raw(&args.exoscale_api_endpoint, "EXOSCALE_API_ENDPOINT");
-        let simulated = simulated_cloud(api_endpoint.as_deref());
-        if !zone.is_empty()
-            && let Err(e) = crate::exoscale::Endpoint::resolve(
+        let endpoint = if zone.is_empty() {
+            None
+        } else {
+            crate::exoscale::Endpoint::resolve(
                 &zone,
                 api_endpoint.as_deref(),
                 api_environment.as_deref(),
             )
-        {
-            r.errors.push(e.to_string());
-        }
+            .map_err(|e| r.errors.push(e.to_string()))
+            .ok()
+        };
+        // Only a simulated cloud is on a loopback address: lifecycle timings shorter than a
+        // real VM needs are accepted only there.
+        let simulated = endpoint
+            .as_ref()
+            .is_some_and(crate::exoscale::Endpoint::is_loopback);
         let cluster_endpoint = r.raw(&args.cluster_endpoint, "CLUSTER_ENDPOINT");
         if let Some(endpoint) = &cluster_endpoint {
             // Nodes send their bootstrap token to it: https only.

@@ -79,6 +79,16 @@ impl Resolution for ExoscaleResolution {
 /// not wait hours.
 pub const NOT_READY_RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How long until a NodeClass is resolved again: the recheck interval, at most
+/// [`NOT_READY_RECHECK`] when it did not come out Ready.
+fn recheck_after(interval: std::time::Duration, ready: bool) -> std::time::Duration {
+    if ready {
+        interval
+    } else {
+        interval.min(NOT_READY_RECHECK)
+    }
+}
+
 /// When each NodeClass (name → generation, unix time, came out Ready) was last resolved.
 #[derive(Default)]
 pub struct CheckTimes(std::sync::Mutex<std::collections::BTreeMap<String, (i64, i64, bool)>>);
@@ -96,11 +106,7 @@ impl CheckTimes {
         match map.get(name) {
             // Saturating: an interval beyond i64 seconds must not wrap to "due now".
             Some((g, at, ready)) if *g == generation => {
-                let interval = if *ready {
-                    interval
-                } else {
-                    interval.min(NOT_READY_RECHECK)
-                };
+                let interval = recheck_after(interval, *ready);
                 let interval = i64::try_from(interval.as_secs()).unwrap_or(i64::MAX);
                 let due_at = at.saturating_add(interval);
                 u64::try_from(due_at.saturating_sub(now)).unwrap_or(0)
@@ -387,8 +393,7 @@ pub async fn reconcile(
     if status != before {
         patch_status(&api, &nc, &status).await?;
         let was_ready = before.conditions.is_true(conditions::READY);
-        let ready = status.conditions.get_condition(conditions::READY);
-        match ready {
+        match status.conditions.get_condition(conditions::READY) {
             Some(c) if c.status == ConditionStatus::True && !was_ready => {
                 ctx.event(&nc, Severity::Normal, "Ready", "NodeClass is ready for use")
                     .await
@@ -410,11 +415,7 @@ pub async fn reconcile(
     // Only now: a status write that failed leaves the check due, so the retry writes it.
     this.checks
         .checked(&name, generation, ctx.clock.now_unix(), ready);
-    Ok(Action::requeue(if ready {
-        interval
-    } else {
-        interval.min(NOT_READY_RECHECK)
-    }))
+    Ok(Action::requeue(recheck_after(interval, ready)))
 }
 
 #[cfg(test)]
