@@ -128,6 +128,16 @@ async fn explain_and_plan_name_why_each_pod_waits_and_what_would_launch() {
     )
     .await;
     create(&pools, pool(&open, json!({}))).await;
+    // Ready, as the NodePool controller (not running here) would mark them: nothing is
+    // planned from a NodePool before that.
+    for name in [&limited, &tainted, &open] {
+        let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+            "reason": "Ready", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+        pools
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(ready))
+            .await
+            .expect("NodePool status");
+    }
 
     // A volume pinned to a zone no NodePool offers here.
     create(

@@ -307,4 +307,30 @@ impl NodePool {
             .map(|m| m.labels.clone())
             .unwrap_or_default()
     }
+
+    /// Whether new nodes may be launched from this NodePool: as upstream, only once its Ready
+    /// condition is True. A NodePool created a moment ago has no status yet; its NodeClass may
+    /// not exist or resolve, and its template has not been validated.
+    pub fn is_ready(&self) -> bool {
+        self.ready_condition()
+            .is_some_and(|c| c.status == super::ConditionStatus::True)
+    }
+
+    /// Why this NodePool may not launch nodes (`None` when it is Ready), worded to follow
+    /// "nodepool <name>".
+    pub fn not_ready_reason(&self) -> Option<String> {
+        match self.ready_condition() {
+            Some(c) if c.status == super::ConditionStatus::True => None,
+            Some(c) if !c.message.is_empty() => Some(format!("is not ready: {}", c.message)),
+            Some(c) => Some(format!("is not ready ({})", c.reason)),
+            None => Some("is not ready: its status has no Ready condition yet".to_string()),
+        }
+    }
+
+    fn ready_condition(&self) -> Option<&Condition> {
+        use super::ConditionsExt;
+        self.status
+            .as_ref()
+            .and_then(|s| s.conditions.get_condition(super::labels::conditions::READY))
+    }
 }

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use crate::apis::ConditionsExt;
+use crate::apis::labels::conditions::READY;
 use crate::apis::labels::{
     CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, ZONE_LABEL,
 };
@@ -68,8 +70,17 @@ spec:
     serde_yaml_ng::from_str(&yaml).expect("fixture NodePool parses")
 }
 
-pub fn pool(nodepool: NodePool, instance_types: Vec<Arc<InstanceType>>) -> PoolState {
+/// A NodePool state, Ready unless the NodePool says otherwise.
+pub fn pool(mut nodepool: NodePool, instance_types: Vec<Arc<InstanceType>>) -> PoolState {
     let name = nodepool.metadata.name.clone().unwrap_or_default();
+    let status = nodepool.status.get_or_insert_with(Default::default);
+    if status.conditions.get_condition(READY).is_none() {
+        let at = k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
+        let ready = crate::apis::ConditionStatus::True;
+        status
+            .conditions
+            .set_condition(READY, ready, READY, "", None, at);
+    }
     PoolState {
         nodepool,
         template: sched::node_pool(&name),

@@ -209,6 +209,11 @@ impl PoolState {
     pub fn is_static(&self) -> bool {
         self.nodepool.spec.replicas.is_some()
     }
+    /// Whether a replacement may be launched from this NodePool: as provisioning, only from a
+    /// Ready one, and a static NodePool launches only to keep its replica count.
+    pub fn launches_replacements(&self) -> bool {
+        !self.is_static() && self.nodepool.is_ready()
+    }
 }
 
 /// Everything one disruption loop looks at.

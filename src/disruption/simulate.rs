@@ -154,8 +154,7 @@ impl<'a> SimulationBase<'a> {
                 .view
                 .pools
                 .values()
-                // Static NodePools launch only to keep their replicas, never for pods.
-                .filter(|p| !p.is_static())
+                .filter(|p| p.launches_replacements())
                 .map(|p| p.template.clone())
                 .collect(),
             instance_types: self.instance_types.clone(),

@@ -530,6 +530,39 @@ fn single_node_is_replaced_only_by_a_strictly_cheaper_type() {
 }
 
 #[test]
+fn no_replacement_is_launched_from_a_nodepool_that_is_not_ready() {
+    use crate::apis::ConditionsExt;
+    // The cheaper-replacement case above, with its NodePool's NodeClass gone: provisioning
+    // launches nothing from it, and neither does consolidation.
+    let mut v = cluster(
+        UNDERUTILIZED,
+        vec![node(
+            "n",
+            "default",
+            &large(),
+            vec![pod("p", "1500m", "1Gi")],
+            hour_ago(),
+        )],
+    );
+    let pool = v.pools.get_mut("default").unwrap();
+    pool.nodepool
+        .status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .set_condition(
+            crate::apis::labels::conditions::READY,
+            crate::apis::ConditionStatus::False,
+            "NodeClassNotFound",
+            "NodeClass not found on cluster",
+            None,
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        );
+    let outcome = run(&v);
+    assert!(outcome.command.is_none(), "{:?}", outcome.command);
+}
+
+#[test]
 fn freshly_launched_replacement_is_not_consolidated_back() {
     // The replacement from the multi-node test: medium, not yet consolidatable.
     let medium = instance_type("medium", 2);

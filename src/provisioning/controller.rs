@@ -182,6 +182,7 @@ impl Provisioner {
         let mut seen: HashSet<String> = HashSet::new();
         let mut last_round = Instant::now();
         let mut revisions = self.ctx.cluster.subscribe();
+        let mut ready_pools: Vec<String> = Vec::new();
         loop {
             // Read before the window's instant: a decision then comes at least the idle time
             // after the ack of the pod that opened the window.
@@ -203,6 +204,18 @@ impl Provisioner {
                         seen.insert(uid.to_string());
                     }
                 }
+                // A NodePool that became Ready (a new one gets its first status a moment
+                // after its creation) may place pods a round just left pending.
+                let ready: Vec<String> = index
+                    .nodepools()
+                    .iter()
+                    .filter(|p| p.is_ready())
+                    .map(|p| p.name_any())
+                    .collect();
+                if ready.iter().any(|name| !ready_pools.contains(name)) && pending {
+                    batcher.nudge("nodepool ready", now);
+                }
+                ready_pools = ready;
                 // Pods others took the planned room of: a round now, not at the requeue.
                 let displaced = self
                     .displacements

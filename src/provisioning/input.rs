@@ -11,8 +11,8 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use crate::apis::labels::{DISRUPTED_TAINT_KEY, NODEPOOL_LABEL, conditions};
-use crate::apis::{ConditionsExt, NodeClaim, NodePool};
+use crate::apis::labels::{DISRUPTED_TAINT_KEY, NODEPOOL_LABEL};
+use crate::apis::{NodeClaim, NodePool};
 use crate::cloudprovider::{CloudProvider, CloudProviderError};
 use crate::operator::metrics::Metrics;
 use crate::scheduling::{
@@ -59,8 +59,8 @@ pub struct PoolInput {
     pub nodepool: Arc<NodePool>,
     pub template: NodePoolTemplate,
     pub instance_types: Vec<Arc<InstanceType>>,
-    /// `Some(why)` when the NodePool's Ready condition is False: provisioning does not launch
-    /// into it, disruption still sees its nodes.
+    /// `Some(why)` when the NodePool's Ready condition is not True: nothing launches from it
+    /// (no provisioning, no consolidation replacement); disruption still sees its nodes.
     pub not_ready: Option<String>,
 }
 
@@ -205,12 +205,7 @@ pub fn node_pools(
             skipped.push((name, "is being deleted".to_string()));
             continue;
         }
-        let not_ready = pool
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.get_condition(conditions::READY))
-            .filter(|c| c.status == crate::apis::ConditionStatus::False)
-            .map(|c| format!("is not ready: {}", c.message));
+        let not_ready = pool.not_ready_reason();
         match nodepool_template(&pool, usage_of(index, &name)) {
             Ok(template) => out.push(PoolInput {
                 nodepool: pool,
@@ -464,6 +459,8 @@ pub fn prepare(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apis::ConditionsExt;
+    use crate::apis::labels::conditions;
     use crate::scheduling::fixtures;
     use crate::state::testing;
 
@@ -477,15 +474,30 @@ mod tests {
         .unwrap()
     }
 
+    /// A Ready NodePool, as the NodePool controller leaves a valid one.
     fn pool(name: &str) -> Arc<NodePool> {
-        Arc::new(
-            crate::apis::validation::parse(&serde_json::json!({
-                "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
-                "spec": {"template": {"spec": {"requirements": [],
-                    "nodeClassRef": {"group": "karpenter.test.sh", "kind": "TestNodeClass", "name": "default"}}}}
-            }))
-            .unwrap(),
-        )
+        let mut pool = statusless_pool(name);
+        pool.status
+            .get_or_insert_with(Default::default)
+            .conditions
+            .set_condition(
+                conditions::READY,
+                crate::apis::ConditionStatus::True,
+                conditions::READY,
+                "",
+                None,
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            );
+        Arc::new(pool)
+    }
+
+    fn statusless_pool(name: &str) -> NodePool {
+        crate::apis::validation::parse(&serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
+            "spec": {"template": {"spec": {"requirements": [],
+                "nodeClassRef": {"group": "karpenter.test.sh", "kind": "TestNodeClass", "name": "default"}}}}
+        }))
+        .unwrap()
     }
 
     #[test]
@@ -848,6 +860,58 @@ mod tests {
         assert_eq!(prepared.skipped_pools.len(), 1);
         assert_eq!(prepared.skipped_pools[0].0, "fixed");
         assert!(prepared.skipped_pools[0].1.contains("static (replicas: 3)"));
+    }
+
+    #[test]
+    fn a_nodepool_launches_nothing_before_its_status_says_ready() {
+        let mut index = ClusterIndex::default();
+        index.apply_pod(pending("a", "1"));
+        let mut unknown = statusless_pool("unknown");
+        unknown
+            .status
+            .get_or_insert_with(Default::default)
+            .conditions
+            .set_condition(
+                conditions::READY,
+                crate::apis::ConditionStatus::Unknown,
+                "AwaitingReconciliation",
+                "",
+                None,
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            );
+        let prepared = prepare(
+            &index,
+            vec![
+                (
+                    Arc::new(statusless_pool("new")),
+                    fixtures::instance_types(10),
+                ),
+                (Arc::new(unknown), fixtures::instance_types(10)),
+                (pool("ready"), fixtures::instance_types(10)),
+            ],
+            SchedulerOptions::default(),
+            PodsToPlace::Pending,
+        );
+        let pools: Vec<_> = prepared
+            .input
+            .node_pools
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        assert_eq!(pools, ["ready"]);
+        assert_eq!(
+            prepared.skipped_pools,
+            [
+                (
+                    "new".to_string(),
+                    "is not ready: its status has no Ready condition yet".to_string()
+                ),
+                (
+                    "unknown".to_string(),
+                    "is not ready (AwaitingReconciliation)".to_string()
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -302,9 +302,24 @@ fn cluster_index(m: &Manifests, warnings: &mut Vec<String>) -> ClusterIndex {
         index.apply_daemonset(ds.clone());
     }
     for pool in &m.node_pools {
-        index.apply_nodepool(pool.clone());
+        index.apply_nodepool(with_ready_condition(pool.clone()));
     }
     index
+}
+
+/// A NodePool from a manifest has no status, and provisioning launches only from Ready ones.
+/// The loader has refused invalid NodePools and the catalogue stands in for the NodeClass, so
+/// it is taken as Ready, as the NodePool controller would mark it. A status the manifest
+/// carries is kept.
+fn with_ready_condition(mut pool: crate::apis::NodePool) -> crate::apis::NodePool {
+    use crate::apis::labels::conditions::READY;
+    use crate::apis::{ConditionStatus, ConditionsExt};
+    let conditions = &mut pool.status.get_or_insert_with(Default::default).conditions;
+    if conditions.get_condition(READY).is_none() {
+        let at = k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
+        conditions.set_condition(READY, ConditionStatus::True, READY, "", None, at);
+    }
+    pool
 }
 
 #[cfg(test)]

@@ -214,3 +214,19 @@ spec:
     assert_eq!(r.node_claims[0].instance_type, "standard.huge");
     assert_eq!(r.node_claims[0].price_per_hour, 0.00001);
 }
+
+#[test]
+fn a_nodepool_whose_status_says_not_ready_launches_nothing() {
+    let not_ready = format!(
+        "{POOL}status:\n  conditions:\n    - {{type: Ready, status: 'False', reason: NodeClassNotReady, message: gone, lastTransitionTime: '2026-01-01T00:00:00Z'}}\n"
+    );
+    let m = manifests(&format!("{not_ready}{}", deployment("web", 1, "1", "1Gi")));
+    let r = simulate(&m, "ch-gva-2", "EUR").unwrap();
+    assert!(r.node_claims.is_empty(), "{}", render_table(&r));
+    assert!(
+        r.warnings
+            .contains(&"NodePool default skipped: is not ready: gone".to_string()),
+        "{:?}",
+        r.warnings
+    );
+}
