@@ -1,5 +1,6 @@
 //! The HTTP client: signing, rate limiting, retries, typed operations and operation polling.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -146,6 +147,9 @@ struct Inner {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InstanceFilter {
     pub labels: Labels,
+    /// Labels whose value must name this UUID, in any spelling Go's `uuid.Parse` accepts
+    /// (the Go provider writes `EXOSCALE_SKS_CLUSTER_ID` as it was typed).
+    pub uuid_labels: BTreeMap<String, uuid::Uuid>,
     pub name: Option<String>,
 }
 
@@ -161,8 +165,16 @@ impl InstanceFilter {
                 .into_iter()
                 .map(|(k, v)| (k.into(), v.into()))
                 .collect(),
+            uuid_labels: BTreeMap::new(),
             name: None,
         }
+    }
+
+    /// Also requires `key`'s value to parse as `uuid` (hyphenated, braced, URN or bare hex, in
+    /// either case).
+    pub fn with_uuid_label(mut self, key: impl Into<String>, uuid: uuid::Uuid) -> Self {
+        self.uuid_labels.insert(key.into(), uuid);
+        self
     }
 
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
@@ -171,11 +183,17 @@ impl InstanceFilter {
     }
 
     pub fn matches(&self, instance: &Instance) -> bool {
-        instance.has_labels(&self.labels) && self.name.as_ref().is_none_or(|n| &instance.name == n)
+        let names_uuid = |(key, uuid): (&String, &uuid::Uuid)| {
+            let value = instance.labels.get(key).map(String::as_str);
+            value.and_then(|v| uuid::Uuid::try_parse(v).ok()) == Some(*uuid)
+        };
+        instance.has_labels(&self.labels)
+            && self.uuid_labels.iter().all(names_uuid)
+            && self.name.as_ref().is_none_or(|n| &instance.name == n)
     }
 
     fn is_empty(&self) -> bool {
-        self.labels.is_empty() && self.name.is_none()
+        self.labels.is_empty() && self.uuid_labels.is_empty() && self.name.is_none()
     }
 }
 

@@ -86,11 +86,24 @@ impl ClusterIdentity {
 
     /// Instances Karpenter manages under our cluster ID (ours, unproven, or another cluster's
     /// sharing the ID: [`ClusterIdentity::ownership`] tells them apart).
+    ///
+    /// The ID is written in its canonical spelling; the Go provider writes it as configured,
+    /// so an instance it launched under `EXOSCALE_SKS_CLUSTER_ID` typed in upper case, braced
+    /// or without hyphens is ours too.
     pub fn cluster_filter(&self) -> InstanceFilter {
-        InstanceFilter::labels([
-            (INSTANCE_MANAGED_BY_LABEL, INSTANCE_MANAGED_BY_VALUE),
-            (INSTANCE_CLUSTER_ID_LABEL, self.cluster_id.as_str()),
-        ])
+        let managed =
+            InstanceFilter::labels([(INSTANCE_MANAGED_BY_LABEL, INSTANCE_MANAGED_BY_VALUE)]);
+        match uuid::Uuid::try_parse(&self.cluster_id) {
+            Ok(id) => managed.with_uuid_label(INSTANCE_CLUSTER_ID_LABEL, id),
+            Err(_) => {
+                let mut f = managed;
+                f.labels.insert(
+                    INSTANCE_CLUSTER_ID_LABEL.to_string(),
+                    self.cluster_id.clone(),
+                );
+                f
+            }
+        }
     }
 
     /// The instance of one NodeClaim of *this* cluster (UID included: a create never adopts
@@ -580,6 +593,43 @@ mod tests {
         assert!(is_live(&i));
         i.state = InstanceState::Destroying;
         assert!(!is_live(&i));
+    }
+
+    #[test]
+    fn the_go_providers_spelling_of_the_cluster_id_is_ours_too() {
+        let id = "6a7a4f0e-3e0c-4c3b-9d58-3f1f1f0c2b11";
+        let us = ClusterIdentity::new(id, "uid-1");
+        let written_by_go = |spelling: &str| {
+            let mut labels = us.labels("nc", None);
+            labels.insert(INSTANCE_CLUSTER_ID_LABEL.into(), spelling.into());
+            labels.remove(INSTANCE_CLUSTER_UID_LABEL);
+            instance_with(labels)
+        };
+        for spelling in [
+            id.to_string(),
+            id.to_uppercase(),
+            format!("{{{id}}}"),
+            id.replace('-', ""),
+            format!("urn:uuid:{id}"),
+        ] {
+            assert!(
+                us.cluster_filter().matches(&written_by_go(&spelling)),
+                "{spelling}"
+            );
+        }
+        for other in [
+            "6a7a4f0e-3e0c-4c3b-9d58-3f1f1f0c2b12",
+            "6a7a4f0e-3e0c-4c3b-9d58-3f1f1f0c2b1",
+            "",
+        ] {
+            assert!(
+                !us.cluster_filter().matches(&written_by_go(other)),
+                "{other}"
+            );
+        }
+        let mut unlabelled = us.labels("nc", None);
+        unlabelled.remove(INSTANCE_CLUSTER_ID_LABEL);
+        assert!(!us.cluster_filter().matches(&instance_with(unlabelled)));
     }
 
     #[test]
