@@ -1780,6 +1780,38 @@ async fn token_lifecycle_follows_the_nodeclaim() {
     assert!(w.bootstrap.tokens().is_empty());
 }
 
+#[tokio::test]
+async fn a_token_whose_create_was_not_answered_is_deleted_or_kept_on_record() {
+    let w = world().await;
+    // Stored, answer lost: the launch fails and the stored token is deleted at once.
+    w.bootstrap.lose_next_create_answers(1);
+    w.launch_refused("t", &["standard.medium"]).await;
+    assert!(w.sim.instances().is_empty(), "no instance without a token");
+    assert!(
+        w.bootstrap.tokens().is_empty(),
+        "the unanswered token was deleted"
+    );
+    assert_eq!(w.bootstrap.delete_requests().len(), 1);
+
+    // Stored, answer lost, and the delete fails too: the name is recorded by the NodeClaim's
+    // next launch, so its registration or teardown deletes it.
+    w.bootstrap.lose_next_create_answers(1);
+    w.bootstrap.fail_next_deletes(1);
+    w.launch_refused("u", &["standard.medium"]).await;
+    let unanswered = w.bootstrap.tokens()["u"].secret_name();
+    assert_eq!(w.bootstrap.delete_requests().last(), Some(&unanswered));
+    let nc = w.launch("u", &["standard.medium"]).await;
+    let recorded = karpenter_exoscale::cloudprovider::exoscale::recorded_tokens(&nc);
+    assert!(recorded.contains(&unanswered), "{recorded:?}");
+    assert_eq!(recorded.len(), 2, "{recorded:?}");
+
+    // A refusal stored nothing: nothing to delete.
+    let deletes = w.bootstrap.delete_requests().len();
+    w.bootstrap.fail_next_creates(1);
+    w.launch_refused("v", &["standard.medium"]).await;
+    assert_eq!(w.bootstrap.delete_requests().len(), deletes);
+}
+
 /// A provider reading NodeClasses from the watched reflector store, as in production: once
 /// the watch fails, the store's last copy is not trusted (it may be old for good) until a new
 /// list completes. Meanwhile nothing is launched and no drift is judged from it.

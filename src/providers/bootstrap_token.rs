@@ -68,6 +68,22 @@ pub enum TokenError {
     Collision,
 }
 
+impl TokenError {
+    /// The Secret a failed create may have stored anyway: the answer was lost (a transport
+    /// error, a timeout) or the server failed after the request arrived (5xx); the same rule
+    /// as for NodeClaim creates. A refusal (4xx, our own fence) stored nothing.
+    pub fn maybe_stored(&self) -> Option<&str> {
+        match self {
+            TokenError::Kube { name, source }
+                if crate::controllers::lost_creates::create_outcome_unknown(source) =>
+            {
+                Some(name)
+            }
+            TokenError::Kube { .. } | TokenError::Invalid { .. } | TokenError::Collision => None,
+        }
+    }
+}
+
 /// A token `<id>.<secret>`. The secret never appears in Debug or Display.
 #[derive(Clone, PartialEq, Eq)]
 pub struct BootstrapToken {
@@ -374,6 +390,30 @@ pub fn record(names: &BTreeSet<String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_create_without_an_answer_may_have_stored_the_secret() {
+        let failed = |source: kube::Error| TokenError::Kube {
+            name: "bootstrap-token-abc123".into(),
+            source,
+        };
+        let api = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("x", "Test")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert_eq!(
+            failed(api(504)).maybe_stored(),
+            Some("bootstrap-token-abc123")
+        );
+        let reset = kube::Error::Service("connection reset by peer".into());
+        assert_eq!(failed(reset).maybe_stored(), Some("bootstrap-token-abc123"));
+        assert_eq!(failed(api(403)).maybe_stored(), None);
+        assert_eq!(failed(api(422)).maybe_stored(), None);
+        assert_eq!(TokenError::Collision.maybe_stored(), None);
+    }
 
     fn at(secs: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap()

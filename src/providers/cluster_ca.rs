@@ -79,6 +79,60 @@ pub async fn fetch(client: &Client) -> Result<Vec<u8>, CaError> {
     }
 }
 
+/// How long a CA bundle read from the cluster is used before it is read again: a rotated CA
+/// reaches new nodes within this, without a restart.
+pub const CA_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The CA bundle, read again once older than its maximum age. A failed read keeps the bundle
+/// already held (a brief API hiccup must not fail launches); with none held, it fails.
+pub struct CaCache {
+    clock: std::sync::Arc<dyn crate::clock::Clock>,
+    max_age: std::time::Duration,
+    held: tokio::sync::Mutex<Option<(std::time::Duration, Vec<u8>)>>,
+}
+
+impl CaCache {
+    pub fn new(
+        clock: std::sync::Arc<dyn crate::clock::Clock>,
+        max_age: std::time::Duration,
+    ) -> Self {
+        CaCache {
+            clock,
+            max_age,
+            held: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The bundle, read with `fetch` when none is held or it is too old. Concurrent callers
+    /// wait for one read.
+    pub async fn get<F, Fut>(&self, fetch: F) -> Result<Vec<u8>, String>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<u8>, CaError>>,
+    {
+        let mut held = self.held.lock().await;
+        let now = self.clock.monotonic();
+        if let Some((read_at, pem)) = held.as_ref()
+            && now.saturating_sub(*read_at) < self.max_age
+        {
+            return Ok(pem.clone());
+        }
+        match fetch().await {
+            Ok(pem) => {
+                *held = Some((now, pem.clone()));
+                Ok(pem)
+            }
+            Err(e) => match held.as_ref() {
+                Some((_, pem)) => {
+                    tracing::warn!(error = %e, "could not read the cluster CA again; using the one read before");
+                    Ok(pem.clone())
+                }
+                None => Err(e.to_string()),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +160,45 @@ mod tests {
             let e = ca_from_cluster_info(doc).unwrap_err().to_string();
             assert!(e.contains(needle), "{doc:?}: {e}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_rotated_ca_is_read_again_and_a_failed_read_keeps_the_last() {
+        use crate::clock::FixedClock;
+        use std::sync::Arc;
+        let clock = FixedClock::default();
+        let cache = CaCache::new(Arc::new(clock.clone()), CA_MAX_AGE);
+        let reads = std::sync::atomic::AtomicU32::new(0);
+        let read = |pem: &'static str| {
+            reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move { Ok(pem.as_bytes().to_vec()) }
+        };
+        let failing = || async {
+            Err(CaError::NotFound {
+                cluster_info: "connection refused".into(),
+                root_ca: "connection refused".into(),
+            })
+        };
+        assert!(
+            cache
+                .get(failing)
+                .await
+                .unwrap_err()
+                .contains("connection refused")
+        );
+        assert_eq!(cache.get(|| read("old")).await.unwrap(), b"old");
+        assert_eq!(
+            cache.get(|| read("new")).await.unwrap(),
+            b"old",
+            "held while fresh"
+        );
+        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+        clock.advance(CA_MAX_AGE);
+        assert_eq!(
+            cache.get(failing).await.unwrap(),
+            b"old",
+            "a failed read keeps it"
+        );
+        assert_eq!(cache.get(|| read("new")).await.unwrap(), b"new", "rotated");
     }
 }

@@ -71,12 +71,27 @@ impl NodeClassSource for Store<ExoscaleNodeClass> {
     }
 }
 
+/// A token create that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenCreateFailure {
+    pub message: String,
+    /// The Secret the API server may have stored anyway (its answer was lost): it must be
+    /// deleted, or kept on record until it can be.
+    pub maybe_stored: Option<String>,
+}
+
+impl std::fmt::Display for TokenCreateFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Cluster-side needs of a launch: bootstrap tokens and the CA bundle.
 pub trait NodeBootstrap: Send + Sync {
     fn create_token<'a>(
         &'a self,
         nodeclaim: TokenOwner<'a>,
-    ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>>;
+    ) -> BoxFuture<'a, std::result::Result<BootstrapToken, TokenCreateFailure>>;
     /// Deletes the token Secrets of these names (never listed: found by recorded name).
     fn delete_tokens<'a>(
         &'a self,
@@ -85,10 +100,11 @@ pub trait NodeBootstrap: Send + Sync {
     fn cluster_ca(&self) -> BoxFuture<'_, std::result::Result<Vec<u8>, String>>;
 }
 
-/// Tokens as `kube-system` Secrets and the CA from the cluster (read once, then cached).
+/// Tokens as `kube-system` Secrets and the CA from the cluster (cached for
+/// [`cluster_ca::CA_MAX_AGE`], so a rotation reaches new nodes without a restart).
 pub struct KubeNodeBootstrap {
     client: kube::Client,
-    ca: tokio::sync::OnceCell<Vec<u8>>,
+    ca: cluster_ca::CaCache,
     ttl: std::time::Duration,
 }
 
@@ -98,7 +114,10 @@ impl KubeNodeBootstrap {
     pub fn new(client: kube::Client, ttl: std::time::Duration) -> Self {
         KubeNodeBootstrap {
             client,
-            ca: tokio::sync::OnceCell::new(),
+            ca: cluster_ca::CaCache::new(
+                std::sync::Arc::new(crate::clock::SystemClock),
+                cluster_ca::CA_MAX_AGE,
+            ),
             ttl,
         }
     }
@@ -108,7 +127,7 @@ impl NodeBootstrap for KubeNodeBootstrap {
     fn create_token<'a>(
         &'a self,
         nodeclaim: TokenOwner<'a>,
-    ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>> {
+    ) -> BoxFuture<'a, std::result::Result<BootstrapToken, TokenCreateFailure>> {
         Box::pin(async move {
             bootstrap_token::create_for_nodeclaim(
                 &self.client,
@@ -117,7 +136,10 @@ impl NodeBootstrap for KubeNodeBootstrap {
                 self.ttl,
             )
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| TokenCreateFailure {
+                message: e.to_string(),
+                maybe_stored: e.maybe_stored().map(str::to_string),
+            })
         })
     }
 
@@ -142,13 +164,7 @@ impl NodeBootstrap for KubeNodeBootstrap {
     }
 
     fn cluster_ca(&self) -> BoxFuture<'_, std::result::Result<Vec<u8>, String>> {
-        Box::pin(async move {
-            self.ca
-                .get_or_try_init(|| cluster_ca::fetch(&self.client))
-                .await
-                .cloned()
-                .map_err(|e| e.to_string())
-        })
+        Box::pin(async move { self.ca.get(|| cluster_ca::fetch(&self.client)).await })
     }
 }
 

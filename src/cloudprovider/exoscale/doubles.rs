@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use crate::apis::ExoscaleNodeClass;
 use crate::providers::bootstrap_token::{BootstrapToken, TokenOwner};
 
-use super::cluster::{NodeBootstrap, NodeClassSource};
+use super::cluster::{NodeBootstrap, NodeClassSource, TokenCreateFailure};
 
 /// NodeClasses held in memory (tests, `simulate`).
 #[derive(Default)]
@@ -37,6 +37,8 @@ pub struct InMemoryNodeBootstrap {
     ca: Vec<u8>,
     tokens: Mutex<BTreeMap<String, BootstrapToken>>,
     fail_creates: Mutex<u32>,
+    lose_create_answers: Mutex<u32>,
+    fail_deletes: Mutex<u32>,
     deletes: Mutex<Vec<String>>,
 }
 
@@ -46,6 +48,8 @@ impl InMemoryNodeBootstrap {
             ca: ca_pem.into(),
             tokens: Mutex::new(BTreeMap::new()),
             fail_creates: Mutex::new(0),
+            lose_create_answers: Mutex::new(0),
+            fail_deletes: Mutex::new(0),
             deletes: Mutex::new(Vec::new()),
         }
     }
@@ -64,26 +68,50 @@ impl InMemoryNodeBootstrap {
     pub fn fail_next_creates(&self, n: u32) {
         *self.fail_creates.lock().expect("lock") = n;
     }
+
+    /// The next `n` token creations store their token but lose the answer (a timeout).
+    pub fn lose_next_create_answers(&self, n: u32) {
+        *self.lose_create_answers.lock().expect("lock") = n;
+    }
+
+    /// The next `n` delete calls fail (after being recorded in `delete_requests`).
+    pub fn fail_next_deletes(&self, n: u32) {
+        *self.fail_deletes.lock().expect("lock") = n;
+    }
+}
+
+fn take_one(counter: &Mutex<u32>) -> bool {
+    let mut n = counter.lock().expect("lock");
+    let take = *n > 0;
+    if take {
+        *n -= 1;
+    }
+    take
 }
 
 impl NodeBootstrap for InMemoryNodeBootstrap {
     fn create_token<'a>(
         &'a self,
         nodeclaim: TokenOwner<'a>,
-    ) -> BoxFuture<'a, std::result::Result<BootstrapToken, String>> {
+    ) -> BoxFuture<'a, std::result::Result<BootstrapToken, TokenCreateFailure>> {
         Box::pin(async move {
-            {
-                let mut fail = self.fail_creates.lock().expect("lock");
-                if *fail > 0 {
-                    *fail -= 1;
-                    return Err("secrets is forbidden (injected)".to_string());
-                }
+            if take_one(&self.fail_creates) {
+                return Err(TokenCreateFailure {
+                    message: "secrets is forbidden (injected)".to_string(),
+                    maybe_stored: None,
+                });
             }
             let token = BootstrapToken::generate();
             self.tokens
                 .lock()
                 .expect("lock")
                 .insert(nodeclaim.name.to_string(), token.clone());
+            if take_one(&self.lose_create_answers) {
+                return Err(TokenCreateFailure {
+                    message: "timed out waiting for the answer (injected)".to_string(),
+                    maybe_stored: Some(token.secret_name()),
+                });
+            }
             Ok(token)
         })
     }
@@ -97,6 +125,9 @@ impl NodeBootstrap for InMemoryNodeBootstrap {
                 .lock()
                 .expect("lock")
                 .extend(secret_names.iter().cloned());
+            if take_one(&self.fail_deletes) {
+                return Err("secrets: connection reset (injected)".to_string());
+            }
             self.tokens
                 .lock()
                 .expect("lock")

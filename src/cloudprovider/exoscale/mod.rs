@@ -13,7 +13,8 @@ mod mapping;
 mod settings;
 
 pub use cluster::{
-    KubeNodeBootstrap, NodeBootstrap, NodeClassSource, WatchedNodeClasses, recorded_tokens,
+    KubeNodeBootstrap, NodeBootstrap, NodeClassSource, TokenCreateFailure, WatchedNodeClasses,
+    recorded_tokens,
 };
 #[cfg(any(test, feature = "test-doubles"))]
 pub use doubles::{InMemoryNodeBootstrap, StaticNodeClasses};
@@ -331,12 +332,18 @@ impl ExoscaleCloudProvider {
             name: &name,
             uid: claim.metadata.uid.as_deref(),
         };
-        let token = self.bootstrap.create_token(owner).await.map_err(|e| {
-            CloudProviderError::create(
-                reasons::BOOTSTRAP_TOKEN_CREATION_FAILED,
-                format!("failed to create bootstrap token: {e}"),
-            )
-        })?;
+        let token = match self.bootstrap.create_token(owner).await {
+            Ok(token) => token,
+            Err(failure) => {
+                if let Some(secret) = &failure.maybe_stored {
+                    self.drop_unanswered_token(&name, secret).await;
+                }
+                return Err(CloudProviderError::create(
+                    reasons::BOOTSTRAP_TOKEN_CREATION_FAILED,
+                    format!("failed to create bootstrap token: {failure}"),
+                ));
+            }
+        };
         let token_name = token.secret_name();
         self.issued_tokens()
             .entry(name.clone())
@@ -413,6 +420,23 @@ impl ExoscaleCloudProvider {
             .await
         {
             tracing::warn!(nodeclaim, error = %e, "could not delete the bootstrap token of a failed launch; it expires on its own");
+        }
+    }
+
+    /// A token whose create answer was lost may be stored and valid: it is deleted now, and
+    /// if that fails too it is kept as issued, so the NodeClaim's next launch records it and
+    /// its registration or teardown deletes it (rather than leaving it valid to its expiry).
+    async fn drop_unanswered_token(&self, nodeclaim: &str, secret_name: &str) {
+        if let Err(e) = self
+            .bootstrap
+            .delete_tokens(&[secret_name.to_string()])
+            .await
+        {
+            tracing::warn!(nodeclaim, secret = secret_name, error = %e, "could not delete a bootstrap token whose create was not answered; kept on record for the NodeClaim");
+            self.issued_tokens()
+                .entry(nodeclaim.to_string())
+                .or_default()
+                .insert(secret_name.to_string());
         }
     }
 
