@@ -728,3 +728,71 @@ async fn a_nodeclaim_deleted_before_its_instance_was_recorded_still_has_it_delet
     .await;
     world.finish().await;
 }
+
+/// A NodeClaim whose provider ID someone overwrote with one that names no Exoscale instance:
+/// its teardown cannot delete anything, so the finalizer stays, and the NodeClaim says why
+/// in a Warning event (not only the log). Once the ID is mended, teardown completes.
+#[tokio::test]
+async fn a_nodeclaim_with_a_mangled_provider_id_says_why_its_finalizer_stays() {
+    let never_joins: harness::KubeletPolicy = Arc::new(|_: &str| KubeletBehaviour {
+        join: Join::Never,
+        ..KubeletBehaviour::default()
+    });
+    let Some(world) = World::start("e2e-mangled", never_joins).await else {
+        return;
+    };
+    world.create_nodeclass(json!({})).await;
+    world.start_replica("a").await;
+    world.ready_nodeclass().await;
+    let claim = format!("mangled-{}", suffix(&world));
+    world.create_nodeclaim(&claim, json!({})).await;
+    let claims = world.nodeclaims();
+    let launched = eventually("the launch recorded", || async {
+        let c = claims.get(&claim).await.ok()?;
+        c.status
+            .and_then(|s| s.provider_id)
+            .filter(|p| !p.is_empty())
+    })
+    .await;
+    let status = |pid: &str| kube::api::Patch::Merge(json!({"status": {"providerID": pid}}));
+    let params = kube::api::PatchParams::default();
+    claims
+        .patch_status(&claim, &params, &status("exoscale://instance-123"))
+        .await
+        .expect("provider ID overwritten");
+    claims
+        .delete(&claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    let event = eventually("an InstanceTerminationFailed event", || async {
+        events_of(&world, &claim, "InstanceTerminationFailed")
+            .await
+            .pop()
+    })
+    .await;
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains("instance-123"), "{note}");
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let held = claims.get(&claim).await.expect("the NodeClaim stays");
+    assert!(
+        held.finalizers()
+            .iter()
+            .any(|f| f == "karpenter.sh/termination")
+    );
+    assert_eq!(
+        world.live_instances().len(),
+        1,
+        "nothing deleted by a guess"
+    );
+
+    claims
+        .patch_status(&claim, &params, &status(&launched))
+        .await
+        .expect("provider ID mended");
+    gone(&claims, &claim, "NodeClaim").await;
+    eventually("the instance deleted", || async {
+        world.live_instances().is_empty().then_some(())
+    })
+    .await;
+    world.finish().await;
+}

@@ -129,7 +129,18 @@ pub async fn finalize(claim: &NodeClaim, ctx: &Context) -> Result<Action> {
                     .observe(secs.max(0.0));
             }
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => {
+            // The finalizer stays until the instance is proven gone; say why on the NodeClaim,
+            // not only in the log (a provider ID someone mistyped blocks it for good).
+            ctx.event(
+                claim,
+                Severity::Warning,
+                "InstanceTerminationFailed",
+                format!("Cannot terminate the instance yet; the finalizer stays: {e}"),
+            )
+            .await;
+            return Err(e.into());
+        }
     }
     remove_finalizer(&api, claim, TERMINATION_FINALIZER).await?;
     let pool = nodepool_of(claim);
