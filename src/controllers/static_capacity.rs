@@ -247,11 +247,7 @@ pub async fn reconcile(pool: Arc<NodePool>, ctx: Arc<Context>) -> Result<Action>
 /// Creates `count` NodeClaims from the template, over the instance types the cloud offers it.
 async fn create(pool: &Arc<NodePool>, count: usize, ctx: &Context) -> Result<Action> {
     let name = pool.name_any();
-    let ready = pool
-        .status
-        .as_ref()
-        .is_some_and(|s| s.conditions.is_true(conditions::READY));
-    if !ready {
+    if !pool.is_ready() {
         // Its status change wakes this reconciler again.
         return Ok(Action::requeue(RESYNC));
     }
