@@ -661,6 +661,11 @@ fn static_drift(
             continue;
         }
         let pool = &view.pools[&c.node_pool];
+        // Its replacement could not launch (no NodeClass, an invalid template): the drifted
+        // node would be tainted and restored on every pass. It waits for the pool to be Ready.
+        if !pool.nodepool.is_ready() {
+            continue;
+        }
         let replicas = pool.nodepool.spec.replicas.unwrap_or(0).max(0) as usize;
         let counted = view
             .nodes

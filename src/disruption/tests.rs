@@ -560,6 +560,12 @@ fn no_replacement_is_launched_from_a_nodepool_that_is_not_ready() {
         );
     let outcome = run(&v);
     assert!(outcome.command.is_none(), "{:?}", outcome.command);
+    assert!(
+        outcome.events.iter().any(|e| matches!(e,
+            DisruptionEvent::Unconsolidatable { node, message, .. } if node == "n" && message == "not all pods would schedule, pod default/p: no nodepools found")),
+        "{:?}",
+        outcome.events
+    );
 }
 
 #[test]
@@ -873,6 +879,21 @@ fn static_pools_are_only_ever_disrupted_for_drift_one_for_one() {
             .command
             .is_none()
     );
+    // Not while the pool is not Ready: its replacement could not launch.
+    let mut not_ready = static_cluster(2, vec![idle.clone(), drifted.clone()]);
+    for p in not_ready.pools.values_mut() {
+        use crate::apis::ConditionsExt;
+        let conditions = &mut p.nodepool.status.as_mut().unwrap().conditions;
+        conditions.set_condition(
+            crate::apis::labels::conditions::READY,
+            crate::apis::ConditionStatus::False,
+            "NodeClassNotReady",
+            "gone",
+            None,
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        );
+    }
+    assert!(run(&not_ready).command.is_none());
     // Not beyond the budget: the node being replaced spends it.
     let mut replacing = idle;
     replacing.drifted_since = Some(now() - chrono::Duration::minutes(9));

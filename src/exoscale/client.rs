@@ -147,7 +147,7 @@ struct Inner {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InstanceFilter {
     pub labels: Labels,
-    /// Labels whose value must name this UUID, in any spelling Go's `uuid.Parse` accepts
+    /// Labels whose value must name this UUID: hyphenated, braced, URN or simple, in any case
     /// (the Go provider writes `EXOSCALE_SKS_CLUSTER_ID` as it was typed).
     pub uuid_labels: BTreeMap<String, uuid::Uuid>,
     pub name: Option<String>,

@@ -451,14 +451,14 @@ mod tests {
     /// registration TTL after it.
     #[test]
     fn a_token_outlives_the_slowest_launch_plus_the_registration_ttl() {
-        let (launch, registration) = (Duration::from_secs(300), Duration::from_secs(900));
-        assert_eq!(
-            token_ttl(launch, registration),
-            Duration::from_secs(22 * 60)
-        );
-        // The shortest timings a real cloud accepts (2 m launch, 3 m registration): 7 min.
-        let shortest = token_ttl(Duration::from_secs(120), Duration::from_secs(180));
-        assert_eq!(shortest, Duration::from_secs(7 * 60));
+        let minutes = |m: u64| Duration::from_secs(m * 60);
+        // The defaults (5 m launch timeout, 15 m registration TTL): 22 minutes.
+        assert_eq!(token_ttl(minutes(5), minutes(15)), minutes(22));
+        for (launch, registration) in [(2, 3), (5, 15), (30, 60)] {
+            let (launch, registration) = (minutes(launch), minutes(registration));
+            let ttl = token_ttl(launch, registration);
+            assert!(ttl > launch + registration, "{ttl:?}");
+        }
     }
 
     #[test]

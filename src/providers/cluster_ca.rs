@@ -82,12 +82,16 @@ pub async fn fetch(client: &Client) -> Result<Vec<u8>, CaError> {
 /// How long a CA bundle read from the cluster is used before it is read again: a rotated CA
 /// reaches new nodes within this, without a restart.
 pub const CA_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+/// After a failed re-read, how long the bundle held is used before the next try: during an
+/// API outage, one launch in this interval waits for a read, not every launch.
+pub const CA_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The CA bundle, read again once older than its maximum age. A failed read keeps the bundle
 /// already held (a brief API hiccup must not fail launches); with none held, it fails.
 pub struct CaCache {
     clock: std::sync::Arc<dyn crate::clock::Clock>,
     max_age: std::time::Duration,
+    /// The bundle and when (monotonic) it is to be read again.
     held: tokio::sync::Mutex<Option<(std::time::Duration, Vec<u8>)>>,
 }
 
@@ -103,8 +107,8 @@ impl CaCache {
         }
     }
 
-    /// The bundle, read with `fetch` when none is held or it is too old. Concurrent callers
-    /// wait for one read.
+    /// The bundle, read with `fetch` when none is held or it is due. Concurrent callers wait
+    /// for one read.
     pub async fn get<F, Fut>(&self, fetch: F) -> Result<Vec<u8>, String>
     where
         F: FnOnce() -> Fut,
@@ -112,19 +116,20 @@ impl CaCache {
     {
         let mut held = self.held.lock().await;
         let now = self.clock.monotonic();
-        if let Some((read_at, pem)) = held.as_ref()
-            && now.saturating_sub(*read_at) < self.max_age
+        if let Some((due, pem)) = held.as_ref()
+            && now < *due
         {
             return Ok(pem.clone());
         }
         match fetch().await {
             Ok(pem) => {
-                *held = Some((now, pem.clone()));
+                *held = Some((now + self.max_age, pem.clone()));
                 Ok(pem)
             }
-            Err(e) => match held.as_ref() {
-                Some((_, pem)) => {
+            Err(e) => match held.as_mut() {
+                Some((due, pem)) => {
                     tracing::warn!(error = %e, "could not read the cluster CA again; using the one read before");
+                    *due = now + CA_RETRY_AFTER;
                     Ok(pem.clone())
                 }
                 None => Err(e.to_string()),
@@ -166,18 +171,23 @@ mod tests {
     async fn a_rotated_ca_is_read_again_and_a_failed_read_keeps_the_last() {
         use crate::clock::FixedClock;
         use std::sync::Arc;
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        use std::time::Duration;
         let clock = FixedClock::default();
         let cache = CaCache::new(Arc::new(clock.clone()), CA_MAX_AGE);
-        let reads = std::sync::atomic::AtomicU32::new(0);
+        let reads = AtomicU32::new(0);
         let read = |pem: &'static str| {
-            reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            reads.fetch_add(1, SeqCst);
             async move { Ok(pem.as_bytes().to_vec()) }
         };
-        let failing = || async {
-            Err(CaError::NotFound {
-                cluster_info: "connection refused".into(),
-                root_ca: "connection refused".into(),
-            })
+        let failing = || {
+            reads.fetch_add(1, SeqCst);
+            async {
+                Err(CaError::NotFound {
+                    cluster_info: "connection refused".into(),
+                    root_ca: "connection refused".into(),
+                })
+            }
         };
         assert!(
             cache
@@ -187,18 +197,25 @@ mod tests {
                 .contains("connection refused")
         );
         assert_eq!(cache.get(|| read("old")).await.unwrap(), b"old");
+        clock.advance(CA_MAX_AGE - Duration::from_secs(1));
         assert_eq!(
             cache.get(|| read("new")).await.unwrap(),
             b"old",
             "held while fresh"
         );
-        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
-        clock.advance(CA_MAX_AGE);
+        assert_eq!(reads.load(SeqCst), 2);
+        clock.advance(Duration::from_secs(1));
         assert_eq!(
             cache.get(failing).await.unwrap(),
             b"old",
             "a failed read keeps it"
         );
+        assert_eq!(reads.load(SeqCst), 3);
+        // Not read again at once after a failure: every launch would wait for it.
+        assert_eq!(cache.get(|| read("new")).await.unwrap(), b"old");
+        assert_eq!(reads.load(SeqCst), 3);
+        clock.advance(CA_RETRY_AFTER);
         assert_eq!(cache.get(|| read("new")).await.unwrap(), b"new", "rotated");
+        assert_eq!(reads.load(SeqCst), 4);
     }
 }

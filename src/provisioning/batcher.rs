@@ -100,6 +100,36 @@ impl Batcher {
     }
 }
 
+/// The NodePools last seen Ready. One that became Ready (a new NodePool gets its first status
+/// a moment after its creation) may place pods a round just left pending: the controller then
+/// asks for a round rather than wait for the pods' requeue. Runs on every cluster change, so
+/// it allocates only when the set changed.
+#[derive(Debug, Default)]
+pub struct ReadyPools(HashSet<String>);
+
+impl ReadyPools {
+    /// Records which of `pools` are Ready; true when one was not Ready at the last look.
+    pub fn newly_ready<'a>(
+        &mut self,
+        pools: impl Iterator<Item = &'a crate::apis::NodePool> + Clone,
+    ) -> bool {
+        use kube::ResourceExt;
+        let ready = pools.filter(|p| p.is_ready());
+        let mut count = 0;
+        let mut newly = false;
+        for pool in ready.clone() {
+            count += 1;
+            newly |= !self
+                .0
+                .contains(pool.metadata.name.as_deref().unwrap_or_default());
+        }
+        if newly || count != self.0.len() {
+            self.0 = ready.map(|p| p.name_any()).collect();
+        }
+        newly
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,5 +225,42 @@ mod tests {
         b.trigger("a", t0);
         b.trigger("a", t0 + Duration::from_millis(900));
         assert_eq!(b.take_if_ready(t0 + IDLE), Some(1));
+    }
+
+    #[test]
+    fn a_nodepool_that_becomes_ready_is_noticed_once() {
+        use crate::apis::{ConditionStatus, ConditionsExt, NodePool};
+        let pool = |name: &str, status: Option<ConditionStatus>| {
+            let mut p: NodePool = serde_json::from_value(serde_json::json!({
+                "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
+                "spec": {"template": {"spec": {"requirements": [],
+                    "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}}}}
+            }))
+            .unwrap();
+            if let Some(status) = status {
+                p.status
+                    .get_or_insert_with(Default::default)
+                    .conditions
+                    .set_condition(
+                        "Ready",
+                        status,
+                        "R",
+                        "",
+                        None,
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    );
+            }
+            p
+        };
+        let (t, u) = (Some(ConditionStatus::True), Some(ConditionStatus::Unknown));
+        let mut seen = ReadyPools::default();
+        assert!(!seen.newly_ready([pool("a", None)].iter()), "no status yet");
+        assert!(!seen.newly_ready([pool("a", u)].iter()));
+        assert!(seen.newly_ready([pool("a", t)].iter()), "became Ready");
+        assert!(!seen.newly_ready([pool("a", t)].iter()), "already Ready");
+        assert!(seen.newly_ready([pool("a", t), pool("b", t)].iter()));
+        // Not Ready for a while, then Ready again: noticed again.
+        assert!(!seen.newly_ready([pool("a", u), pool("b", t)].iter()));
+        assert!(seen.newly_ready([pool("a", t), pool("b", t)].iter()));
     }
 }

@@ -182,7 +182,7 @@ impl Provisioner {
         let mut seen: HashSet<String> = HashSet::new();
         let mut last_round = Instant::now();
         let mut revisions = self.ctx.cluster.subscribe();
-        let mut ready_pools: Vec<String> = Vec::new();
+        let mut ready_pools = super::batcher::ReadyPools::default();
         loop {
             // Read before the window's instant: a decision then comes at least the idle time
             // after the ack of the pod that opened the window.
@@ -191,7 +191,8 @@ impl Provisioner {
             let mut first_seen = Vec::new();
             let mut pending = false;
             {
-                // Runs on every cluster change: only a pod seen for the first time allocates.
+                // Runs on every cluster change: only a pod seen for the first time (or a
+                // change in which NodePools are Ready) allocates.
                 let index = self.ctx.cluster.read();
                 for pod in index.pods_iter().filter(|p| eligibility::check(p).is_ok()) {
                     let Some(uid) = pod.metadata.uid.as_deref() else {
@@ -204,18 +205,9 @@ impl Provisioner {
                         seen.insert(uid.to_string());
                     }
                 }
-                // A NodePool that became Ready (a new one gets its first status a moment
-                // after its creation) may place pods a round just left pending.
-                let ready: Vec<String> = index
-                    .nodepools()
-                    .iter()
-                    .filter(|p| p.is_ready())
-                    .map(|p| p.name_any())
-                    .collect();
-                if ready.iter().any(|name| !ready_pools.contains(name)) && pending {
+                if ready_pools.newly_ready(index.nodepools_iter()) && pending {
                     batcher.nudge("nodepool ready", now);
                 }
-                ready_pools = ready;
                 // Pods others took the planned room of: a round now, not at the requeue.
                 let displaced = self
                     .displacements

@@ -534,6 +534,10 @@ impl ClusterIndex {
     pub fn nodepools(&self) -> Vec<Arc<NodePool>> {
         self.nodepools.values().cloned().collect()
     }
+    /// NodePools, without copying the list.
+    pub fn nodepools_iter(&self) -> impl Iterator<Item = &NodePool> + Clone {
+        self.nodepools.values().map(|p| p.as_ref())
+    }
     pub fn pods(&self) -> Vec<Arc<Pod>> {
         self.pods.values().cloned().collect()
     }

@@ -423,20 +423,21 @@ impl ExoscaleCloudProvider {
         }
     }
 
-    /// A token whose create answer was lost may be stored and valid: it is deleted now, and
-    /// if that fails too it is kept as issued, so the NodeClaim's next launch records it and
-    /// its registration or teardown deletes it (rather than leaving it valid to its expiry).
+    /// A token whose create answer was lost may be stored and valid: it is deleted now. It is
+    /// also kept as issued, whether that delete worked or not: the create may be stored only
+    /// after the delete (answered 404), so the NodeClaim's next launch records it and its
+    /// registration or teardown deletes it again, rather than leaving it valid to its expiry.
     async fn drop_unanswered_token(&self, nodeclaim: &str, secret_name: &str) {
+        self.issued_tokens()
+            .entry(nodeclaim.to_string())
+            .or_default()
+            .insert(secret_name.to_string());
         if let Err(e) = self
             .bootstrap
             .delete_tokens(&[secret_name.to_string()])
             .await
         {
             tracing::warn!(nodeclaim, secret = secret_name, error = %e, "could not delete a bootstrap token whose create was not answered; kept on record for the NodeClaim");
-            self.issued_tokens()
-                .entry(nodeclaim.to_string())
-                .or_default()
-                .insert(secret_name.to_string());
         }
     }
 
