@@ -327,6 +327,27 @@ impl NodePool {
         }
     }
 
+    /// Sets the Ready condition, dated at the Unix epoch: for a NodePool read from a manifest
+    /// (`simulate`) and for tests. The NodePool controller writes its own, with the time.
+    pub fn set_ready_condition(
+        &mut self,
+        status: super::ConditionStatus,
+        reason: &str,
+        message: &str,
+    ) {
+        use super::ConditionsExt;
+        let conditions = &mut self.status.get_or_insert_with(Default::default).conditions;
+        let at = k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
+        conditions.set_condition(
+            super::labels::conditions::READY,
+            status,
+            reason,
+            message,
+            None,
+            at,
+        );
+    }
+
     fn ready_condition(&self) -> Option<&Condition> {
         use super::ConditionsExt;
         self.status

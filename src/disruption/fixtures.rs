@@ -73,13 +73,9 @@ spec:
 /// A NodePool state, Ready unless the NodePool says otherwise.
 pub fn pool(mut nodepool: NodePool, instance_types: Vec<Arc<InstanceType>>) -> PoolState {
     let name = nodepool.metadata.name.clone().unwrap_or_default();
-    let status = nodepool.status.get_or_insert_with(Default::default);
-    if status.conditions.get_condition(READY).is_none() {
-        let at = k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
-        let ready = crate::apis::ConditionStatus::True;
-        status
-            .conditions
-            .set_condition(READY, ready, READY, "", None, at);
+    let status = nodepool.status.as_ref();
+    if status.is_none_or(|s| s.conditions.get_condition(READY).is_none()) {
+        nodepool.set_ready_condition(crate::apis::ConditionStatus::True, READY, "");
     }
     PoolState {
         nodepool,

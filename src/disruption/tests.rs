@@ -531,7 +531,6 @@ fn single_node_is_replaced_only_by_a_strictly_cheaper_type() {
 
 #[test]
 fn no_replacement_is_launched_from_a_nodepool_that_is_not_ready() {
-    use crate::apis::ConditionsExt;
     // The cheaper-replacement case above, with its NodePool's NodeClass gone: provisioning
     // launches nothing from it, and neither does consolidation.
     let mut v = cluster(
@@ -544,20 +543,9 @@ fn no_replacement_is_launched_from_a_nodepool_that_is_not_ready() {
             hour_ago(),
         )],
     );
-    let pool = v.pools.get_mut("default").unwrap();
-    pool.nodepool
-        .status
-        .as_mut()
-        .unwrap()
-        .conditions
-        .set_condition(
-            crate::apis::labels::conditions::READY,
-            crate::apis::ConditionStatus::False,
-            "NodeClassNotFound",
-            "NodeClass not found on cluster",
-            None,
-            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-        );
+    let pool = &mut v.pools.get_mut("default").unwrap().nodepool;
+    let not_ready = crate::apis::ConditionStatus::False;
+    pool.set_ready_condition(not_ready, "NodeClassNotFound", "NodeClass not found");
     let outcome = run(&v);
     assert!(outcome.command.is_none(), "{:?}", outcome.command);
     assert!(
@@ -882,16 +870,9 @@ fn static_pools_are_only_ever_disrupted_for_drift_one_for_one() {
     // Not while the pool is not Ready: its replacement could not launch.
     let mut not_ready = static_cluster(2, vec![idle.clone(), drifted.clone()]);
     for p in not_ready.pools.values_mut() {
-        use crate::apis::ConditionsExt;
-        let conditions = &mut p.nodepool.status.as_mut().unwrap().conditions;
-        conditions.set_condition(
-            crate::apis::labels::conditions::READY,
-            crate::apis::ConditionStatus::False,
-            "NodeClassNotReady",
-            "gone",
-            None,
-            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-        );
+        let status = crate::apis::ConditionStatus::False;
+        p.nodepool
+            .set_ready_condition(status, "NodeClassNotReady", "gone");
     }
     assert!(run(&not_ready).command.is_none());
     // Not beyond the budget: the node being replaced spends it.

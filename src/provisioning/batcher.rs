@@ -229,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_nodepool_that_becomes_ready_is_noticed_once() {
-        use crate::apis::{ConditionStatus, ConditionsExt, NodePool};
+        use crate::apis::{ConditionStatus, NodePool};
         let pool = |name: &str, status: Option<ConditionStatus>| {
             let mut p: NodePool = serde_json::from_value(serde_json::json!({
                 "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
@@ -238,17 +238,7 @@ mod tests {
             }))
             .unwrap();
             if let Some(status) = status {
-                p.status
-                    .get_or_insert_with(Default::default)
-                    .conditions
-                    .set_condition(
-                        "Ready",
-                        status,
-                        "R",
-                        "",
-                        None,
-                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-                    );
+                p.set_ready_condition(status, "R", "");
             }
             p
         };

@@ -459,7 +459,6 @@ pub fn prepare(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apis::ConditionsExt;
     use crate::apis::labels::conditions;
     use crate::scheduling::fixtures;
     use crate::state::testing;
@@ -477,17 +476,7 @@ mod tests {
     /// A Ready NodePool, as the NodePool controller leaves a valid one.
     fn pool(name: &str) -> Arc<NodePool> {
         let mut pool = statusless_pool(name);
-        pool.status
-            .get_or_insert_with(Default::default)
-            .conditions
-            .set_condition(
-                conditions::READY,
-                crate::apis::ConditionStatus::True,
-                conditions::READY,
-                "",
-                None,
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            );
+        pool.set_ready_condition(crate::apis::ConditionStatus::True, conditions::READY, "");
         Arc::new(pool)
     }
 
@@ -867,18 +856,8 @@ mod tests {
         let mut index = ClusterIndex::default();
         index.apply_pod(pending("a", "1"));
         let mut unknown = statusless_pool("unknown");
-        unknown
-            .status
-            .get_or_insert_with(Default::default)
-            .conditions
-            .set_condition(
-                conditions::READY,
-                crate::apis::ConditionStatus::Unknown,
-                "AwaitingReconciliation",
-                "",
-                None,
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            );
+        let status = crate::apis::ConditionStatus::Unknown;
+        unknown.set_ready_condition(status, "AwaitingReconciliation", "");
         let prepared = prepare(
             &index,
             vec![
@@ -917,18 +896,12 @@ mod tests {
     #[test]
     fn unready_nodepools_are_skipped_with_the_reason() {
         let mut p = (*pool("p")).clone();
-        let now = k8s_openapi::jiff::Timestamp::from_second(1).unwrap();
-        p.status
-            .get_or_insert_with(Default::default)
-            .conditions
-            .set_condition(
-                conditions::READY,
-                crate::apis::ConditionStatus::False,
-                "NodeClassNotReady",
-                "NodeClass default is not ready",
-                None,
-                now,
-            );
+        let status = crate::apis::ConditionStatus::False;
+        p.set_ready_condition(
+            status,
+            "NodeClassNotReady",
+            "NodeClass default is not ready",
+        );
         let mut index = ClusterIndex::default();
         index.apply_pod(pending("a", "1"));
         let prepared = prepare(

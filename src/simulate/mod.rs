@@ -312,12 +312,11 @@ fn cluster_index(m: &Manifests, warnings: &mut Vec<String>) -> ClusterIndex {
 /// it is taken as Ready, as the NodePool controller would mark it. A status the manifest
 /// carries is kept.
 fn with_ready_condition(mut pool: crate::apis::NodePool) -> crate::apis::NodePool {
+    use crate::apis::ConditionsExt;
     use crate::apis::labels::conditions::READY;
-    use crate::apis::{ConditionStatus, ConditionsExt};
-    let conditions = &mut pool.status.get_or_insert_with(Default::default).conditions;
-    if conditions.get_condition(READY).is_none() {
-        let at = k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
-        conditions.set_condition(READY, ConditionStatus::True, READY, "", None, at);
+    let status = pool.status.as_ref();
+    if status.is_none_or(|s| s.conditions.get_condition(READY).is_none()) {
+        pool.set_ready_condition(crate::apis::ConditionStatus::True, READY, "");
     }
     pool
 }
