@@ -1288,6 +1288,53 @@ async fn a_full_anti_affinity_group_is_insufficient_capacity() {
     assert_eq!(w.sim.instances().len(), 8);
 }
 
+/// Fault: the create is carried out, yet answered 503 naming capacity (a gateway that gave up
+/// on the backend). A server error is no proof of refusal: the instance is found and adopted,
+/// not left to boot unclaimed while the NodeClaim is deleted as capacity-starved.
+#[tokio::test]
+async fn a_capacity_server_error_whose_create_went_through_adopts_the_instance() {
+    let w = world().await;
+    w.sim.inject(Fault::on(
+        "create-instance",
+        FaultAction::CommitThenStatus {
+            status: 503,
+            body: serde_json::json!({ "message": "insufficient capacity" }).to_string(),
+        },
+    ));
+    let nc = w.launch("crowded", &["standard.medium"]).await;
+    assert_eq!(w.sim.call_count("create-instance"), 1);
+    let instances = w.sim.instances();
+    assert_eq!(instances.len(), 1);
+    assert_eq!(
+        instances[0].instance.id,
+        parse_provider_id(&provider_id(&nc)).unwrap()
+    );
+    assert!(w.bootstrap.tokens().contains_key("crowded"));
+}
+
+/// A 503 naming capacity with nothing created is a capacity failure (the offering is marked),
+/// but its token is kept with the NodeClaim: the server may still commit the create, and the
+/// instance would need it to join once adopted.
+#[tokio::test]
+async fn a_capacity_server_error_is_capacity_yet_keeps_the_token() {
+    let w = world().await;
+    w.sim.inject(Fault::status(
+        "create-instance",
+        503,
+        "insufficient capacity",
+    ));
+    let err = w.launch_refused("crowded", &["standard.medium"]).await;
+    assert!(err.is_insufficient_capacity(), "{err}");
+    assert!(w.sim.instances().is_empty());
+    assert!(
+        w.bootstrap.tokens().contains_key("crowded"),
+        "a server error does not prove no instance will exist"
+    );
+    let types = w.types().await;
+    let medium = types.iter().find(|t| t.name == "standard.medium").unwrap();
+    assert!(!medium.offerings[0].available);
+}
+
 #[tokio::test]
 async fn a_type_withdrawn_since_discovery_is_insufficient_capacity() {
     let w = world().await;

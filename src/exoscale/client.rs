@@ -673,6 +673,23 @@ impl Client {
                 tracing::warn!(error = %err, "create-instance outcome unknown; looking the instance up, never creating again in this attempt");
                 self.await_unknown_create(identity, err).await.map(adopted)
             }
+            // A 5xx naming capacity most likely refused the create, but a server error is no
+            // proof: one lookup adopts an instance it made anyway. Not the full wait of an
+            // unknown outcome, which would hold every capacity fallback back by a minute; an
+            // instance committed later is the caller's to keep in mind (its token stays).
+            Err(err @ Error::InsufficientCapacity { status: 500.., .. }) => {
+                match self.find_instance(identity).await {
+                    Ok(Some(found)) => {
+                        tracing::warn!(error = %err, instance = %found.id, "create-instance answered a capacity server error, yet the instance exists; adopting it");
+                        Ok(adopted(found))
+                    }
+                    Ok(None) => Err(err),
+                    Err(lookup) => {
+                        tracing::debug!(error = %lookup, "lookup after a capacity server error failed");
+                        Err(err)
+                    }
+                }
+            }
             Err(err) => Err(err),
         }
     }

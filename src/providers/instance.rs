@@ -211,9 +211,10 @@ pub enum LaunchError {
     /// anti-affinity group, type): no instance exists.
     #[error("no capacity: {0}")]
     Capacity(exoscale::Error),
-    /// The create was accepted, then its operation failed for capacity.
+    /// A capacity failure after which an instance may exist: the create was accepted and
+    /// its operation then failed, or a server error (5xx) named capacity.
     #[error("no capacity: {0}")]
-    CapacityAfterAccept(exoscale::Error),
+    CapacityPossiblyCreated(exoscale::Error),
     /// The create was refused outright (validation, permissions, rate limit, fenced): no
     /// instance exists.
     #[error("instance creation refused: {0}")]
@@ -242,14 +243,14 @@ impl LaunchError {
         match self {
             LaunchError::Capacity(_) | LaunchError::Refused(_) => true,
             LaunchError::PrivateNetwork { rollback, .. } => rollback.is_none(),
-            LaunchError::CapacityAfterAccept(_) | LaunchError::Api(_) => false,
+            LaunchError::CapacityPossiblyCreated(_) | LaunchError::Api(_) => false,
         }
     }
 
     pub fn is_capacity(&self) -> bool {
         matches!(
             self,
-            LaunchError::Capacity(_) | LaunchError::CapacityAfterAccept(_)
+            LaunchError::Capacity(_) | LaunchError::CapacityPossiblyCreated(_)
         )
     }
 }
@@ -263,11 +264,12 @@ fn create_refused(err: &exoscale::Error) -> bool {
         | E::Unauthorized { .. }
         | E::NotFound { .. }
         | E::QuotaExceeded { .. }
-        | E::InsufficientCapacity { .. }
         | E::RateLimited { .. }
         | E::UnknownZone { .. }
         | E::InvalidRequest(_)
         | E::Fenced(_) => true,
+        // A server error is no proof the server did nothing.
+        E::InsufficientCapacity { status, .. } => *status < 500,
         E::Transport { connect, .. } => *connect,
         _ => false,
     }
@@ -275,8 +277,11 @@ fn create_refused(err: &exoscale::Error) -> bool {
 
 /// A failed create request: capacity and other refusals leave no instance.
 fn classify_create(err: exoscale::Error) -> LaunchError {
-    if is_capacity_failure(&err) && create_refused(&err) {
+    let capacity = is_capacity_failure(&err);
+    if capacity && create_refused(&err) {
         LaunchError::Capacity(err)
+    } else if capacity {
+        LaunchError::CapacityPossiblyCreated(err)
     } else if create_refused(&err) {
         LaunchError::Refused(err)
     } else {
@@ -501,7 +506,7 @@ impl InstanceProvider {
 /// A failure after the create was accepted: the instance may exist.
 fn classify(err: exoscale::Error) -> LaunchError {
     if is_capacity_failure(&err) {
-        LaunchError::CapacityAfterAccept(err)
+        LaunchError::CapacityPossiblyCreated(err)
     } else {
         LaunchError::Api(err)
     }

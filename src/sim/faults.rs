@@ -89,6 +89,9 @@ pub enum FaultAction {
         only_status: Option<u16>,
         gate: HoldGate,
     },
+    /// Act normally, then answer this status and raw body instead: a gateway that gave up
+    /// on a backend which went on to finish the request.
+    CommitThenStatus { status: u16, body: String },
     /// Accept a mutation, then let its operation end in `failure` with this reason
     /// (one of the API's: busy, conflict, fault, forbidden, unavailable, …) and message.
     FailOperation { reason: String, message: String },

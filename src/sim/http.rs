@@ -230,6 +230,7 @@ async fn respond(
         action,
         Some(
             FaultAction::Status { .. }
+                | FaultAction::CommitThenStatus { .. }
                 | FaultAction::RateLimited { .. }
                 | FaultAction::QuotaExceeded
                 | FaultAction::FailOperation { .. }
@@ -238,6 +239,7 @@ async fn respond(
     let mut lose = false;
     let mut failure = None;
     let mut hold_after = None;
+    let mut answer_instead = None;
     match action {
         Some(FaultAction::Status { status, body }) => {
             record.status = status;
@@ -274,6 +276,9 @@ async fn respond(
             return lost_response();
         }
         Some(FaultAction::FailOperation { reason, message }) => failure = Some((reason, message)),
+        Some(FaultAction::CommitThenStatus { status, body }) => {
+            answer_instead = Some((status, body))
+        }
         Some(FaultAction::Hold {
             after_commit: false,
             only_status: None,
@@ -300,6 +305,10 @@ async fn respond(
     if lose {
         record.response_lost = true;
         return lost_response();
+    }
+    if let Some((status, body)) = answer_instead {
+        record.status = status;
+        return raw_response(status, body);
     }
     sent.body = Some(reply.body.clone());
     json_response(&reply, None)
