@@ -382,12 +382,12 @@ impl Resolver<'_> {
     }
 }
 
+/// Boolean settings read as upstream reads them (Go's `strconv.ParseBool`), so `True` set for
+/// upstream means the same here; anything else is refused rather than (as upstream) silently
+/// read as the default.
 fn parse_bool(v: &str) -> Result<bool, String> {
-    match v.to_ascii_lowercase().as_str() {
-        "true" | "1" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err("expected true or false".into()),
-    }
+    go_parse_bool(v)
+        .ok_or_else(|| "expected true or false (Go's spellings: 1, t, True, TRUE…)".into())
 }
 
 fn parse_port(v: &str) -> Result<u16, String> {
@@ -944,6 +944,27 @@ mod tests {
         }
         assert!(FeatureGates::parse("NodeRepair=yes").is_err());
         assert!(FeatureGates::parse("NodeRepair=tRuE").is_err());
+    }
+
+    #[test]
+    fn boolean_settings_read_as_upstream_reads_them() {
+        for (text, disabled) in [("True", true), ("T", true), ("1", true), ("FALSE", false)] {
+            let mut e = minimal();
+            e.insert("DISABLE_LEADER_ELECTION".into(), text.into());
+            let config = Config::resolve(&RunArgs::default(), &e).unwrap();
+            assert_eq!(config.disable_leader_election, disabled, "{text}");
+        }
+        for text in ["tRuE", "yes", "on"] {
+            let mut e = minimal();
+            e.insert("IGNORE_DRA_REQUESTS".into(), text.into());
+            let err = Config::resolve(&RunArgs::default(), &e).unwrap_err();
+            assert!(
+                err.to_string().contains(&format!(
+                    "IGNORE_DRA_REQUESTS={text:?}: expected true or false"
+                )),
+                "{err}"
+            );
+        }
     }
 
     #[test]
