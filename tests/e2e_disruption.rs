@@ -1582,6 +1582,40 @@ async fn a_scheduled_zero_budget_blocks_disruption_only_inside_its_window() {
         );
     }
 
+    // A schedule upstream's parser refuses (weekday 7) allows nothing, and the NodePool's
+    // event says so, as a Warning naming the schedule.
+    set_budgets(
+        &world,
+        &pool,
+        json!([{"nodes": "0", "schedule": "0 0 * * 7", "duration": "1h"}]),
+    )
+    .await;
+    let unreadable = eventually_within("a Warning naming the unreadable budget", LONG, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("DisruptionBlocked")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool.as_str())
+                && e.note.as_deref().is_some_and(|n| n.contains("0 0 * * 7"))
+        })
+    })
+    .await;
+    assert_eq!(unreadable.type_.as_deref(), Some("Warning"));
+    assert!(
+        unreadable.note.unwrap().contains("day of week"),
+        "the event says what is wrong"
+    );
+    assert!(
+        world
+            .nodeclaims()
+            .get(&claim)
+            .await
+            .expect("NodeClaim kept")
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "an unreadable budget lets nothing go"
+    );
+
     // The same budget scheduled twelve hours away is inactive: the empty node goes.
     set_budgets(
         &world,

@@ -5,13 +5,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use croner::Cron;
-use croner::parser::{CronParser, Seconds, Year};
 
 use crate::apis::duration::parse_duration;
 use crate::apis::nodepool::{Budget, DisruptionReason};
 
 use super::DisruptionError;
+use super::cron::Schedule;
 
 /// What an absent limit means; upstream uses `math.MaxInt32`.
 pub const UNLIMITED: usize = i32::MAX as usize;
@@ -49,7 +48,7 @@ impl NodesLimit {
 #[derive(Clone, Debug)]
 pub struct ParsedBudget {
     pub nodes: NodesLimit,
-    pub window: Option<(Cron, Duration)>,
+    pub window: Option<(Schedule, Duration)>,
     pub reasons: Option<Vec<DisruptionReason>>,
 }
 
@@ -84,8 +83,7 @@ impl ParsedBudget {
         else {
             return true;
         };
-        cron.find_next_occurrence(&checkpoint, false)
-            .is_ok_and(|hit| hit <= now)
+        cron.next_after(checkpoint).is_some_and(|hit| hit <= now)
     }
 
     pub fn applies_to(&self, reason: DisruptionReason) -> bool {
@@ -93,16 +91,9 @@ impl ParsedBudget {
     }
 }
 
-/// Standard 5-field cron (minute hour day-of-month month day-of-week) or an `@` descriptor;
-/// day-of-month and day-of-week combine with OR when both are restricted (Vixie cron).
-pub fn parse_schedule(schedule: &str) -> Result<Cron, DisruptionError> {
-    let parser = CronParser::builder()
-        .seconds(Seconds::Disallowed)
-        .year(Year::Disallowed)
-        .build();
-    parser
-        .parse(schedule)
-        .map_err(|e| DisruptionError::InvalidSchedule(schedule.to_string(), e.to_string()))
+/// A budget's schedule, read as upstream reads it (see `cron`).
+pub fn parse_schedule(schedule: &str) -> Result<Schedule, DisruptionError> {
+    Schedule::parse(schedule).map_err(|e| DisruptionError::InvalidSchedule(schedule.to_string(), e))
 }
 
 /// Allowed disruptions for `reason` across `budgets`: the most restrictive active budget wins.

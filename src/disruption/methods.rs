@@ -67,6 +67,8 @@ pub enum DisruptionEvent {
     NodePoolBlocked {
         node_pool: String,
         reason: DisruptionReason,
+        /// Why some of its budgets could not be read (each then allows nothing), if any.
+        invalid_budgets: Option<String>,
     },
 }
 
@@ -110,11 +112,17 @@ impl DisruptionEvent {
                 format!("{reason}/{namespace}/{name}/{message}"),
                 names::EVENT_DEDUPE,
             ),
+            // An unreadable budget is news beside a window that is merely closed.
             DisruptionEvent::NodePoolBlocked {
                 node_pool,
                 reason: why,
+                invalid_budgets,
             } => (
-                format!("{reason}/{node_pool}/{}", why.as_str()),
+                format!(
+                    "{reason}/{node_pool}/{}/{}",
+                    why.as_str(),
+                    invalid_budgets.as_deref().unwrap_or_default()
+                ),
                 names::NODEPOOL_BLOCKED_EVENT_DEDUPE,
             ),
         }
@@ -436,13 +444,21 @@ pub fn budget_mapping(
     let mut events = Vec::new();
     for (name, pool) in &view.pools {
         let c = counts.get(name.as_str()).copied().unwrap_or_default();
-        // Budget errors fail closed (0 allowed); the NodePool validation reports them.
-        let (budget, _errors) =
+        // A budget that cannot be read fails closed (0 allowed); the blocked event names why.
+        let (budget, errors) =
             PoolBudget::compute(&pool.nodepool.spec.disruption.budgets, c, view.now, reason);
         if budget.blocked {
+            let invalid_budgets = (!errors.is_empty()).then(|| {
+                errors
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            });
             events.push(DisruptionEvent::NodePoolBlocked {
                 node_pool: name.clone(),
                 reason,
+                invalid_budgets,
             });
         }
         mapping.pools.insert(name.clone(), budget);
@@ -1037,9 +1053,16 @@ mod tests {
         let pool = |reason| DisruptionEvent::NodePoolBlocked {
             node_pool: "default".into(),
             reason,
+            invalid_budgets: None,
         };
         let (empty, window) = pool(DisruptionReason::Empty).dedupe();
         assert_ne!(empty, pool(DisruptionReason::Drifted).dedupe().0);
+        let unreadable = DisruptionEvent::NodePoolBlocked {
+            node_pool: "default".into(),
+            reason: DisruptionReason::Empty,
+            invalid_budgets: Some("invalid budget schedule".into()),
+        };
+        assert_ne!(empty, unreadable.dedupe().0);
         assert_eq!(window, names::NODEPOOL_BLOCKED_EVENT_DEDUPE);
     }
 }

@@ -22,6 +22,7 @@ pub mod budgets;
 pub mod candidates;
 pub mod command;
 pub mod conditions;
+pub mod cron;
 pub mod fixtures;
 pub mod hash;
 pub mod memo;

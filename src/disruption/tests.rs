@@ -716,6 +716,36 @@ fn scheduled_zero_budget_blocks_only_inside_the_window() {
 }
 
 #[test]
+fn a_budget_whose_schedule_upstream_refuses_blocks_and_says_why() {
+    // Weekday 7 is Sunday to some cron dialects; upstream's parser refuses it.
+    let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"100%\"}, {nodes: \"0\", schedule: \"0 0 * * 7\", duration: 1h}]}";
+    let v = cluster(
+        policy,
+        vec![node("idle", "default", &large(), vec![], hour_ago())],
+    );
+    let out = run(&v);
+    assert!(out.command.is_none());
+    let invalid = out.events.iter().find_map(|e| match e {
+        DisruptionEvent::NodePoolBlocked {
+            invalid_budgets, ..
+        } => invalid_budgets.clone(),
+        _ => None,
+    });
+    let invalid = invalid.expect("the blocked event names the unreadable budget");
+    assert!(
+        invalid.contains("0 0 * * 7") && invalid.contains("day of week"),
+        "{invalid}"
+    );
+    // A valid window elsewhere in time leaves the node free to go, and no complaint.
+    let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"100%\"}, {nodes: \"0\", schedule: \"0 0 * * 6\", duration: 1h}]}";
+    let v = cluster(
+        policy,
+        vec![node("idle", "default", &large(), vec![], hour_ago())],
+    );
+    assert!(run(&v).command.is_some());
+}
+
+#[test]
 fn budget_percentage_limits_emptiness_and_counts_disrupting_nodes() {
     let policy = "{consolidateAfter: 0s, budgets: [{nodes: \"20%\"}]}";
     let mut nodes: Vec<StateNode> = (0..10)

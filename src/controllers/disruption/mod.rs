@@ -451,12 +451,23 @@ impl Disruption {
                 DisruptionEvent::NodePoolBlocked {
                     node_pool,
                     reason: why,
+                    invalid_budgets,
                 } => {
-                    let message = names::blocked_by_budget_message(*why);
+                    let mut message = names::blocked_by_budget_message(*why);
+                    let mut severity = Severity::Normal;
+                    if let Some(invalid) = invalid_budgets {
+                        // Upstream only logs this; a budget that never lets a node go deserves
+                        // a word where the operator looks.
+                        tracing::warn!(nodepool = %node_pool, error = %invalid, "a disruption budget cannot be read; it allows no disruption");
+                        message.push_str(&format!(
+                            " (a budget that cannot be read allows none: {invalid})"
+                        ));
+                        severity = Severity::Warning;
+                    }
                     let pool = self.ctx.cluster.read().nodepool(node_pool);
                     if let Some(pool) = pool {
                         self.ctx
-                            .event(pool.as_ref(), Severity::Normal, reason, message)
+                            .event(pool.as_ref(), severity, reason, message)
                             .await;
                     }
                 }
