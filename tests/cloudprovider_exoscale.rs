@@ -1312,27 +1312,35 @@ async fn a_capacity_server_error_whose_create_went_through_adopts_the_instance()
     assert!(w.bootstrap.tokens().contains_key("crowded"));
 }
 
-/// A 503 naming capacity with nothing created is a capacity failure (the offering is marked),
-/// but its token is kept with the NodeClaim: the server may still commit the create, and the
-/// instance would need it to join once adopted.
+/// A 503 naming capacity with nothing found is a capacity failure: the offering is marked and
+/// the token goes (the NodeClaim is deleted for it, so nothing will adopt a late instance).
+/// The NodeClaim's teardown then deletes an instance the server committed after the answer.
 #[tokio::test]
-async fn a_capacity_server_error_is_capacity_yet_keeps_the_token() {
+async fn a_capacity_server_error_with_nothing_found_is_capacity() {
     let w = world().await;
     w.sim.inject(Fault::status(
         "create-instance",
         503,
         "insufficient capacity",
     ));
-    let err = w.launch_refused("crowded", &["standard.medium"]).await;
+    let claim = claim("crowded", &["standard.medium"]);
+    let err = w.provider.create(&claim).await.unwrap_err();
     assert!(err.is_insufficient_capacity(), "{err}");
+    assert_eq!(w.sim.call_count("create-instance"), 1);
     assert!(w.sim.instances().is_empty());
-    assert!(
-        w.bootstrap.tokens().contains_key("crowded"),
-        "a server error does not prove no instance will exist"
-    );
+    assert!(!w.bootstrap.tokens().contains_key("crowded"));
     let types = w.types().await;
     let medium = types.iter().find(|t| t.name == "standard.medium").unwrap();
     assert!(!medium.offerings[0].available);
+    // The create lands after all (another launch of the same NodeClaim name stands in for the
+    // late commit); the capacity-starved NodeClaim's teardown finds it by label and deletes it.
+    let late = w.launch("crowded", &["standard.large"]).await;
+    let id = parse_provider_id(&provider_id(&late)).unwrap().to_string();
+    assert!(w.provider.delete(&claim).await.is_ok());
+    eventually("the late instance is deleted", || async {
+        w.sim.instance(&id).is_none()
+    })
+    .await;
 }
 
 #[tokio::test]

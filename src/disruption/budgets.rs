@@ -111,15 +111,17 @@ pub fn allowed_disruptions(
             Ok(parsed) if !parsed.applies_to(reason) => continue,
             Ok(parsed) if parsed.is_active(now) => parsed.nodes.resolve(num_nodes),
             Ok(_) => UNLIMITED,
-            Err(e) => {
-                errors.push(e);
+            // Only an unreadable budget that limits this reason is this reason's news.
+            Err(_)
                 if budget
                     .reasons
                     .as_ref()
-                    .is_some_and(|r| !r.contains(&reason))
-                {
-                    continue;
-                }
+                    .is_some_and(|r| !r.contains(&reason)) =>
+            {
+                continue;
+            }
+            Err(e) => {
+                errors.push(e);
                 0
             }
         };
@@ -317,6 +319,18 @@ mod tests {
         let mut half = budget("1");
         half.schedule = Some("0 9 * * *".into());
         assert!(ParsedBudget::parse(&half).is_err());
+        // An unreadable budget limited to drift says nothing about emptiness.
+        let mut drift_only = budget("10");
+        drift_only.schedule = Some("0 0 * * 7".into());
+        drift_only.duration = Some("1h".into());
+        drift_only.reasons = Some(vec![DisruptionReason::Drifted]);
+        let budgets = [drift_only, budget("5")];
+        let (allowed, errors) =
+            allowed_disruptions(&budgets, at(1, 0), 10, DisruptionReason::Empty);
+        assert_eq!((allowed, errors.len()), (5, 0));
+        let (allowed, errors) =
+            allowed_disruptions(&budgets, at(1, 0), 10, DisruptionReason::Drifted);
+        assert_eq!((allowed, errors.len()), (0, 1));
     }
 
     #[test]

@@ -3,15 +3,17 @@
 //! schedule upstream refuses (its budget then allows nothing) is refused here too.
 //!
 //! Five fields (minute hour day-of-month month day-of-week) or a descriptor (`@yearly`,
-//! `@annually`, `@monthly`, `@weekly`, `@daily`, `@midnight`, `@hourly`). Each field is a comma
-//! list of `*`/`?`, `N`, `N-M`, with an optional `/step`; `N/step` runs from N to the field's
+//! `@annually`, `@monthly`, `@weekly`, `@daily`, `@midnight`, `@hourly`; robfig's `@every` is
+//! refused, as the NodePool CRD's pattern refuses it). Each field is a comma list (empty items
+//! skipped) of `*`/`?`, `N`, `N-M`, with an optional `/step`; `N/step` runs from N to the field's
 //! maximum. Months and weekdays also take three-letter names; weekdays are 0-6 (Sunday 0, no 7).
 //! No `L`, `W` or `#`. Day-of-month and day-of-week combine with AND when either is a plain
 //! wildcard (`*`, `?`, `*/1`), with OR otherwise.
 //!
-//! One upstream bug is not copied: a schedule that never matches (`0 0 30 2 *`) makes robfig
-//! give up and return the zero time, which upstream reads as "window open" for ever; here such
-//! a window never opens.
+//! One upstream bug is not copied: when robfig finds no match within five years of the
+//! checkpoint (`0 0 30 2 *`, an empty field, a leap day across 2100) it returns the zero time,
+//! which upstream reads as "window open" for ever; here such a window never opens, and a real
+//! date further away is still found.
 
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveTime, TimeZone, Timelike, Utc};
 
@@ -128,6 +130,10 @@ impl Schedule {
     /// The first whole minute strictly after `after` that the schedule names, or `None` when
     /// none comes within the search horizon (a date that never exists).
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        // An empty field (`,`) matches nothing: no need to walk nine years to learn that.
+        if self.minutes == 0 || self.hours == 0 || self.months == 0 {
+            return None;
+        }
         let start = after
             .with_second(0)?
             .with_nanosecond(0)?
@@ -169,7 +175,8 @@ fn has(bits: u64, value: u32) -> bool {
 fn parse_field(field: &str, range: &FieldRange) -> Result<(u64, bool), String> {
     let mut bits = 0;
     let mut star = false;
-    for part in field.split(',') {
+    // Go's FieldsFunc: `1,,2` is `1,2` and `,` is no value at all.
+    for part in field.split(',').filter(|p| !p.is_empty()) {
         let (part_bits, part_star) =
             parse_range(part, range).map_err(|e| format!("{} field {field:?}: {e}", range.what))?;
         bits |= part_bits;
@@ -222,25 +229,32 @@ fn parse_range(part: &str, range: &FieldRange) -> Result<(u64, bool), String> {
     if step == 0 {
         return Err("a step must be positive".into());
     }
+    // Any step past the field's width keeps only its start.
     let bits = (start..=end)
-        .step_by(step as usize)
+        .step_by(step.min(64) as usize)
         .fold(0u64, |bits, v| bits | 1 << v);
     Ok((bits, star))
 }
 
 fn value(text: &str, range: &FieldRange) -> Result<u32, String> {
-    let lower = text.to_ascii_lowercase();
+    // Go lowercases with Unicode rules.
+    let lower = text.to_lowercase();
     match range.names.iter().position(|n| *n == lower) {
         Some(index) => Ok(range.min + index as u32),
-        None => number(text),
+        None => {
+            let n = number(text)?;
+            // Out of every field's range; the bounds check names it.
+            Ok(u32::try_from(n).unwrap_or(u32::MAX))
+        }
     }
 }
 
-fn number(text: &str) -> Result<u32, String> {
-    // Go's Atoi takes a leading `+`; so does Rust's parse. Values over 64 are out of every
-    // range anyway, and u32 cannot overflow the shift below once checked against it.
-    text.parse::<u32>()
-        .map_err(|_| format!("{text:?} is not a non-negative number"))
+/// Go's `Atoi` (a leading `+` allowed, up to `i64::MAX`), negatives refused as robfig does.
+fn number(text: &str) -> Result<u64, String> {
+    match text.parse::<i64>() {
+        Ok(n) if n >= 0 => Ok(n as u64),
+        _ => Err(format!("{text:?} is not a non-negative number")),
+    }
 }
 
 #[cfg(test)]
@@ -289,6 +303,7 @@ mod tests {
             Schedule::parse("0 0 1 1 *").unwrap()
         );
         assert_eq!(days("@weekly", 2), ["03-08 Sun", "03-15 Sun"]);
+        // robfig takes `@every`; the NodePool CRD's pattern does not, so neither does this.
         assert!(Schedule::parse("@every 1h").is_err());
         assert!(Schedule::parse("@Daily").is_err());
     }
@@ -328,6 +343,21 @@ mod tests {
     }
 
     #[test]
+    fn empty_list_items_are_skipped_and_huge_steps_keep_the_start() {
+        assert_eq!(days("0 0 1,,2 * *", 2), ["03-02 Mon", "04-01 Wed"]);
+        assert_eq!(days("0 0 ,3, * *", 1), ["03-03 Tue"]);
+        assert_eq!(days("0 0 */5000000000 * *", 2), ["04-01 Wed", "05-01 Fri"]);
+        // No value at all: nothing ever matches.
+        assert_eq!(
+            Schedule::parse("0 , * * *")
+                .unwrap()
+                .next_after(at(1, 0, 0)),
+            None
+        );
+        assert!(Schedule::parse("0 0 */99999999999999999999 * *").is_err());
+    }
+
+    #[test]
     fn names_ranges_and_lists() {
         assert_eq!(days("0 0 1 jul,DEC *", 2), ["07-01 Wed", "12-01 Tue"]);
         assert_eq!(
@@ -360,7 +390,6 @@ mod tests {
             "0 0 */0 * *",
             "0 0 1-2-3 * *",
             "0 0 1/2/3 * *",
-            "0 0 1,,2 * *",
             "0 0 -1 * *",
             "0 0 99999999999 * *",
             "",

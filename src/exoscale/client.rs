@@ -676,7 +676,7 @@ impl Client {
             // A 5xx naming capacity most likely refused the create, but a server error is no
             // proof: one lookup adopts an instance it made anyway. Not the full wait of an
             // unknown outcome, which would hold every capacity fallback back by a minute; an
-            // instance committed later is the caller's to keep in mind (its token stays).
+            // instance committed later is found by the NodeClaim's teardown or by GC.
             Err(err @ Error::InsufficientCapacity { status: 500.., .. }) => {
                 match self.find_instance(identity).await {
                     Ok(Some(found)) => {

@@ -212,7 +212,8 @@ pub enum LaunchError {
     #[error("no capacity: {0}")]
     Capacity(exoscale::Error),
     /// A capacity failure after which an instance may exist: the create was accepted and
-    /// its operation then failed, or a server error (5xx) named capacity.
+    /// its operation then failed, or a server error (5xx) named capacity and a lookup found
+    /// nothing yet.
     #[error("no capacity: {0}")]
     CapacityPossiblyCreated(exoscale::Error),
     /// The create was refused outright (validation, permissions, rate limit, fenced): no
