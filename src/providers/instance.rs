@@ -207,15 +207,12 @@ impl std::fmt::Debug for LaunchSpec {
 
 #[derive(Debug, Error)]
 pub enum LaunchError {
-    /// The create was refused because the offering is unavailable (quota, capacity, full
-    /// anti-affinity group, type): no instance exists.
+    /// The create failed for capacity (quota, capacity, full anti-affinity group, type): the
+    /// API refused it, its operation failed, or a 5xx named capacity and a lookup found
+    /// nothing. Only the last two may have left an instance, and nothing adopts it: the
+    /// NodeClaim is deleted at once (its teardown or GC deletes such an instance).
     #[error("no capacity: {0}")]
     Capacity(exoscale::Error),
-    /// A capacity failure after which an instance may exist: the create was accepted and
-    /// its operation then failed, or a server error (5xx) named capacity and a lookup found
-    /// nothing yet.
-    #[error("no capacity: {0}")]
-    CapacityPossiblyCreated(exoscale::Error),
     /// The create was refused outright (validation, permissions, rate limit, fenced): no
     /// instance exists.
     #[error("instance creation refused: {0}")]
@@ -237,22 +234,20 @@ pub enum LaunchError {
 }
 
 impl LaunchError {
-    /// Whether the failed launch provably left no instance that could still boot (so its
-    /// bootstrap token may go). An instance that may exist needs its token to join when a
-    /// later attempt adopts it.
-    pub fn leaves_no_instance(&self) -> bool {
+    /// Whether the launch's bootstrap token may go now. Only a launch whose instance the
+    /// NodeClaim's next launch may adopt keeps it, for that instance to join: an
+    /// outcome-unknown create, or a half-built instance whose rollback failed. A capacity
+    /// failure gives it up: nothing adopts what it may have left, which then cannot join.
+    pub fn gives_up_token(&self) -> bool {
         match self {
             LaunchError::Capacity(_) | LaunchError::Refused(_) => true,
             LaunchError::PrivateNetwork { rollback, .. } => rollback.is_none(),
-            LaunchError::CapacityPossiblyCreated(_) | LaunchError::Api(_) => false,
+            LaunchError::Api(_) => false,
         }
     }
 
     pub fn is_capacity(&self) -> bool {
-        matches!(
-            self,
-            LaunchError::Capacity(_) | LaunchError::CapacityPossiblyCreated(_)
-        )
+        matches!(self, LaunchError::Capacity(_))
     }
 }
 
@@ -276,13 +271,11 @@ fn create_refused(err: &exoscale::Error) -> bool {
     }
 }
 
-/// A failed create request: capacity and other refusals leave no instance.
+/// A failed create request: capacity (refused, or a 5xx naming it), other refusals (no
+/// instance), or anything else (an instance may exist).
 fn classify_create(err: exoscale::Error) -> LaunchError {
-    let capacity = is_capacity_failure(&err);
-    if capacity && create_refused(&err) {
+    if is_capacity_failure(&err) {
         LaunchError::Capacity(err)
-    } else if capacity {
-        LaunchError::CapacityPossiblyCreated(err)
     } else if create_refused(&err) {
         LaunchError::Refused(err)
     } else {
@@ -507,7 +500,7 @@ impl InstanceProvider {
 /// A failure after the create was accepted: the instance may exist.
 fn classify(err: exoscale::Error) -> LaunchError {
     if is_capacity_failure(&err) {
-        LaunchError::CapacityPossiblyCreated(err)
+        LaunchError::Capacity(err)
     } else {
         LaunchError::Api(err)
     }

@@ -21,12 +21,10 @@ use super::settings::NODECLASS_KIND;
 
 pub(super) fn launch_error(e: LaunchError, instance_type: &str, zone: &str) -> CloudProviderError {
     match e {
-        LaunchError::Capacity(err) | LaunchError::CapacityPossiblyCreated(err) => {
-            CloudProviderError::InsufficientCapacity {
-                message: format!("{instance_type} in {zone}: {err}"),
-                offerings: vec![(instance_type.to_string(), zone.to_string())],
-            }
-        }
+        LaunchError::Capacity(err) => CloudProviderError::InsufficientCapacity {
+            message: format!("{instance_type} in {zone}: {err}"),
+            offerings: vec![(instance_type.to_string(), zone.to_string())],
+        },
         e @ LaunchError::PrivateNetwork { .. } => {
             CloudProviderError::create(reasons::PRIVATE_NETWORK_ATTACH_FAILED, e.to_string())
         }

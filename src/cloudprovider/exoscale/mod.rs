@@ -389,11 +389,7 @@ impl ExoscaleCloudProvider {
         match self.instances.launch(&spec).await {
             Ok(launched) => self.launched(claim, nodeclass, &launched.instance),
             Err(e) => {
-                // An outcome-unknown create keeps its token: the NodeClaim's next launch adopts
-                // the instance that may exist, which needs it to join. A capacity failure gives
-                // it up like a refusal: its NodeClaim is deleted at once, so nothing adopts an
-                // instance it may have left (teardown or GC deletes it), which then cannot join.
-                if e.leaves_no_instance() || e.is_capacity() {
+                if e.gives_up_token() {
                     self.forget_issued(&name, &token_name).await;
                 } else {
                     tracing::warn!(nodeclaim = %name, error = %e, "launch failed with an instance possibly created; keeping its bootstrap token for adoption");
