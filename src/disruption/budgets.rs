@@ -87,8 +87,13 @@ impl ParsedBudget {
     }
 
     pub fn applies_to(&self, reason: DisruptionReason) -> bool {
-        self.reasons.as_ref().is_none_or(|r| r.contains(&reason))
+        limits(&self.reasons, reason)
     }
+}
+
+/// Whether a budget with these `reasons` limits `reason` (none listed: every reason).
+fn limits(reasons: &Option<Vec<DisruptionReason>>, reason: DisruptionReason) -> bool {
+    reasons.as_ref().is_none_or(|r| r.contains(&reason))
 }
 
 /// A budget's schedule, read as upstream reads it (see `cron`).
@@ -112,14 +117,7 @@ pub fn allowed_disruptions(
             Ok(parsed) if parsed.is_active(now) => parsed.nodes.resolve(num_nodes),
             Ok(_) => UNLIMITED,
             // Only an unreadable budget that limits this reason is this reason's news.
-            Err(_)
-                if budget
-                    .reasons
-                    .as_ref()
-                    .is_some_and(|r| !r.contains(&reason)) =>
-            {
-                continue;
-            }
+            Err(_) if !limits(&budget.reasons, reason) => continue,
             Err(e) => {
                 errors.push(e);
                 0
