@@ -65,6 +65,16 @@ impl World {
         self.provider.create(&claim(name, types)).await.unwrap()
     }
 
+    /// The only instance, made by the only create call, and the one `nc` records.
+    fn the_one_instance_of(&self, nc: &NodeClaim) -> exoscale::models::Instance {
+        assert_eq!(self.sim.call_count("create-instance"), 1);
+        let mut instances = self.sim.instances();
+        assert_eq!(instances.len(), 1);
+        let instance = instances.remove(0).instance;
+        assert_eq!(instance.id, parse_provider_id(&provider_id(nc)).unwrap());
+        instance
+    }
+
     /// Launches a NodeClaim allowed `types`, which must fail: the error.
     async fn launch_refused(&self, name: &str, types: &[&str]) -> CloudProviderError {
         self.provider.create(&claim(name, types)).await.unwrap_err()
@@ -1047,15 +1057,9 @@ async fn an_outcome_unknown_launch_keeps_the_token_its_instance_needs() {
     })
     .await;
     let nc = w.launch("unknown", &["standard.medium"]).await;
-    assert_eq!(w.sim.call_count("create-instance"), 1);
-    let instances = w.sim.instances();
-    assert_eq!(instances.len(), 1);
-    assert_eq!(
-        instances[0].instance.id,
-        parse_provider_id(&provider_id(&nc)).unwrap()
-    );
-    let user_data = userdata::decode(&instances[0].instance.user_data.as_ref().unwrap().0)
-        .expect("user data decodes");
+    let instance = w.the_one_instance_of(&nc);
+    let user_data =
+        userdata::decode(&instance.user_data.as_ref().unwrap().0).expect("user data decodes");
     assert!(
         user_data.contains(&token.token()),
         "the adopted instance joins with the kept token"
@@ -1302,13 +1306,7 @@ async fn a_capacity_server_error_whose_create_went_through_adopts_the_instance()
         },
     ));
     let nc = w.launch("crowded", &["standard.medium"]).await;
-    assert_eq!(w.sim.call_count("create-instance"), 1);
-    let instances = w.sim.instances();
-    assert_eq!(instances.len(), 1);
-    assert_eq!(
-        instances[0].instance.id,
-        parse_provider_id(&provider_id(&nc)).unwrap()
-    );
+    w.the_one_instance_of(&nc);
     assert!(w.bootstrap.tokens().contains_key("crowded"));
 }
 

@@ -1530,6 +1530,37 @@ fn daily_cron_at(minutes_from_now: i64) -> String {
     format!("{} {} * * *", at.minute(), at.hour())
 }
 
+/// The first `DisruptionBlocked` event on NodePool `pool` whose note contains `needle`.
+async fn pool_blocked_event(
+    world: &World,
+    pool: &str,
+    needle: &str,
+) -> k8s_openapi::api::events::v1::Event {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(world.client.clone());
+    eventually_within(
+        &format!("DisruptionBlocked on {pool} naming {needle:?}"),
+        LONG,
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("DisruptionBlocked")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool)
+                    && e.note.as_deref().is_some_and(|n| n.contains(needle))
+            })
+        },
+    )
+    .await
+}
+
+/// NodeClaim `claim` is not being deleted after each of `passes` decision loops (2 s apart).
+async fn stays_through_passes(world: &World, claim: &str, passes: usize, why: &str) {
+    for _ in 0..passes {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let c = world.nodeclaims().get(claim).await.expect("NodeClaim kept");
+        assert!(c.metadata.deletion_timestamp.is_none(), "{why}");
+    }
+}
+
 #[tokio::test]
 async fn a_scheduled_zero_budget_blocks_disruption_only_inside_its_window() {
     let Some(world) = World::start("dis-window", joins()).await else {
@@ -1554,33 +1585,19 @@ async fn a_scheduled_zero_budget_blocks_disruption_only_inside_its_window() {
     consolidatable(&world, &claims).await;
 
     // The empty node would go, but the budget reports the NodePool blocked instead.
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(world.client.clone());
-    let blocked = eventually_within("DisruptionBlocked on the NodePool", LONG, || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items.into_iter().find(|e| {
-            e.reason.as_deref() == Some("DisruptionBlocked")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool.as_str())
-                && e.note.as_deref().is_some_and(|n| n.contains("Empty"))
-        })
-    })
-    .await;
+    let blocked = pool_blocked_event(&world, &pool, "Empty").await;
     assert!(
         blocked.note.unwrap().contains("blocking budget"),
         "the event names the budget"
     );
     // Several decision loops (2 s apart) later, the node is still there.
-    for _ in 0..5 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let c = world
-            .nodeclaims()
-            .get(&claim)
-            .await
-            .expect("NodeClaim kept");
-        assert!(
-            c.metadata.deletion_timestamp.is_none(),
-            "the empty node was disrupted inside the zero-budget window"
-        );
-    }
+    stays_through_passes(
+        &world,
+        &claim,
+        5,
+        "the empty node was disrupted inside the zero-budget window",
+    )
+    .await;
 
     // A schedule upstream's parser refuses (weekday 7) allows nothing, and the NodePool's
     // event says so, as a Warning naming the schedule.
@@ -1590,33 +1607,20 @@ async fn a_scheduled_zero_budget_blocks_disruption_only_inside_its_window() {
         json!([{"nodes": "0", "schedule": "0 0 * * 7", "duration": "1h"}]),
     )
     .await;
-    let unreadable = eventually_within("a Warning naming the unreadable budget", LONG, || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items.into_iter().find(|e| {
-            e.reason.as_deref() == Some("DisruptionBlocked")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool.as_str())
-                && e.note.as_deref().is_some_and(|n| n.contains("0 0 * * 7"))
-        })
-    })
-    .await;
+    let unreadable = pool_blocked_event(&world, &pool, "0 0 * * 7").await;
     assert_eq!(unreadable.type_.as_deref(), Some("Warning"));
     assert!(
         unreadable.note.unwrap().contains("day of week"),
         "the event says what is wrong"
     );
     // Later decision loops (2 s apart) still let nothing go.
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let c = world
-            .nodeclaims()
-            .get(&claim)
-            .await
-            .expect("NodeClaim kept");
-        assert!(
-            c.metadata.deletion_timestamp.is_none(),
-            "an unreadable budget let the empty node go"
-        );
-    }
+    stays_through_passes(
+        &world,
+        &claim,
+        3,
+        "an unreadable budget let the empty node go",
+    )
+    .await;
 
     // The same budget scheduled twelve hours away is inactive: the empty node goes.
     set_budgets(
