@@ -3,9 +3,12 @@
 //! so the controller's loop and the tests share it.
 //!
 //! A window that closes while provisioning must wait (state not synced, a launch still waiting
-//! for its providerID) is deferred, not dropped: the next window opens as soon as the wait is
-//! over. Otherwise its pods, already triggered, would wait for their 10-s requeue; at 1 000
-//! nodes that idled ten seconds between every two rounds.
+//! for its providerID) is deferred, not dropped: its round runs as soon as the wait is over.
+//! Otherwise its pods, already triggered, would wait for their 10-s requeue; at 1 000 nodes
+//! that idled ten seconds between every two rounds. The owed round does not wait another idle
+//! time either: its batch already closed, and at 1 000 nodes that second wait added about 1 s
+//! to each of the dozen rounds after kube-scheduler's last mark (BENCHMARKS, thirty-sixth
+//! session).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -27,6 +30,8 @@ struct Window {
     opened: Instant,
     last_trigger: Instant,
     seen: HashSet<String>,
+    /// Closes at once: it holds a round owed since an earlier window closed.
+    owed: bool,
 }
 
 impl Batcher {
@@ -46,6 +51,7 @@ impl Batcher {
             opened: now,
             last_trigger: now,
             seen: HashSet::new(),
+            owed: false,
         });
         if window.seen.insert(uid.to_string()) {
             window.last_trigger = now;
@@ -64,9 +70,10 @@ impl Batcher {
 
     /// When the current window closes, if one is open.
     pub fn deadline(&self) -> Option<Instant> {
-        self.window
-            .as_ref()
-            .map(|w| (w.last_trigger + self.idle).min(w.opened + self.max))
+        self.window.as_ref().map(|w| match w.owed {
+            true => w.opened,
+            false => (w.last_trigger + self.idle).min(w.opened + self.max),
+        })
     }
 
     /// Closes the window if its deadline has passed; returns how many distinct triggers it held.
@@ -87,15 +94,18 @@ impl Batcher {
         self.deferred = true;
     }
 
-    /// Opens a window for a deferred round once provisioning may run (`ready`, asked only
-    /// while a round is owed); true if it did. The window then closes after the idle time like
-    /// any other, so pods arriving meanwhile join it.
+    /// Makes a deferred round due at once when provisioning may run (`ready`, asked only while
+    /// a round is owed); true if it did. Pods that arrived during the wait (a window opened
+    /// since) join it.
     pub fn resume(&mut self, ready: impl FnOnce() -> bool, now: Instant) -> bool {
         if !self.deferred || !ready() {
             return false;
         }
         self.deferred = false;
         self.trigger(DEFERRED_ROUND, now);
+        if let Some(window) = self.window.as_mut() {
+            window.owed = true;
+        }
         true
     }
 }
@@ -184,19 +194,39 @@ mod tests {
         assert!(!b.resume(|| false, later), "still waiting: no window");
         assert!(!b.is_open());
         assert!(b.resume(|| true, later), "the wait is over");
-        assert!(
-            b.take_if_ready(later).is_none(),
-            "the idle time still applies"
-        );
-        b.trigger("b", later + Duration::from_millis(200));
         assert_eq!(
-            b.take_if_ready(later + Duration::from_millis(1200)),
-            Some(2),
-            "a pod arriving meanwhile joins the resumed round"
+            b.take_if_ready(later),
+            Some(1),
+            "the owed round does not wait another idle time"
         );
         assert!(
             !b.resume(|| true, later + Duration::from_secs(2)),
             "a deferral is owed one round"
+        );
+    }
+
+    #[test]
+    fn pods_that_arrive_during_a_deferral_join_the_owed_round() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new(IDLE, MAX);
+        b.trigger("a", t0);
+        assert_eq!(b.take_if_ready(t0 + IDLE), Some(1));
+        b.defer();
+        let arrival = t0 + Duration::from_secs(2);
+        b.trigger("b", arrival);
+        let over = arrival + Duration::from_millis(300);
+        assert!(b.take_if_ready(over).is_none(), "b's own idle time runs");
+        assert!(b.resume(|| true, over));
+        assert_eq!(
+            b.take_if_ready(over),
+            Some(2),
+            "the owed round takes b along, without b's idle time"
+        );
+        b.trigger("c", over);
+        assert_eq!(
+            b.deadline(),
+            Some(over + IDLE),
+            "the next window is an ordinary one"
         );
     }
 
