@@ -99,12 +99,19 @@ pub struct LaunchTimeline {
     pub last_pod_marked: Option<f64>,
     pub pods_marked: usize,
     pub last_claim_created: Option<f64>,
+    /// At the last mark: pods unbound, and how many of them kube-scheduler had never marked
+    /// (never tried, or tried and bound later): demand the controller could not yet see.
+    pub unbound_at_last_mark: usize,
+    pub never_marked_at_last_mark: usize,
 }
 
 pub fn launch_timeline(log: &Path) -> Option<LaunchTimeline> {
     let mut start = None;
     let (mut last_pod, mut last_claim) = (None, None);
     let mut marked: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
+    // By count for creates: a pod created from generateName may have no name in the log.
+    let mut created: Vec<DateTime<Utc>> = Vec::new();
+    let mut bound: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
     for event in events(log) {
         let (Some(object), Some(at)) = (&event.object_ref, event.stage_timestamp) else {
             continue;
@@ -119,7 +126,13 @@ pub fn launch_timeline(log: &Path) -> Option<LaunchTimeline> {
             event.verb.as_str(),
         ) {
             ("deployments", "", "create") if start.is_none() => start = Some(at),
-            ("pods", "", "create") => last_pod = Some(at),
+            ("pods", "", "create") => {
+                last_pod = Some(at);
+                created.push(at);
+            }
+            ("pods", "binding", "create") => {
+                bound.entry(object.name.clone()).or_insert(at);
+            }
             ("pods", "status", _) if event.user_agent.starts_with("kube-scheduler") => {
                 marked.entry(object.name.clone()).or_insert(at);
             }
@@ -129,11 +142,25 @@ pub fn launch_timeline(log: &Path) -> Option<LaunchTimeline> {
     }
     let start = start?;
     let after = |at: DateTime<Utc>| (at - start).num_milliseconds() as f64 / 1000.0;
+    let last_mark = marked.values().max().copied();
+    let (mut unbound, mut never_marked) = (0, 0);
+    if let Some(mark) = last_mark {
+        let bound_by_then = |name: &String| bound.get(name).is_some_and(|b| *b <= mark);
+        unbound = created
+            .iter()
+            .filter(|c| **c <= mark)
+            .count()
+            .saturating_sub(bound.values().filter(|b| **b <= mark).count());
+        let marked_unbound = marked.keys().filter(|n| !bound_by_then(n)).count();
+        never_marked = unbound.saturating_sub(marked_unbound);
+    }
     Some(LaunchTimeline {
         last_pod_created: after(last_pod?),
-        last_pod_marked: marked.values().max().copied().map(after),
+        last_pod_marked: last_mark.map(after),
         pods_marked: marked.len(),
         last_claim_created: last_claim.map(after),
+        unbound_at_last_mark: unbound,
+        never_marked_at_last_mark: never_marked,
     })
 }
 

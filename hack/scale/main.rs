@@ -581,10 +581,12 @@ async fn run(
     if let Some(t) = audit::launch_timeline(audit) {
         let opt = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.1} s"));
         eprintln!(
-            "{scenario} launch: all pods created at {:.1} s; the last of the {} pods kube-scheduler marked unschedulable at {}; the last NodeClaim created at {} ({} after all pods existed, {} after the last mark), from the audit log",
+            "{scenario} launch: all pods created at {:.1} s; the last of the {} pods kube-scheduler marked unschedulable at {} ({} pods unbound then, {} of them never marked); the last NodeClaim created at {} ({} after all pods existed, {} after the last mark), from the audit log",
             t.last_pod_created,
             t.pods_marked,
             opt(t.last_pod_marked),
+            t.unbound_at_last_mark,
+            t.never_marked_at_last_mark,
             opt(t.last_claim_created),
             opt(t.last_claim_created.map(|c| c - t.last_pod_created)),
             opt(t
