@@ -14,6 +14,7 @@ pub mod quantity;
 pub mod testing;
 
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use futures::StreamExt;
@@ -42,6 +43,10 @@ pub struct Cluster {
     revision: watch::Sender<u64>,
     /// Provisioning's view of each pod's scheduling (for the pod metrics).
     pub pod_times: pod_times::PodTimeline,
+    /// How many times [`Cluster::synced`] answered true: lets a sampler tell "unsynced at every
+    /// sample" from "unsynced for the whole time", since overlapping launches leave the state
+    /// unsynced at most instants yet synced whenever a round asks.
+    synced_answers: AtomicU64,
 }
 
 impl Default for Cluster {
@@ -50,6 +55,7 @@ impl Default for Cluster {
             index: RwLock::new(ClusterIndex::default()),
             revision: watch::channel(0).0,
             pod_times: Default::default(),
+            synced_answers: AtomicU64::new(0),
         }
     }
 }
@@ -88,7 +94,16 @@ impl Cluster {
     }
 
     pub fn synced(&self) -> bool {
-        self.read().synced()
+        let synced = self.read().synced();
+        if synced {
+            self.synced_answers.fetch_add(1, Ordering::Relaxed);
+        }
+        synced
+    }
+
+    /// How many times [`Cluster::synced`] has answered true so far.
+    pub fn synced_answers(&self) -> u64 {
+        self.synced_answers.load(Ordering::Relaxed)
     }
 }
 

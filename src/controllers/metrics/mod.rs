@@ -60,13 +60,20 @@ impl<S: Clone + Ord + std::hash::Hash + Eq> Published<S> {
 #[derive(Debug, Default)]
 pub struct UnsyncedClock {
     since: Option<Timestamp>,
+    synced_answers: u64,
 }
 
 impl UnsyncedClock {
-    /// Seconds unsynced as of `now` (0 when synced).
-    pub fn update(&mut self, synced: bool, now: Timestamp) -> f64 {
-        if synced {
-            self.since = None;
+    /// Seconds unsynced as of `now` (0 when synced). `synced_answers` is
+    /// [`Cluster::synced_answers`]: if it moved since the last sample, a controller found the
+    /// state synced in between, so the unsynced time starts again. Without it a long launch,
+    /// whose overlapping launches leave some NodeClaim without its provider ID at every sample,
+    /// read as "paused" while its rounds ran.
+    pub fn update(&mut self, synced: bool, synced_answers: u64, now: Timestamp) -> f64 {
+        let synced_between =
+            std::mem::replace(&mut self.synced_answers, synced_answers) != synced_answers;
+        if synced || synced_between {
+            self.since = (!synced).then_some(now);
             return 0.0;
         }
         let since = *self.since.get_or_insert(now);
@@ -176,7 +183,9 @@ impl Publisher {
         let input = StateInput::from_index(&cluster.read());
         self.shared.prune();
         let snapshot = snapshot(&input, now, self.options.pod_series, &mut self.shared);
-        let unsynced = self.unsynced.update(snapshot.synced, now);
+        let unsynced = self
+            .unsynced
+            .update(snapshot.synced, cluster.synced_answers(), now);
         if unsynced >= UNSYNCED_ERROR_AFTER.as_secs_f64() {
             let because = cluster.read().unsynced_because().join("; ");
             tracing::error!(
@@ -293,11 +302,52 @@ mod tests {
     fn unsynced_time_counts_from_the_first_unsynced_observation() {
         let mut clock = UnsyncedClock::default();
         let at = |s: i64| Timestamp::from_second(s).unwrap();
-        assert_eq!(clock.update(false, at(100)), 0.0);
-        assert_eq!(clock.update(false, at(130)), 30.0);
-        assert_eq!(clock.update(true, at(131)), 0.0);
-        assert_eq!(clock.update(false, at(200)), 0.0);
-        assert_eq!(clock.update(false, at(205)), 5.0);
+        assert_eq!(clock.update(false, 0, at(100)), 0.0);
+        assert_eq!(clock.update(false, 0, at(130)), 30.0);
+        assert_eq!(clock.update(true, 1, at(131)), 0.0);
+        assert_eq!(clock.update(false, 1, at(200)), 0.0);
+        assert_eq!(clock.update(false, 1, at(205)), 5.0);
+    }
+
+    /// A 1 000-node launch: some NodeClaim waits for its provider ID at every sample, but the
+    /// provisioning loop finds the state synced between samples and runs its rounds.
+    #[test]
+    fn unsynced_time_restarts_when_a_controller_found_the_state_synced_between_samples() {
+        use crate::state::Kind;
+        use crate::state::testing::nodeclaim;
+        let cluster = Cluster::default();
+        cluster.update(|index| {
+            for kind in Kind::ALL {
+                index.begin_list(kind);
+                index.finish_list(kind);
+            }
+            index.apply_nodeclaim(nodeclaim("a", "default", None));
+        });
+        let metrics = Metrics::new();
+        let conditions = conditions::StatusConditionMetrics::register(&metrics);
+        let mut publisher = Publisher::default();
+        let at = |s: i64| Timestamp::from_second(s).unwrap();
+        let unsynced_seconds = |metrics: &Metrics| {
+            let text = metrics.render();
+            text.lines()
+                .find_map(|l| l.strip_prefix("karpenter_cluster_state_unsynced_time_seconds "))
+                .map(|v| v.parse::<f64>().unwrap())
+                .unwrap_or_else(|| panic!("no unsynced gauge in {text}"))
+        };
+        publisher.refresh(&cluster, &metrics, &conditions, at(100), true);
+        // a's launch ends, a round finds the state synced, b's launch starts.
+        cluster.update(|index| index.delete_nodeclaim("a"));
+        assert!(cluster.synced(), "the round between the samples");
+        cluster.update(|index| index.apply_nodeclaim(nodeclaim("b", "default", None)));
+        publisher.refresh(&cluster, &metrics, &conditions, at(140), true);
+        assert_eq!(
+            unsynced_seconds(&metrics),
+            0.0,
+            "synced since the last sample"
+        );
+        // Nobody found it synced since: the time counts from that sample.
+        publisher.refresh(&cluster, &metrics, &conditions, at(175), true);
+        assert_eq!(unsynced_seconds(&metrics), 35.0);
     }
 
     #[test]
