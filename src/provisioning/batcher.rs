@@ -8,7 +8,8 @@
 //! that idled ten seconds between every two rounds. The owed round does not wait another idle
 //! time either: its batch already closed, and at 1 000 nodes that second wait added about 1 s
 //! to each of the dozen rounds after kube-scheduler's last mark (BENCHMARKS, thirty-sixth
-//! session).
+//! session). Pods that arrived during the wait keep their own window's idle time, which the
+//! owed round joins: closing it at once would split a burst that is still arriving.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -94,17 +95,25 @@ impl Batcher {
         self.deferred = true;
     }
 
-    /// Makes a deferred round due at once when provisioning may run (`ready`, asked only while
-    /// a round is owed); true if it did. Pods that arrived during the wait (a window opened
-    /// since) join it.
+    /// Makes a deferred round due when provisioning may run (`ready`, asked only while a round
+    /// is owed); true if it did. With nothing else pending it is due at once. Pods that arrived
+    /// during the wait opened a window of their own: the owed round joins it without extending
+    /// it, so the window still closes one idle time after its last pod (a burst stays whole).
     pub fn resume(&mut self, ready: impl FnOnce() -> bool, now: Instant) -> bool {
         if !self.deferred || !ready() {
             return false;
         }
         self.deferred = false;
-        self.trigger(DEFERRED_ROUND, now);
-        if let Some(window) = self.window.as_mut() {
-            window.owed = true;
+        match self.window.as_mut() {
+            Some(window) => {
+                window.seen.insert(DEFERRED_ROUND.to_string());
+            }
+            None => {
+                self.trigger(DEFERRED_ROUND, now);
+                if let Some(window) = self.window.as_mut() {
+                    window.owed = true;
+                }
+            }
         }
         true
     }
@@ -215,17 +224,26 @@ mod tests {
         let arrival = t0 + Duration::from_secs(2);
         b.trigger("b", arrival);
         let over = arrival + Duration::from_millis(300);
-        assert!(b.take_if_ready(over).is_none(), "b's own idle time runs");
         assert!(b.resume(|| true, over));
-        assert_eq!(
-            b.take_if_ready(over),
-            Some(2),
-            "the owed round takes b along, without b's idle time"
+        assert!(
+            b.take_if_ready(over).is_none(),
+            "b's window keeps its idle time: more of its burst may follow"
         );
-        b.trigger("c", over);
+        b.trigger("c", over + Duration::from_millis(500));
         assert_eq!(
             b.deadline(),
-            Some(over + IDLE),
+            Some(over + Duration::from_millis(500) + IDLE),
+            "the owed round does not extend the window; its pods do"
+        );
+        assert_eq!(
+            b.take_if_ready(over + Duration::from_millis(500) + IDLE),
+            Some(3),
+            "one round for the owed one and the whole burst"
+        );
+        b.trigger("d", over + Duration::from_secs(3));
+        assert_eq!(
+            b.deadline(),
+            Some(over + Duration::from_secs(3) + IDLE),
             "the next window is an ordinary one"
         );
     }

@@ -185,7 +185,8 @@ impl Provisioner {
         let mut ready_pools = super::batcher::ReadyPools::default();
         loop {
             // Read before the window's instant: a decision then comes at least the idle time
-            // after the ack of the pod that opened the window.
+            // after the ack of the pod that opened the window (an owed round's window holds
+            // no pod of its own: see `Batcher::resume`).
             let now_unix = self.ctx.clock.now_unix();
             let now = Instant::now();
             let mut first_seen = Vec::new();
