@@ -972,10 +972,7 @@ mod tests {
     fn another_providers_objects_are_not_ours() {
         let mut index = ClusterIndex::default();
         index.set_managed_kinds(crate::state::testing::served_kinds());
-        for kind in Kind::ALL {
-            index.begin_list(kind);
-            index.finish_list(kind);
-        }
+        list_every_kind(&mut index);
         let theirs = crate::state::testing::foreign(nodeclaim("k1", "kwok", None));
         index.apply_nodeclaim(theirs.clone());
         assert!(index.synced(), "{:?}", index.unsynced_because());
@@ -1019,10 +1016,7 @@ mod tests {
             .unwrap()
         };
         let mut index = ClusterIndex::default();
-        for kind in Kind::ALL {
-            index.begin_list(kind);
-            index.finish_list(kind);
-        }
+        list_every_kind(&mut index);
         assert!(index.synced(), "overlays are not watched: not needed");
         index.require(Kind::NodeOverlay);
         assert!(!index.synced(), "overlays watched but not listed yet");
@@ -1046,10 +1040,7 @@ mod tests {
     #[test]
     fn a_failed_watch_unsyncs_until_its_kind_is_listed_again() {
         let mut index = ClusterIndex::default();
-        for kind in Kind::ALL {
-            index.begin_list(kind);
-            index.finish_list(kind);
-        }
+        list_every_kind(&mut index);
         assert!(index.synced());
         index.mark_stale(Kind::Pod);
         assert!(!index.synced());

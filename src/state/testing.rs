@@ -17,6 +17,15 @@ use crate::apis::{
 
 use super::held_pod::{HeldPod as Pod, PodSpec};
 
+/// Marks every kind listed once, as the watches' first lists do: the index is then synced
+/// unless a NodeClaim waits for its provider ID (or a kind is required or stale).
+pub fn list_every_kind(index: &mut crate::state::ClusterIndex) {
+    for kind in crate::state::Kind::ALL {
+        index.begin_list(kind);
+        index.finish_list(kind);
+    }
+}
+
 pub fn ts(seconds: i64) -> Time {
     Time(Timestamp::from_second(1_700_000_000 + seconds).unwrap())
 }

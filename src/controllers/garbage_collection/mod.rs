@@ -632,9 +632,7 @@ mod tests {
     fn collection_waits_for_current_nodeclaims_and_nodes_not_for_launches() {
         let listed_with_a_launch = || {
             let mut index = ClusterIndex::default();
-            for kind in Kind::ALL {
-                index.finish_list(kind);
-            }
+            crate::state::testing::list_every_kind(&mut index);
             index.apply_nodeclaim(nodeclaim("launching", "p", None));
             index
         };

@@ -313,14 +313,10 @@ mod tests {
     /// provisioning loop finds the state synced between samples and runs its rounds.
     #[test]
     fn unsynced_time_restarts_when_a_controller_found_the_state_synced_between_samples() {
-        use crate::state::Kind;
-        use crate::state::testing::nodeclaim;
+        use crate::state::testing::{list_every_kind, nodeclaim};
         let cluster = Cluster::default();
         cluster.update(|index| {
-            for kind in Kind::ALL {
-                index.begin_list(kind);
-                index.finish_list(kind);
-            }
+            list_every_kind(index);
             index.apply_nodeclaim(nodeclaim("a", "default", None));
         });
         let metrics = Metrics::new();
