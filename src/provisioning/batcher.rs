@@ -31,7 +31,8 @@ struct Window {
     opened: Instant,
     last_trigger: Instant,
     seen: HashSet<String>,
-    /// Closes at once: it holds a round owed since an earlier window closed.
+    /// Opened by a round owed since an earlier window closed, with nothing else pending:
+    /// closes at once.
     owed: bool,
 }
 
@@ -71,9 +72,12 @@ impl Batcher {
 
     /// When the current window closes, if one is open.
     pub fn deadline(&self) -> Option<Instant> {
-        self.window.as_ref().map(|w| match w.owed {
-            true => w.opened,
-            false => (w.last_trigger + self.idle).min(w.opened + self.max),
+        self.window.as_ref().map(|w| {
+            if w.owed {
+                w.opened
+            } else {
+                (w.last_trigger + self.idle).min(w.opened + self.max)
+            }
         })
     }
 
