@@ -28,8 +28,9 @@ use crate::apis::labels::{
 pub const NAMESPACE: &str = "kube-system";
 pub const SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
 pub const SECRET_NAME_PREFIX: &str = "bootstrap-token-";
-/// The default lifetime (the Go provider's); the controller uses the registration TTL plus
-/// [`TOKEN_TTL_MARGIN`] so a node that may still register can still authenticate.
+/// The default lifetime (the Go provider's); the controller uses [`token_ttl`] (launch timeout,
+/// registration TTL and [`TOKEN_TTL_MARGIN`]) so a node that may still register can still
+/// authenticate.
 pub const TOKEN_TTL: Duration = Duration::from_secs(10 * 60);
 /// Added to the registration TTL: boot time past the TTL check and clock skew.
 pub const TOKEN_TTL_MARGIN: Duration = Duration::from_secs(2 * 60);
