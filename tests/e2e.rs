@@ -856,17 +856,24 @@ async fn only_the_leader_acts_and_a_standby_takes_over_when_it_stops() {
     } else {
         "replica-a"
     };
-    let leading = |identity: &str| {
+    let leader_value = |identity: &str| {
+        let series = format!("karpenter_exoscale_leader{{identity=\"{identity}\"}} ");
         world
             .replica_metrics(identity)
             .lines()
-            .any(|l| l.starts_with("karpenter_exoscale_leader{") && l.ends_with(" 1.0"))
+            .find_map(|l| l.strip_prefix(series.as_str()).map(str::to_string))
     };
-    assert!(
-        leading(&first),
+    assert_eq!(
+        leader_value(&first).as_deref(),
+        Some("1.0"),
         "the leader exports karpenter_exoscale_leader 1"
     );
-    assert!(!leading(standby), "the standby does not claim to lead");
+    // The standby exports 0 rather than nothing, so a sum over replicas can read 0.
+    assert_eq!(
+        leader_value(standby).as_deref(),
+        Some("0.0"),
+        "the standby exports karpenter_exoscale_leader 0"
+    );
 
     world.stop_replica(&first).await;
     let second = eventually("the standby leads", || async {
@@ -874,6 +881,11 @@ async fn only_the_leader_acts_and_a_standby_takes_over_when_it_stops() {
     })
     .await;
     assert_ne!(second, first);
+    eventually(
+        "the new leader exports karpenter_exoscale_leader 1",
+        || async { (leader_value(&second).as_deref() == Some("1.0")).then_some(()) },
+    )
+    .await;
     let claim = format!("leader-{}", suffix(&world));
     world.create_nodeclaim(&claim, json!({})).await;
     world.initialized_node(&claim).await;

@@ -479,13 +479,20 @@ pub async fn serve(runtime: Runtime, shutdown: watch::Receiver<bool>) -> Result<
     // Outside `work`, so that every exit, `work` dropped included, stops them before the
     // Lease is released.
     let mut tasks = Tasks::default();
+    // 0 until this replica leads: a standby exports the series too, so a sum over replicas
+    // reads 0 (not "no data", on which an alert never fires) while nobody leads.
+    let leader_gauge = metrics
+        .leader
+        .get_or_create(&labels([("identity", &config.identity)]))
+        .clone();
+    leader_gauge.set(0.0);
     let work = async {
         let mut waiting = leadership.clone();
         let mut stop_wait = stop.clone();
         tokio::select! {
             _ = waiting.acquired() => {
                 tracing::info!(identity = %config.identity, "acquired leadership; starting controllers");
-                metrics.leader.get_or_create(&labels([("identity", &config.identity)])).set(1.0);
+                leader_gauge.set(1.0);
                 let ctx = Arc::new(Context {
                     client: writer.clone(),
                     cluster: cluster.clone(),
