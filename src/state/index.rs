@@ -469,6 +469,14 @@ impl ClusterIndex {
             .count()
     }
 
+    /// `Some(n)` when the only reason [`Self::synced`] is false is `n` of our NodeClaims waiting
+    /// for their providerID: every kind listed, no watch failed.
+    pub fn only_launching(&self) -> Option<usize> {
+        let launching = self.launching();
+        (launching > 0 && self.unlisted().next().is_none() && self.stale.is_empty())
+            .then_some(launching)
+    }
+
     /// Why [`Self::synced`] is false, one clause per cause (empty when synced): which kinds
     /// were never listed or lost their watch, and how many NodeClaims wait for their
     /// providerID (a large launch queued behind the cloud API's rate limit is the usual one).

@@ -81,6 +81,36 @@ impl UnsyncedClock {
     }
 }
 
+/// Whether an unsynced state is a launch making progress rather than a stall. A round's
+/// NodeClaims get their provider IDs one by one behind the cloud API's rate limit (500 at 10
+/// requests a second take 50 s), and no round runs until the last has its ID: unsynced the
+/// whole time, truthfully, but going as fast as it can. Worth an error only when the launches
+/// stop getting their IDs, or something else is missing.
+#[derive(Debug, Default)]
+pub struct LaunchProgress {
+    last: Option<usize>,
+}
+
+impl LaunchProgress {
+    /// `only_launching` is [`crate::state::ClusterIndex::only_launching`] at this sample; true
+    /// when launches are the only cause now and at the last sample, and fewer wait now.
+    pub fn progressing(&mut self, only_launching: Option<usize>) -> bool {
+        let last = std::mem::replace(&mut self.last, only_launching);
+        matches!((last, only_launching), (Some(before), Some(now)) if now < before)
+    }
+}
+
+/// What a refresh logged about an unsynced state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnsyncedLog {
+    /// Synced, or not unsynced for [`UNSYNCED_ERROR_AFTER`] yet.
+    Nothing,
+    /// Info: only launches keep it unsynced, and they are getting their provider IDs.
+    LaunchesProgressing,
+    /// Error: provisioning and disruption are paused and nothing shows progress.
+    Stalled,
+}
+
 /// The per-pod waiting gauges, in `Metrics::pods_waiting` order.
 pub const WAITING_GAUGES: [&str; 5] = [
     "unbound",
@@ -125,6 +155,7 @@ struct Publisher {
     pods: Published,
     transitions: PodTransitions,
     unsynced: UnsyncedClock,
+    launch_progress: LaunchProgress,
 }
 
 impl Publisher {
@@ -179,24 +210,42 @@ impl Publisher {
         conditions: &conditions::StatusConditionMetrics,
         now: Timestamp,
         leading: bool,
-    ) {
+    ) -> UnsyncedLog {
         let input = StateInput::from_index(&cluster.read());
         self.shared.prune();
         let snapshot = snapshot(&input, now, self.options.pod_series, &mut self.shared);
         let unsynced = self
             .unsynced
             .update(snapshot.synced, cluster.synced_answers(), now);
-        if unsynced >= UNSYNCED_ERROR_AFTER.as_secs_f64() {
+        let progressing = self
+            .launch_progress
+            .progressing(cluster.read().only_launching());
+        let logged = if unsynced < UNSYNCED_ERROR_AFTER.as_secs_f64() {
+            UnsyncedLog::Nothing
+        } else if progressing {
+            UnsyncedLog::LaunchesProgressing
+        } else {
+            UnsyncedLog::Stalled
+        };
+        if logged != UnsyncedLog::Nothing {
             let because = cluster.read().unsynced_because().join("; ");
-            tracing::error!(
-                unsynced_seconds = unsynced,
-                %because,
-                "cluster state has not synced; provisioning and disruption are paused"
-            );
+            if logged == UnsyncedLog::LaunchesProgressing {
+                tracing::info!(
+                    unsynced_seconds = unsynced,
+                    %because,
+                    "cluster state not synced while launches get their provider IDs; provisioning and disruption wait for them"
+                );
+            } else {
+                tracing::error!(
+                    unsynced_seconds = unsynced,
+                    %because,
+                    "cluster state has not synced; provisioning and disruption are paused"
+                );
+            }
         }
         self.publish_cluster_state(metrics, &snapshot, unsynced);
         if !leading || !self.options.observability {
-            return;
+            return logged;
         }
         let times = &cluster.pod_times;
         let observed = self.transitions.observe(&input.pods);
@@ -232,6 +281,7 @@ impl Publisher {
         times.retain(&input.pods.iter().map(|p| state::pod_key(p)).collect());
         self.publish_conditions(conditions, &input, now);
         self.publish_workload(metrics, &snapshot);
+        logged
     }
 }
 
@@ -344,6 +394,58 @@ mod tests {
         // Nobody found it synced since: the time counts from that sample.
         publisher.refresh(&cluster, &metrics, &conditions, at(175), true);
         assert_eq!(unsynced_seconds(&metrics), 35.0);
+    }
+
+    /// anti:500 in the thirty-eighth sitting: one round of 500 NodeClaims whose provider IDs
+    /// arrived at the rate limit's pace was logged as a stall at ERROR from 30 s on.
+    #[test]
+    fn launches_getting_their_provider_ids_log_progress_and_a_stuck_or_stale_state_an_error() {
+        use crate::state::Kind;
+        use crate::state::testing::{list_every_kind, nodeclaim};
+        let cluster = Cluster::default();
+        cluster.update(|index| {
+            list_every_kind(index);
+            for name in ["a", "b", "c", "d"] {
+                index.apply_nodeclaim(nodeclaim(name, "default", None));
+            }
+        });
+        let launched = |name: &str| {
+            let id = format!("exoscale://{name}");
+            cluster.update(|index| index.apply_nodeclaim(nodeclaim(name, "default", Some(&id))));
+        };
+        let metrics = Metrics::new();
+        let conditions = conditions::StatusConditionMetrics::register(&metrics);
+        let mut publisher = Publisher::default();
+        let at = |s: i64| Timestamp::from_second(s).unwrap();
+        let mut refresh_at =
+            |s: i64| publisher.refresh(&cluster, &metrics, &conditions, at(s), true);
+        assert_eq!(refresh_at(100), UnsyncedLog::Nothing);
+        launched("a");
+        assert_eq!(refresh_at(105), UnsyncedLog::Nothing, "under 30 s");
+        launched("b");
+        assert_eq!(
+            refresh_at(135),
+            UnsyncedLog::LaunchesProgressing,
+            "35 s unsynced, but one more launch got its provider ID"
+        );
+        assert_eq!(
+            refresh_at(140),
+            UnsyncedLog::Stalled,
+            "no launch got its provider ID since the last sample"
+        );
+        launched("c");
+        cluster.update(|index| index.mark_stale(Kind::Pod));
+        assert_eq!(
+            refresh_at(145),
+            UnsyncedLog::Stalled,
+            "a failed watch, whatever the launches do"
+        );
+        cluster.update(|index| {
+            list_every_kind(index);
+            index.apply_nodeclaim(nodeclaim("d", "default", Some("exoscale://d")));
+        });
+        assert!(cluster.synced());
+        assert_eq!(refresh_at(150), UnsyncedLog::Nothing);
     }
 
     #[test]
