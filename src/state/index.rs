@@ -450,7 +450,12 @@ impl ClusterIndex {
     /// from it.
     pub fn synced(&self) -> bool {
         // Asked on every provisioning wake-up while a round waits: no allocation.
-        self.unlisted().next().is_none() && self.stale.is_empty() && self.launching() == 0
+        self.every_kind_current() && self.launching() == 0
+    }
+
+    /// Every kind listed and no watch failed since: [`Self::synced`] but for launches.
+    fn every_kind_current(&self) -> bool {
+        self.unlisted().next().is_none() && self.stale.is_empty()
     }
 
     fn unlisted(&self) -> impl Iterator<Item = &Kind> {
@@ -473,8 +478,7 @@ impl ClusterIndex {
     /// for their providerID: every kind listed, no watch failed.
     pub fn only_launching(&self) -> Option<usize> {
         let launching = self.launching();
-        (launching > 0 && self.unlisted().next().is_none() && self.stale.is_empty())
-            .then_some(launching)
+        (launching > 0 && self.every_kind_current()).then_some(launching)
     }
 
     /// Why [`Self::synced`] is false, one clause per cause (empty when synced): which kinds

@@ -211,15 +211,17 @@ impl Publisher {
         now: Timestamp,
         leading: bool,
     ) -> UnsyncedLog {
-        let input = StateInput::from_index(&cluster.read());
+        // One read, so the launches counted for progress are those of the snapshot.
+        let (input, only_launching) = {
+            let index = cluster.read();
+            (StateInput::from_index(&index), index.only_launching())
+        };
         self.shared.prune();
         let snapshot = snapshot(&input, now, self.options.pod_series, &mut self.shared);
         let unsynced = self
             .unsynced
             .update(snapshot.synced, cluster.synced_answers(), now);
-        let progressing = self
-            .launch_progress
-            .progressing(cluster.read().only_launching());
+        let progressing = self.launch_progress.progressing(only_launching);
         let logged = if unsynced < UNSYNCED_ERROR_AFTER.as_secs_f64() {
             UnsyncedLog::Nothing
         } else if progressing {
@@ -227,21 +229,19 @@ impl Publisher {
         } else {
             UnsyncedLog::Stalled
         };
-        if logged != UnsyncedLog::Nothing {
-            let because = cluster.read().unsynced_because().join("; ");
-            if logged == UnsyncedLog::LaunchesProgressing {
-                tracing::info!(
-                    unsynced_seconds = unsynced,
-                    %because,
-                    "cluster state not synced while launches get their provider IDs; provisioning and disruption wait for them"
-                );
-            } else {
-                tracing::error!(
-                    unsynced_seconds = unsynced,
-                    %because,
-                    "cluster state has not synced; provisioning and disruption are paused"
-                );
-            }
+        let because = || cluster.read().unsynced_because().join("; ");
+        match logged {
+            UnsyncedLog::Nothing => {}
+            UnsyncedLog::LaunchesProgressing => tracing::info!(
+                unsynced_seconds = unsynced,
+                because = %because(),
+                "cluster state not synced while launches get their provider IDs; provisioning and disruption wait for them"
+            ),
+            UnsyncedLog::Stalled => tracing::error!(
+                unsynced_seconds = unsynced,
+                because = %because(),
+                "cluster state has not synced; provisioning and disruption are paused"
+            ),
         }
         self.publish_cluster_state(metrics, &snapshot, unsynced);
         if !leading || !self.options.observability {
