@@ -195,7 +195,8 @@ impl Provisioner {
                 // Runs on every cluster change: only a pod seen for the first time (or a
                 // change in which NodePools are Ready) allocates.
                 let index = self.ctx.cluster.read();
-                for pod in index.pods_iter().filter(|p| eligibility::check(p).is_ok()) {
+                let provisionable = eligibility::Provisionable::of(&index);
+                for pod in index.pods_iter().filter(|p| provisionable.admits(p)) {
                     let Some(uid) = pod.metadata.uid.as_deref() else {
                         continue;
                     };
@@ -214,7 +215,7 @@ impl Provisioner {
                     .displacements
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .displaced(&index);
+                    .displaced(&index, &provisionable);
                 if !displaced.is_empty() {
                     tracing::debug!(targets = ?displaced, "pods not planned there took room planned for pending pods");
                     batcher.nudge("room taken", now);
@@ -242,9 +243,10 @@ impl Provisioner {
                     last_round = Instant::now();
                 }
                 let index = self.ctx.cluster.read();
+                let provisionable = eligibility::Provisionable::of(&index);
                 let pending: HashSet<&str> = index
                     .pods_iter()
-                    .filter(|p| eligibility::check(p).is_ok())
+                    .filter(|p| provisionable.admits(p))
                     .filter_map(|p| p.metadata.uid.as_deref())
                     .collect();
                 seen.retain(|uid| pending.contains(uid.as_str()));
@@ -546,10 +548,10 @@ impl Provisioner {
         {
             let index = self.ctx.cluster.read();
             let mut backoff = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
+            let provisionable = eligibility::Provisionable::of(&index);
             let pending: std::collections::HashSet<String> = index
-                .pods()
-                .iter()
-                .filter(|p| eligibility::check(p).is_ok())
+                .pods_iter()
+                .filter(|p| provisionable.admits(p))
                 .filter_map(|p| p.metadata.uid.clone())
                 .collect();
             backoff.retain_pending(&|uid| pending.contains(uid), now);

@@ -1,9 +1,10 @@
 //! Pods whose planned room was taken by others, noticed when it happens.
 //!
 //! kube-scheduler binds most pods of a big launch without ever marking them unschedulable: a
-//! new Node with room appears before it fails to place them. Provisioning does not see such a
-//! pod until it is bound (upstream's rule too), so it may take room a round planned for a
-//! marked pod, which then needs another node. Nothing writes to the marked pod when that
+//! new Node with room appears before it fails to place them. Provisioning sees such a pod only
+//! through a marked sibling ([`super::eligibility::Provisionable`]; upstream not at all), so a
+//! pod of another workload, or one that no verdict vouches for yet, may take room a round
+//! planned for a marked pod, which then needs another node. Nothing writes to the marked pod when that
 //! happens, so it waited for its 10 s requeue; at 1 000 nodes one or two such requeues were
 //! the launch's tail (BENCHMARKS, twenty-fifth session).
 //!
@@ -17,7 +18,7 @@ use std::collections::HashMap;
 use crate::state::pods::{is_daemonset_pod, is_terminal};
 use crate::state::{ClusterIndex, HeldPod, NamespacedName};
 
-use super::eligibility;
+use super::eligibility::Provisionable;
 
 /// A pod a round placed, by key and UID (a pod re-created under the same name is another).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,7 +81,11 @@ impl Displacements {
     /// Targets whose Node took pods not planned there since the last look while a pod planned
     /// there still waits. Forgets pods that no longer wait (bound, gone, deleted) and targets
     /// with none left or that no longer exist.
-    pub fn displaced(&mut self, index: &ClusterIndex) -> Vec<String> {
+    pub fn displaced(
+        &mut self,
+        index: &ClusterIndex,
+        provisionable: &Provisionable,
+    ) -> Vec<String> {
         let mut found = Vec::new();
         let mut forgotten = Vec::new();
         self.plans.retain(|target, plan| {
@@ -91,7 +96,7 @@ impl Displacements {
                 .as_deref()
                 .is_some_and(|node| others_on(index, node, &plan.pods) > plan.others);
             plan.pods.retain(|pod| {
-                let waits = still_waits(index, pod);
+                let waits = still_waits(index, provisionable, pod);
                 if !waits {
                     forgotten.push((pod.uid.clone(), target.clone()));
                 }
@@ -138,10 +143,11 @@ fn node_of(index: &ClusterIndex, target: &str) -> Option<String> {
         .filter(|n| !n.is_empty())
 }
 
-/// A planned pod that is still provisionable (the same pod, unbound, marked unschedulable).
-fn still_waits(index: &ClusterIndex, pod: &PlannedPod) -> bool {
+/// A planned pod that is still provisionable (the same pod, unbound, marked unschedulable or
+/// vouched for by a marked sibling).
+fn still_waits(index: &ClusterIndex, provisionable: &Provisionable, pod: &PlannedPod) -> bool {
     index.pod_by_key(&pod.key).is_some_and(|held| {
-        held.metadata.uid.as_deref() == Some(pod.uid.as_str()) && eligibility::check(held).is_ok()
+        held.metadata.uid.as_deref() == Some(pod.uid.as_str()) && provisionable.admits(held)
     })
 }
 
@@ -207,22 +213,28 @@ mod tests {
         index.apply_pod(marked("planned"));
         let mut d = Displacements::default();
         d.plan(&index, "c1", vec![planned("planned")]);
-        assert!(d.displaced(&index).is_empty(), "nothing bound yet");
+        assert!(
+            d.displaced(&index, &Provisionable::of(&index)).is_empty(),
+            "nothing bound yet"
+        );
 
         claim(&mut index, "c1", Some("node-1"));
         assert!(
-            d.displaced(&index).is_empty(),
+            d.displaced(&index, &Provisionable::of(&index)).is_empty(),
             "registered, still nothing bound"
         );
         index.apply_pod(bound("stranger", "node-1"));
-        assert_eq!(d.displaced(&index), vec!["c1".to_string()]);
+        assert_eq!(
+            d.displaced(&index, &Provisionable::of(&index)),
+            vec!["c1".to_string()]
+        );
         assert!(
-            d.displaced(&index).is_empty(),
+            d.displaced(&index, &Provisionable::of(&index)).is_empty(),
             "the same stranger asks once"
         );
         index.apply_pod(bound("second", "node-1"));
         assert_eq!(
-            d.displaced(&index),
+            d.displaced(&index, &Provisionable::of(&index)),
             vec!["c1".to_string()],
             "another one asks again"
         );
@@ -247,9 +259,9 @@ mod tests {
         done.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
         index.apply_pod(done);
         index.apply_pod(bound("planned", "node-1"));
-        assert!(d.displaced(&index).is_empty());
+        assert!(d.displaced(&index, &Provisionable::of(&index)).is_empty());
         assert!(
-            d.displaced(&index).is_empty(),
+            d.displaced(&index, &Provisionable::of(&index)).is_empty(),
             "a planned pod that landed is not taken for another one later either"
         );
         assert_eq!(
@@ -267,9 +279,15 @@ mod tests {
         index.apply_pod(marked("planned"));
         let mut d = Displacements::default();
         d.plan(&index, "node-1", vec![planned("planned")]);
-        assert!(d.displaced(&index).is_empty(), "the resident was there");
+        assert!(
+            d.displaced(&index, &Provisionable::of(&index)).is_empty(),
+            "the resident was there"
+        );
         index.apply_pod(bound("newcomer", "node-1"));
-        assert_eq!(d.displaced(&index), vec!["node-1".to_string()]);
+        assert_eq!(
+            d.displaced(&index, &Provisionable::of(&index)),
+            vec!["node-1".to_string()]
+        );
     }
 
     #[test]
@@ -283,20 +301,20 @@ mod tests {
         d.plan(&index, "c2", vec![planned("planned")]);
         index.apply_pod(bound("stranger", "node-1"));
         assert!(
-            d.displaced(&index).is_empty(),
+            d.displaced(&index, &Provisionable::of(&index)).is_empty(),
             "the pod no longer counts on c1"
         );
         assert_eq!(d.waiting(), 1);
 
         index.delete_nodeclaim("c2");
-        assert!(d.displaced(&index).is_empty());
+        assert!(d.displaced(&index, &Provisionable::of(&index)).is_empty());
         assert_eq!(d.waiting(), 0, "its target is gone");
 
         d.plan(&index, "c1", vec![planned("planned")]);
         index.delete_pod("default", "planned");
         index.apply_pod(bound("late", "node-1"));
         assert!(
-            d.displaced(&index).is_empty(),
+            d.displaced(&index, &Provisionable::of(&index)).is_empty(),
             "a deleted pod waits for nothing"
         );
         assert_eq!(d.waiting(), 0);
@@ -313,7 +331,7 @@ mod tests {
         again.metadata.uid = Some("uid-recreated".into());
         index.apply_pod(again);
         index.apply_pod(bound("stranger", "node-1"));
-        assert!(d.displaced(&index).is_empty());
+        assert!(d.displaced(&index, &Provisionable::of(&index)).is_empty());
         assert_eq!(d.waiting(), 0);
     }
 }

@@ -324,12 +324,14 @@ pub fn daemonsets(index: &ClusterIndex) -> (Vec<DaemonSetPod>, Vec<String>) {
     (out, left_out)
 }
 
-/// Pods kube-scheduler gave up on that provisioning should find capacity for.
+/// Pods kube-scheduler gave up on, and their untried siblings, that provisioning should find
+/// capacity for (see [`eligibility::Provisionable`]).
 pub fn provisionable_pods(index: &ClusterIndex) -> Vec<Arc<HeldPod>> {
+    let provisionable = eligibility::Provisionable::of(index);
     index
-        .pods()
-        .into_iter()
-        .filter(|p| eligibility::check(p).is_ok())
+        .pods_iter()
+        .filter(|p| provisionable.admits(p))
+        .cloned()
         .collect()
 }
 
