@@ -806,6 +806,58 @@ mod tests {
         assert_eq!(pods[results.unschedulable[0].pod].name, "to-gone");
     }
 
+    /// A round places a marked pod's untried siblings with it, on existing room first: only
+    /// what does not fit there gets a NodeClaim. Untried pods of a workload with no marked pod
+    /// wait for kube-scheduler.
+    #[test]
+    fn untried_siblings_of_a_marked_pod_fill_existing_room_first_then_get_nodeclaims() {
+        let mut index = ClusterIndex::default();
+        let mut node = testing::node("n1", Some("exoscale://1"), &[]);
+        node.metadata.labels = Some(std::collections::BTreeMap::from([
+            ("kubernetes.io/hostname".to_string(), "n1".to_string()),
+            ("karpenter.sh/nodepool".to_string(), "p".to_string()),
+            ("karpenter.sh/initialized".to_string(), "true".to_string()),
+        ]));
+        node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            allocatable: Some(testing::resources(&[("cpu", "2"), ("pods", "110")])),
+            ..Default::default()
+        });
+        index.apply_node(node);
+        let replica = |name: &str, controller: &str, marked: bool| {
+            let mut pod = pending(name, "1");
+            pod.metadata.owner_references = Some(vec![
+                serde_json::from_value(serde_json::json!({"apiVersion": "apps/v1",
+                    "kind": "ReplicaSet", "name": controller, "uid": controller,
+                    "controller": true}))
+                .unwrap(),
+            ]);
+            if !marked {
+                pod.status.as_mut().unwrap().conditions = None;
+            }
+            pod
+        };
+        index.apply_pod(replica("m1", "web", true));
+        for name in ["u1", "u2", "u3"] {
+            index.apply_pod(replica(name, "web", false));
+        }
+        index.apply_pod(replica("untried-elsewhere", "api", false));
+        let prepared = prepare(
+            &index,
+            vec![(pool("p"), fixtures::instance_types(10))],
+            SchedulerOptions::default(),
+            PodsToPlace::Pending,
+        );
+        let mut names: Vec<_> = prepared.pods.iter().map(|p| p.pod.name.clone()).collect();
+        names.sort();
+        assert_eq!(names, ["m1", "u1", "u2", "u3"]);
+        let pods: Vec<Pod> = prepared.pods.iter().map(|p| p.pod.clone()).collect();
+        let results = crate::scheduling::Scheduler::new(prepared.input).solve(&pods);
+        assert!(results.unschedulable.is_empty(), "{results:?}");
+        let on_existing: usize = results.existing_nodes.iter().map(|n| n.pods.len()).sum();
+        let on_new: usize = results.new_node_claims.iter().map(|c| c.pods.len()).sum();
+        assert_eq!((on_existing, on_new), (2, 2), "{results:?}");
+    }
+
     #[test]
     fn launched_nodeclaims_without_nodes_count_as_capacity() {
         let mut index = ClusterIndex::default();
