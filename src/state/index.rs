@@ -89,6 +89,17 @@ pub struct ClusterIndex {
     /// The NodeClass kinds this process serves (group, kind); `None` serves every kind (tests
     /// that index objects of one provider only).
     managed: Option<Vec<(String, String)>>,
+    /// How many of our NodeClaims got their providerID here (a held version without one
+    /// replaced by one with it): a launch's progress even while its round adds NodeClaims.
+    provider_ids_assigned: u64,
+}
+
+/// The state is unsynced only because `waiting` of our NodeClaims have no providerID yet;
+/// `provider_ids_assigned` counts, over the process's life, those that got one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launching {
+    pub waiting: usize,
+    pub provider_ids_assigned: u64,
 }
 
 /// Whether the Node's `Ready` condition is True.
@@ -171,7 +182,19 @@ impl ClusterIndex {
     pub fn apply_nodeclaim(&mut self, claim: impl Into<Arc<NodeClaim>>) {
         let claim = claim.into();
         self.seen(Kind::NodeClaim, &namespaced(&*claim));
+        self.count_provider_id(&claim);
         self.nodeclaims.insert(claim.name_any(), claim);
+    }
+    /// Counts `next` in [`Self::provider_ids_assigned`] when it brings the providerID the held
+    /// version lacked.
+    fn count_provider_id(&mut self, next: &NodeClaim) {
+        let held_without = self
+            .nodeclaims
+            .get(&next.name_any())
+            .is_some_and(|held| nodeclaim_provider_id(held).is_none());
+        if held_without && nodeclaim_provider_id(next).is_some() && self.manages_claim(next) {
+            self.provider_ids_assigned += 1;
+        }
     }
     /// A NodeClaim provisioning just created, so the next round counts its capacity before the
     /// watch brings it. Only while the index holds no NodeClaim of that name: on a busy machine
@@ -204,6 +227,7 @@ impl ClusterIndex {
             return;
         }
         super::trim(&mut written);
+        self.count_provider_id(&written);
         // Not counted as listed: during a re-list only the list says what still exists (one
         // deleted while the watch was down and written just before would otherwise stay).
         self.nodeclaims.insert(name, Arc::new(written));
@@ -474,11 +498,14 @@ impl ClusterIndex {
             .count()
     }
 
-    /// `Some(n)` when the only reason [`Self::synced`] is false is `n` of our NodeClaims waiting
-    /// for their providerID: every kind listed, no watch failed.
-    pub fn only_launching(&self) -> Option<usize> {
-        let launching = self.launching();
-        (launching > 0 && self.every_kind_current()).then_some(launching)
+    /// `Some` when the only reason [`Self::synced`] is false is our NodeClaims waiting for their
+    /// providerID: every kind listed, no watch failed.
+    pub fn only_launching(&self) -> Option<Launching> {
+        let waiting = self.launching();
+        (waiting > 0 && self.every_kind_current()).then_some(Launching {
+            waiting,
+            provider_ids_assigned: self.provider_ids_assigned,
+        })
     }
 
     /// Why [`Self::synced`] is false, one clause per cause (empty when synced): which kinds
@@ -740,6 +767,36 @@ impl ClusterIndex {
 mod tests {
     use super::*;
     use crate::state::testing::*;
+
+    #[test]
+    fn provider_ids_are_counted_when_a_held_nodeclaim_gets_one() {
+        let mut index = ClusterIndex::default();
+        list_every_kind(&mut index);
+        let assigned =
+            |index: &ClusterIndex| index.only_launching().map(|l| l.provider_ids_assigned);
+        index.apply_nodeclaim(nodeclaim("a", "p", None));
+        index.apply_nodeclaim(nodeclaim("b", "p", None));
+        assert_eq!(
+            index.only_launching(),
+            Some(Launching {
+                waiting: 2,
+                provider_ids_assigned: 0
+            })
+        );
+        index.apply_nodeclaim(nodeclaim("a", "p", Some("exoscale://a")));
+        assert_eq!(assigned(&index), Some(1));
+        // A later version of a launched NodeClaim, or one first seen launched, is no launch.
+        index.apply_nodeclaim(nodeclaim("a", "p", Some("exoscale://a")));
+        index.apply_nodeclaim(nodeclaim("c", "p", Some("exoscale://c")));
+        assert_eq!(assigned(&index), Some(1));
+        // A NodeClaim deleted before its launch ended is none either.
+        index.apply_nodeclaim(nodeclaim("d", "p", None));
+        index.delete_nodeclaim("d");
+        assert_eq!(assigned(&index), Some(1), "b still waits");
+        index.apply_nodeclaim(nodeclaim("b", "p", Some("exoscale://b")));
+        assert_eq!(index.only_launching(), None, "synced");
+        assert_eq!(index.provider_ids_assigned, 2);
+    }
 
     #[test]
     fn a_written_nodeclaim_is_taken_only_over_the_version_it_was_written_from() {

@@ -31,7 +31,7 @@ use tokio::sync::{broadcast, watch};
 
 pub use held_pod::HeldPod;
 pub use index::{
-    ClusterIndex, Kind, NamespacedName, NodePoolUsage, node_provider_id, node_ready,
+    ClusterIndex, Kind, Launching, NamespacedName, NodePoolUsage, node_provider_id, node_ready,
     nodeclaim_provider_id,
 };
 

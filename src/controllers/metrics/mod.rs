@@ -20,7 +20,7 @@ use crate::clock::Clock;
 use crate::operator::events::EventSink;
 use crate::operator::leader::Leadership;
 use crate::operator::metrics::{Labels, Metrics, NodeGauge, NodeSeries, SharedLabels};
-use crate::state::{Cluster, SharedKinds};
+use crate::state::{Cluster, Launching, SharedKinds};
 
 /// Changes are coalesced: at most one refresh per interval (a busy cluster changes constantly).
 const MIN_REFRESH: Duration = Duration::from_secs(5);
@@ -88,15 +88,18 @@ impl UnsyncedClock {
 /// stop getting their IDs, or something else is missing.
 #[derive(Debug, Default)]
 pub struct LaunchProgress {
-    last: Option<usize>,
+    last: Option<Launching>,
 }
 
 impl LaunchProgress {
     /// `only_launching` is [`crate::state::ClusterIndex::only_launching`] at this sample; true
-    /// when launches are the only cause now and at the last sample, and fewer wait now.
-    pub fn progressing(&mut self, only_launching: Option<usize>) -> bool {
+    /// when launches are the only cause now and at the last sample, and some NodeClaim got its
+    /// provider ID since. Not "fewer wait now": a round still creating its NodeClaims adds
+    /// them faster than the rate limit lets them launch (a false ERROR at 1 000 nodes).
+    pub fn progressing(&mut self, only_launching: Option<Launching>) -> bool {
         let last = std::mem::replace(&mut self.last, only_launching);
-        matches!((last, only_launching), (Some(before), Some(now)) if now < before)
+        matches!((last, only_launching), (Some(before), Some(now))
+            if now.provider_ids_assigned > before.provider_ids_assigned)
     }
 }
 
@@ -446,6 +449,54 @@ mod tests {
         });
         assert!(cluster.synced());
         assert_eq!(refresh_at(150), UnsyncedLog::Nothing);
+    }
+
+    /// dense:1000:100 in the fortieth sitting: a round still creating its NodeClaims added them
+    /// faster than the rate limit let them launch, so more waited at each sample while they
+    /// kept getting their provider IDs, and the launch was logged as a stall at ERROR.
+    #[test]
+    fn a_round_adding_nodeclaims_faster_than_they_launch_logs_progress() {
+        use crate::state::testing::{list_every_kind, nodeclaim};
+        let cluster = Cluster::default();
+        let created = |names: &[&str]| {
+            cluster.update(|index| {
+                for name in names {
+                    index.apply_nodeclaim(nodeclaim(name, "default", None));
+                }
+            })
+        };
+        let launched = |name: &str| {
+            let id = format!("exoscale://{name}");
+            cluster.update(|index| index.apply_nodeclaim(nodeclaim(name, "default", Some(&id))));
+        };
+        cluster.update(list_every_kind);
+        created(&["a", "b"]);
+        let metrics = Metrics::new();
+        let conditions = conditions::StatusConditionMetrics::register(&metrics);
+        let mut publisher = Publisher::default();
+        let at = |s: i64| Timestamp::from_second(s).unwrap();
+        let mut refresh_at =
+            |s: i64| publisher.refresh(&cluster, &metrics, &conditions, at(s), true);
+        assert_eq!(refresh_at(100), UnsyncedLog::Nothing);
+        created(&["c", "d"]);
+        assert_eq!(
+            refresh_at(130),
+            UnsyncedLog::Stalled,
+            "nothing launched yet"
+        );
+        launched("a");
+        created(&["e", "f", "g"]);
+        assert_eq!(
+            refresh_at(135),
+            UnsyncedLog::LaunchesProgressing,
+            "six wait where four did, but one more got its provider ID"
+        );
+        created(&["h"]);
+        assert_eq!(
+            refresh_at(140),
+            UnsyncedLog::Stalled,
+            "more NodeClaims and none launched since the last sample"
+        );
     }
 
     #[test]
