@@ -399,6 +399,24 @@ mod tests {
         assert_eq!(unsynced_seconds(&metrics), 35.0);
     }
 
+    /// A leader's publisher over `cluster`: refreshes it at second `s`, and says what it logged.
+    fn leader_refreshes(cluster: &Cluster) -> impl FnMut(i64) -> UnsyncedLog + '_ {
+        let metrics = Metrics::new();
+        let conditions = conditions::StatusConditionMetrics::register(&metrics);
+        let mut publisher = Publisher::default();
+        move |s| {
+            let at = Timestamp::from_second(s).unwrap();
+            publisher.refresh(cluster, &metrics, &conditions, at, true)
+        }
+    }
+
+    /// The NodeClaim `name` as its launch leaves it: with its provider ID.
+    fn launched(cluster: &Cluster, name: &str) {
+        let id = format!("exoscale://{name}");
+        let claim = crate::state::testing::nodeclaim(name, "default", Some(&id));
+        cluster.update(|index| index.apply_nodeclaim(claim));
+    }
+
     /// anti:500 in the thirty-eighth sitting: one round of 500 NodeClaims whose provider IDs
     /// arrived at the rate limit's pace was logged as a stall at ERROR from 30 s on.
     #[test]
@@ -412,16 +430,8 @@ mod tests {
                 index.apply_nodeclaim(nodeclaim(name, "default", None));
             }
         });
-        let launched = |name: &str| {
-            let id = format!("exoscale://{name}");
-            cluster.update(|index| index.apply_nodeclaim(nodeclaim(name, "default", Some(&id))));
-        };
-        let metrics = Metrics::new();
-        let conditions = conditions::StatusConditionMetrics::register(&metrics);
-        let mut publisher = Publisher::default();
-        let at = |s: i64| Timestamp::from_second(s).unwrap();
-        let mut refresh_at =
-            |s: i64| publisher.refresh(&cluster, &metrics, &conditions, at(s), true);
+        let launched = |name: &str| launched(&cluster, name);
+        let mut refresh_at = leader_refreshes(&cluster);
         assert_eq!(refresh_at(100), UnsyncedLog::Nothing);
         launched("a");
         assert_eq!(refresh_at(105), UnsyncedLog::Nothing, "under 30 s");
@@ -465,18 +475,10 @@ mod tests {
                 }
             })
         };
-        let launched = |name: &str| {
-            let id = format!("exoscale://{name}");
-            cluster.update(|index| index.apply_nodeclaim(nodeclaim(name, "default", Some(&id))));
-        };
+        let launched = |name: &str| launched(&cluster, name);
         cluster.update(list_every_kind);
         created(&["a", "b"]);
-        let metrics = Metrics::new();
-        let conditions = conditions::StatusConditionMetrics::register(&metrics);
-        let mut publisher = Publisher::default();
-        let at = |s: i64| Timestamp::from_second(s).unwrap();
-        let mut refresh_at =
-            |s: i64| publisher.refresh(&cluster, &metrics, &conditions, at(s), true);
+        let mut refresh_at = leader_refreshes(&cluster);
         assert_eq!(refresh_at(100), UnsyncedLog::Nothing);
         created(&["c", "d"]);
         assert_eq!(
