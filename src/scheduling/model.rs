@@ -317,10 +317,17 @@ pub struct ExistingNode {
 }
 
 impl ExistingNode {
+    /// The node's labels as requirements, its hostname from [`ExistingNode::hostname`].
     pub fn requirements(&self) -> Requirements {
-        let mut r = Requirements::from_labels(self.labels.as_ref());
-        r.set(Requirement::in_values(HOSTNAME, [self.hostname.clone()]));
-        r
+        let labels = self
+            .labels
+            .iter()
+            .filter(|(key, _)| key.as_str() != HOSTNAME);
+        Requirements::from_requirements(
+            labels
+                .map(|(key, value)| Requirement::in_values(key, [value.clone()]))
+                .chain([Requirement::in_values(HOSTNAME, [self.hostname.clone()])]),
+        )
     }
 }
 
@@ -488,6 +495,29 @@ mod tests {
         assert!(!any.conflicts(&udp));
         assert!(!any.conflicts(&HostPort::tcp(81)));
         assert!(ports_conflict(&[HostPort::tcp(81), any], &[specific]));
+    }
+
+    #[test]
+    fn a_node_requires_its_labels_and_its_hostname() {
+        let node = |labels: &[(&str, &str)]| ExistingNode {
+            name: "n1".into(),
+            hostname: "host-1".into(),
+            labels: Arc::new(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        let zone = ZONE;
+        // The hostname field wins over a label that says otherwise, and stands in for a missing one.
+        for labels in [vec![(zone, "a"), (HOSTNAME, "stale")], vec![(zone, "a")]] {
+            let reqs = node(&labels).requirements();
+            assert_eq!(reqs.len(), 2, "{labels:?}");
+            assert_eq!(reqs.get(HOSTNAME).unwrap().values(), ["host-1"]);
+            assert_eq!(reqs.get(zone).unwrap().values(), ["a"]);
+        }
     }
 
     #[test]
