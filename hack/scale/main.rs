@@ -61,6 +61,31 @@ impl Process {
         (kb("VmRSS:"), kb("VmHWM:"))
     }
 
+    /// What the RSS is made of now: heap and stacks (anonymous) against the binary's own pages
+    /// (file-backed, shared and reclaimable).
+    fn rss_split(&self) -> String {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.0)).unwrap_or_default();
+        ["RssAnon:", "RssFile:", "RssShmem:"]
+            .iter()
+            .filter_map(|key| {
+                let kb: f64 = status
+                    .lines()
+                    .find(|l| l.starts_with(key))?
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse()
+                    .ok()?;
+                Some(format!(
+                    "{} {:.0} MB",
+                    key.trim_end_matches(':'),
+                    kb / 1024.0
+                ))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Starts VmHWM over from the current RSS, so a phase's peak is its own and not, say, the
     /// harness's plain-text `/metrics` scrape at the end of the launch.
     fn reset_peak(&self) {
@@ -533,6 +558,10 @@ async fn run(
     );
     let nodes = watched.sample().live_claims;
     let (rss, peak) = process.rss_mb();
+    eprintln!(
+        "{scenario} launch: controller RSS after it: {}",
+        process.rss_split()
+    );
     let metrics = reqwest::get(rig.metrics_url())
         .await
         .expect("metrics")
@@ -672,6 +701,10 @@ async fn run(
         placements(&placed)
     );
     let (rss, peak) = process.rss_mb();
+    eprintln!(
+        "{scenario} scale-down: controller RSS after it: {}",
+        process.rss_split()
+    );
     let requests = Requests::read(audit, rig.agent()).since(&requests_before);
     let cloud = match (&calls_before, rig.cloud_calls()) {
         (Some(before), Some(after)) => {
