@@ -47,7 +47,7 @@ pub const REQUEUE_AFTER: Duration = Duration::from_secs(10);
 /// too, the slowest Node registration went from ~1 s to 1.7 and 4.8 s in two runs (BENCHMARKS,
 /// fourteenth session). With 16, a round of 237 was created in 3.4 s instead of 12.1 s, and the
 /// last NodeClaim of a 1 000-node launch came sooner in two pairs of runs out of three, for
-/// 20-28% more CPU (forty-first session): not settled yet.
+/// 17-28% more CPU (forty-first session): not settled yet.
 const CREATE_CONCURRENCY: usize = 4;
 
 #[derive(Debug, Clone)]
