@@ -46,42 +46,35 @@ const DENSE_PODS_PER_NODE: i128 = 10;
 struct Process(u32);
 
 impl Process {
-    fn rss_mb(&self) -> (f64, f64) {
+    /// The `/proc/<pid>/status` fields named by `keys` (e.g. `VmRSS:`), in MB; `None` for a
+    /// field the kernel does not report (or a process that is gone).
+    fn status_mb<const N: usize>(&self, keys: [&str; N]) -> [Option<f64>; N] {
         let status =
             std::fs::read_to_string(format!("/proc/{}/status", self.0)).unwrap_or_default();
-        let kb = |key: &str| -> f64 {
-            status
+        keys.map(|key| {
+            let kb: f64 = status
                 .lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-                / 1024.0
-        };
-        (kb("VmRSS:"), kb("VmHWM:"))
+                .find(|l| l.starts_with(key))?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some(kb / 1024.0)
+        })
+    }
+
+    fn rss_mb(&self) -> (f64, f64) {
+        let [rss, peak] = self.status_mb(["VmRSS:", "VmHWM:"]);
+        (rss.unwrap_or(0.0), peak.unwrap_or(0.0))
     }
 
     /// What the RSS is made of now: heap and stacks (anonymous) against the binary's own pages
     /// (file-backed, shared and reclaimable).
     fn rss_split(&self) -> String {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.0)).unwrap_or_default();
-        ["RssAnon:", "RssFile:", "RssShmem:"]
-            .iter()
-            .filter_map(|key| {
-                let kb: f64 = status
-                    .lines()
-                    .find(|l| l.starts_with(key))?
-                    .split_whitespace()
-                    .nth(1)?
-                    .parse()
-                    .ok()?;
-                Some(format!(
-                    "{} {:.0} MB",
-                    key.trim_end_matches(':'),
-                    kb / 1024.0
-                ))
-            })
+        let keys = ["RssAnon:", "RssFile:", "RssShmem:"];
+        keys.iter()
+            .zip(self.status_mb(keys))
+            .filter_map(|(key, mb)| Some(format!("{} {:.0} MB", key.trim_end_matches(':'), mb?)))
             .collect::<Vec<_>>()
             .join(", ")
     }

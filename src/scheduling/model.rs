@@ -510,13 +510,12 @@ mod tests {
             ),
             ..Default::default()
         };
-        let zone = ZONE;
         // The hostname field wins over a label that says otherwise, and stands in for a missing one.
-        for labels in [vec![(zone, "a"), (HOSTNAME, "stale")], vec![(zone, "a")]] {
+        for labels in [vec![(ZONE, "a"), (HOSTNAME, "stale")], vec![(ZONE, "a")]] {
             let reqs = node(&labels).requirements();
             assert_eq!(reqs.len(), 2, "{labels:?}");
             assert_eq!(reqs.get(HOSTNAME).unwrap().values(), ["host-1"]);
-            assert_eq!(reqs.get(zone).unwrap().values(), ["a"]);
+            assert_eq!(reqs.get(ZONE).unwrap().values(), ["a"]);
         }
     }
 
