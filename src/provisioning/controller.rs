@@ -152,6 +152,8 @@ pub struct Provisioner {
     backoff: Mutex<LaunchBackoff>,
     /// Where the rounds placed the pods still waiting, to re-plan them when others take it.
     displacements: Mutex<Displacements>,
+    /// kube-scheduler's verdicts on workloads, kept a while after their marked pods bound.
+    marks: Mutex<eligibility::MarkMemory>,
 }
 
 /// How many times (a second apart) a round looks whether cluster state caught up with a
@@ -168,6 +170,7 @@ impl Provisioner {
             metrics,
             backoff: Mutex::new(LaunchBackoff::default()),
             displacements: Mutex::new(Displacements::default()),
+            marks: Mutex::new(eligibility::MarkMemory::default()),
         })
     }
 
@@ -197,7 +200,9 @@ impl Provisioner {
                 // Runs on every cluster change: only a pod seen for the first time (or a
                 // change in which NodePools are Ready) allocates.
                 let index = self.ctx.cluster.read();
-                let provisionable = eligibility::Provisionable::of(&index);
+                let mut marks = self.marks();
+                let provisionable =
+                    eligibility::Provisionable::remembering(&index, &mut marks, now);
                 for pod in index.pods_iter().filter(|p| provisionable.admits(p)) {
                     let Some(uid) = pod.metadata.uid.as_deref() else {
                         continue;
@@ -245,7 +250,9 @@ impl Provisioner {
                     last_round = Instant::now();
                 }
                 let index = self.ctx.cluster.read();
-                let provisionable = eligibility::Provisionable::of(&index);
+                let marks = self.marks();
+                let provisionable =
+                    eligibility::Provisionable::recalling(&index, &marks, Instant::now());
                 let pending: HashSet<&str> = index
                     .pods_iter()
                     .filter(|p| provisionable.admits(p))
@@ -268,6 +275,10 @@ impl Provisioner {
                 _ = tokio::time::sleep(wait) => {}
             }
         }
+    }
+
+    fn marks(&self) -> std::sync::MutexGuard<'_, eligibility::MarkMemory> {
+        self.marks.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// One provisioning round. Public for tests.
@@ -294,7 +305,10 @@ impl Provisioner {
         );
         let mut prepared = {
             let index = self.ctx.cluster.read();
-            prepare(&index, pools, options, PodsToPlace::Pending)
+            let marks = self.marks();
+            let provisionable =
+                eligibility::Provisionable::recalling(&index, &marks, Instant::now());
+            prepare(&index, pools, options, PodsToPlace::Admitted(provisionable))
         };
         tracing::debug!(
             pods = prepared.pods.len(),
@@ -550,7 +564,8 @@ impl Provisioner {
         {
             let index = self.ctx.cluster.read();
             let mut backoff = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
-            let provisionable = eligibility::Provisionable::of(&index);
+            let marks = self.marks();
+            let provisionable = eligibility::Provisionable::recalling(&index, &marks, now);
             let pending: std::collections::HashSet<String> = index
                 .pods_iter()
                 .filter(|p| provisionable.admits(p))

@@ -11,9 +11,17 @@
 //! (requests, labels, selectors, affinities, tolerations, spread, ports): there was no room
 //! for that shape when kube-scheduler looked. The round still places every pod on room that
 //! exists or is in flight first, so a sibling that fits launches nothing.
+//!
+//! The verdict outlives its pods for a while ([`MarkMemory`]): once the marked pods bind to
+//! the Nodes launched for them, the siblings kube-scheduler has still not tried would
+//! otherwise wait for its next mark (the last NodeClaims of a 10 000-pod launch came 16-54 s
+//! after the last pod was created, BENCHMARKS forty-first session).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::scheduling::PodShape;
 
 use crate::state::ClusterIndex;
 use crate::state::HeldPod as Pod;
@@ -102,39 +110,162 @@ pub fn check(pod: &Pod) -> Result<(), Ineligible> {
 
 /// The pods provisioning places, read from one view of the cluster: every pod [`check`]
 /// accepts, and every pod kube-scheduler has not tried yet whose controller (its
-/// ReplicaSet, Job…) owns a marked pod of the same scheduling shape.
+/// ReplicaSet, Job…) owns a marked pod of the same scheduling shape, or did within
+/// [`MARK_MEMORY`] when a memory is given.
 pub struct Provisionable<'a> {
     /// Controller UID and shape (the shared copy's address: equal shapes share one) of each
     /// marked pod.
     marked: HashSet<(&'a str, usize)>,
+    /// Marks seen before, and the instant they are judged at.
+    recalled: Option<(&'a MarkMemory, Instant)>,
 }
 
 impl<'a> Provisionable<'a> {
+    /// From the marks in `index` alone (what explain, disruption and tests see).
     pub fn of(index: &'a ClusterIndex) -> Provisionable<'a> {
-        let marked = index
-            .pods_iter()
-            .filter(|pod| check(pod).is_ok())
-            .filter_map(|pod| sibling_key(pod))
-            .collect();
-        Provisionable { marked }
+        Provisionable {
+            marked: marks(index)
+                .map(|(uid, shape)| (uid, address(shape)))
+                .collect(),
+            recalled: None,
+        }
+    }
+
+    /// From the marks in `index` and those `memory` saw within [`MARK_MEMORY`] of `now`;
+    /// records the marks in `index` first.
+    pub fn remembering(
+        index: &'a ClusterIndex,
+        memory: &'a mut MarkMemory,
+        now: Instant,
+    ) -> Provisionable<'a> {
+        let mut marked = HashSet::new();
+        for (uid, shape) in marks(index) {
+            if marked.insert((uid, address(shape))) {
+                memory.mark(uid, shape, now);
+            }
+        }
+        memory.forget_before(now);
+        Provisionable {
+            marked,
+            recalled: Some((memory, now)),
+        }
+    }
+
+    /// From the marks in `index` and those `memory` saw within [`MARK_MEMORY`] of `now`,
+    /// recording nothing.
+    pub fn recalling(
+        index: &'a ClusterIndex,
+        memory: &'a MarkMemory,
+        now: Instant,
+    ) -> Provisionable<'a> {
+        Provisionable {
+            recalled: Some((memory, now)),
+            ..Provisionable::of(index)
+        }
     }
 
     /// Whether provisioning places `pod` now.
     pub fn admits(&self, pod: &Pod) -> bool {
         match check(pod) {
             Ok(()) => true,
+            // Without a mark, no untried pod is read (a big backlog before any verdict).
             Err(Ineligible::NotTriedYet) => {
-                !self.marked.is_empty()
-                    && sibling_key(pod).is_some_and(|key| self.marked.contains(&key))
+                let vouching = !self.marked.is_empty()
+                    || self.recalled.is_some_and(|(memory, _)| !memory.is_empty());
+                vouching
+                    && sibling_key(pod).is_some_and(|key| {
+                        self.marked.contains(&key)
+                            || self
+                                .recalled
+                                .is_some_and(|(memory, now)| memory.recalls(key, now))
+                    })
             }
             Err(_) => false,
         }
     }
 }
 
+/// How long a mark vouches for its untried siblings after its last marked pod was seen: long
+/// enough for kube-scheduler to work through a big backlog while it binds the marked pods to
+/// their new Nodes, short enough that a verdict on room that has since come (a Node not ours
+/// that kube-scheduler would use) launches little. Every round still places the siblings on
+/// existing and in-flight room first.
+pub const MARK_MEMORY: Duration = Duration::from_secs(30);
+
+/// The marks provisioning saw, by shape and controller, each with the last instant a marked
+/// pod of it was seen. Holding the shape keeps the shared copy, hence its address, for the
+/// pods of that shape that come later.
+#[derive(Default)]
+pub struct MarkMemory {
+    by_shape: HashMap<usize, ShapeMarks>,
+}
+
+struct ShapeMarks {
+    /// Kept so that its address names no other shape while remembered.
+    _shape: Arc<PodShape>,
+    /// Controller UIDs, each with when a marked pod of it was last seen.
+    last_seen: Vec<(String, Instant)>,
+}
+
+impl MarkMemory {
+    fn mark(&mut self, controller: &str, shape: &Arc<PodShape>, now: Instant) {
+        let controllers = &mut self
+            .by_shape
+            .entry(address(shape))
+            .or_insert_with(|| ShapeMarks {
+                _shape: shape.clone(),
+                last_seen: Vec::new(),
+            })
+            .last_seen;
+        match controllers.iter_mut().find(|(uid, _)| uid == controller) {
+            Some((_, seen)) => *seen = now,
+            None => controllers.push((controller.to_string(), now)),
+        }
+    }
+
+    /// Forgets the marks last seen more than [`MARK_MEMORY`] before `now`.
+    fn forget_before(&mut self, now: Instant) {
+        self.by_shape.retain(|_, marks| {
+            marks
+                .last_seen
+                .retain(|(_, seen)| now.saturating_duration_since(*seen) <= MARK_MEMORY);
+            !marks.last_seen.is_empty()
+        });
+    }
+
+    fn recalls(&self, (controller, shape): (&str, usize), now: Instant) -> bool {
+        self.by_shape.get(&shape).is_some_and(|marks| {
+            marks.last_seen.iter().any(|(uid, seen)| {
+                uid == controller && now.saturating_duration_since(*seen) <= MARK_MEMORY
+            })
+        })
+    }
+
+    /// How many shape-and-controller marks are kept.
+    pub fn len(&self) -> usize {
+        self.by_shape.values().map(|m| m.last_seen.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_shape.is_empty()
+    }
+}
+
+/// The controller UID and shared shape of every marked pod that has a controller.
+fn marks(index: &ClusterIndex) -> impl Iterator<Item = (&str, &Arc<PodShape>)> {
+    index
+        .pods_iter()
+        .filter(|pod| check(pod).is_ok())
+        .filter_map(|pod| sibling(pod))
+}
+
+fn address(shape: &Arc<PodShape>) -> usize {
+    Arc::as_ptr(shape) as usize
+}
+
 /// What makes two pods siblings: the same controller and the same scheduling shape. `None`
 /// for a pod without a controller or one the scheduler cannot read (never a sibling).
-fn sibling_key(pod: &Pod) -> Option<(&str, usize)> {
+fn sibling(pod: &Pod) -> Option<(&str, &Arc<PodShape>)> {
     let controller = pod
         .metadata
         .owner_references
@@ -142,10 +273,11 @@ fn sibling_key(pod: &Pod) -> Option<(&str, usize)> {
         .iter()
         .find(|o| o.controller == Some(true))?;
     let reading = crate::scheduling::convert::converted(pod).ok()?;
-    Some((
-        controller.uid.as_str(),
-        Arc::as_ptr(&reading.pod.shape) as usize,
-    ))
+    Some((controller.uid.as_str(), &reading.pod.shape))
+}
+
+fn sibling_key(pod: &Pod) -> Option<(&str, usize)> {
+    sibling(pod).map(|(uid, shape)| (uid, address(shape)))
 }
 
 fn refuses_karpenter_nodes(pod: &Pod) -> bool {
@@ -303,6 +435,78 @@ mod tests {
             gated,
         ]);
         assert_eq!(names, ["m1", "u1", "u2"]);
+    }
+
+    /// Names of the pods `provisionable` admits from `index`, sorted.
+    fn admitted(index: &ClusterIndex, provisionable: &Provisionable) -> Vec<String> {
+        let mut names: Vec<String> = index
+            .pods_iter()
+            .filter(|p| provisionable.admits(p))
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn apply(index: &mut ClusterIndex, pod: serde_json::Value) {
+        index.apply_pod(serde_json::from_value::<Pod>(pod).unwrap());
+    }
+
+    #[test]
+    fn a_mark_vouches_for_later_siblings_after_its_pods_bound_until_it_is_forgotten() {
+        let mut index = ClusterIndex::default();
+        let mut memory = MarkMemory::default();
+        let t0 = Instant::now();
+        apply(&mut index, replica("m1", Some("rs-1"), "1", true));
+        apply(&mut index, replica("u1", Some("rs-1"), "1", false));
+        let seen = Provisionable::remembering(&index, &mut memory, t0);
+        assert_eq!(admitted(&index, &seen), ["m1", "u1"]);
+        assert_eq!(memory.len(), 1);
+
+        // The marked pod binds to its new Node and goes; more of the workload come, untried,
+        // with pods of another shape and another controller.
+        index.delete_pod("default", "m1");
+        apply(&mut index, replica("u2", Some("rs-1"), "1", false));
+        apply(&mut index, replica("other-shape", Some("rs-1"), "2", false));
+        apply(
+            &mut index,
+            replica("other-controller", Some("rs-2"), "1", false),
+        );
+        assert!(
+            admitted(&index, &Provisionable::of(&index)).is_empty(),
+            "without a memory, no mark is left to vouch"
+        );
+        let later = t0 + MARK_MEMORY;
+        let recalled = Provisionable::recalling(&index, &memory, later);
+        assert_eq!(admitted(&index, &recalled), ["u1", "u2"]);
+        let remembered = Provisionable::remembering(&index, &mut memory, later);
+        assert_eq!(admitted(&index, &remembered), ["u1", "u2"]);
+
+        // Past the memory, the untried pods wait for kube-scheduler again, and the mark is
+        // dropped.
+        let past = later + Duration::from_millis(1);
+        assert!(admitted(&index, &Provisionable::recalling(&index, &memory, past)).is_empty());
+        let forgotten = Provisionable::remembering(&index, &mut memory, past);
+        assert!(admitted(&index, &forgotten).is_empty());
+        assert!(memory.is_empty());
+    }
+
+    #[test]
+    fn a_new_mark_renews_the_memory_and_recalling_records_nothing() {
+        let mut index = ClusterIndex::default();
+        let mut memory = MarkMemory::default();
+        let t0 = Instant::now();
+        apply(&mut index, replica("m1", Some("rs-1"), "1", true));
+        let _ = Provisionable::recalling(&index, &memory, t0);
+        assert!(memory.is_empty(), "recalling only reads the memory");
+        let _ = Provisionable::remembering(&index, &mut memory, t0);
+        // Still marked later: the memory runs from the last sight.
+        let renewed = t0 + MARK_MEMORY;
+        let _ = Provisionable::remembering(&index, &mut memory, renewed);
+        index.delete_pod("default", "m1");
+        apply(&mut index, replica("u1", Some("rs-1"), "1", false));
+        let recalled = Provisionable::recalling(&index, &memory, renewed + MARK_MEMORY);
+        assert_eq!(admitted(&index, &recalled), ["u1"]);
     }
 
     #[test]

@@ -47,9 +47,12 @@ pub struct Prepared {
 }
 
 /// Which pods a round places.
-pub enum PodsToPlace {
+pub enum PodsToPlace<'a> {
     /// Provisionable pods (kube-scheduler gave up on them) and the pods of nodes being disrupted.
     Pending,
+    /// [`PodsToPlace::Pending`], the provisionable ones as this view admits them (the
+    /// provisioner's, which remembers earlier marks).
+    Admitted(eligibility::Provisionable<'a>),
     /// Exactly these, in this order (`simulate`: its manifests' unbound pods).
     These(Vec<Arc<HeldPod>>),
 }
@@ -388,7 +391,7 @@ pub fn prepare(
     index: &ClusterIndex,
     pools: Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)>,
     options: SchedulerOptions,
-    to_place: PodsToPlace,
+    to_place: PodsToPlace<'_>,
 ) -> Prepared {
     let mut input = SchedulerInput {
         options,
@@ -443,6 +446,15 @@ pub fn prepare(
     let objects = match to_place {
         PodsToPlace::Pending => {
             let mut objects = provisionable_pods(index);
+            objects.extend(disrupted_pods);
+            objects
+        }
+        PodsToPlace::Admitted(provisionable) => {
+            let mut objects: Vec<_> = index
+                .pods_iter()
+                .filter(|p| provisionable.admits(p))
+                .cloned()
+                .collect();
             objects.extend(disrupted_pods);
             objects
         }
