@@ -10,11 +10,15 @@
 # made (audit log); controller RSS idle / after / peak; controller CPU seconds; /metrics size
 # as text / gzipped (what a Prometheus scrape transfers).
 # The requests by verb and resource, Exoscale calls by operation, and how long each Node
-# waited from its creation to the controller's first write to it (registration) go to stderr.
+# waited from its creation to the controller's first write to it (registration), split where
+# the controller's watch delivered it, go to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/karpenter-exoscale/target}"
 KARPENTER_TEST_BIN_DIR="$(bash hack/control-plane.sh)"
+# Our controller logs each Node's delivery by its watch at debug: the harness splits each
+# registration's wait there (the watch, then the controller).
+export RUST_LOG="${RUST_LOG:-info,kube=warn,hyper=warn,karpenter_exoscale::controllers::nodeclaim=debug}"
 export KARPENTER_TEST_BIN_DIR
 # The controller with the image's profile (Cargo.toml's dist; built for this host, so glibc and
 # jemalloc where the image is musl); the harness as a release build.

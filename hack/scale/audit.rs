@@ -61,9 +61,65 @@ fn events(log: &Path) -> impl Iterator<Item = Event> {
 /// unregistered taint removed), sorted. A write the API server refused (409, 422) registered
 /// nothing and is not counted. Nodes the controller never wrote are left out.
 pub fn registration_delays(log: &Path, agent: &str) -> Vec<f64> {
+    let mut delays: Vec<f64> = registrations(log, agent)
+        .values()
+        .map(|(born, written)| seconds(*born, *written))
+        .collect();
+    delays.sort_by(f64::total_cmp);
+    delays
+}
+
+/// [`registration_delays`] split where the controller's Node watch first delivered each Node:
+/// seconds from its creation to then (the watch), and from then to the write (the controller),
+/// each sorted. The delivery is the controller's first `a Node change wakes its NodeClaim`
+/// line (text logs, with `RUST_LOG` enabling `karpenter_exoscale::controllers::nodeclaim` at
+/// debug); `None` when `controller_log` has none.
+pub fn registration_split(
+    log: &Path,
+    controller_log: &Path,
+    agent: &str,
+) -> Option<(Vec<f64>, Vec<f64>)> {
+    let text = std::fs::read(controller_log).ok()?;
+    let mut delivered: BTreeMap<&str, DateTime<Utc>> = BTreeMap::new();
+    for line in text.split(|b| *b == b'\n') {
+        let Ok(line) = std::str::from_utf8(line) else {
+            continue;
+        };
+        if !line.contains("a Node change wakes its NodeClaim") {
+            continue;
+        }
+        let at = line.split(' ').next().and_then(|t| t.parse().ok());
+        let node = line
+            .split(' ')
+            .find_map(|field| field.strip_prefix("node="));
+        if let (Some(at), Some(node)) = (at, node) {
+            delivered.entry(node).or_insert(at);
+        }
+    }
+    if delivered.is_empty() {
+        return None;
+    }
+    let (mut watch, mut controller) = (Vec::new(), Vec::new());
+    for (node, (born, written)) in registrations(log, agent) {
+        if let Some(seen) = delivered.get(node.as_str()) {
+            watch.push(seconds(born, *seen));
+            controller.push(seconds(*seen, written));
+        }
+    }
+    watch.sort_by(f64::total_cmp);
+    controller.sort_by(f64::total_cmp);
+    Some((watch, controller))
+}
+
+fn seconds(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    (to - from).num_milliseconds() as f64 / 1000.0
+}
+
+/// Each Node the controller (`agent`) wrote: when it was created, and when the API server
+/// received the controller's first accepted write to it.
+fn registrations(log: &Path, agent: &str) -> BTreeMap<String, (DateTime<Utc>, DateTime<Utc>)> {
     let mut created: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
-    let mut delays = Vec::new();
-    let mut registered = std::collections::BTreeSet::new();
+    let mut registered = BTreeMap::new();
     for event in events(log) {
         let Some(object) = &event.object_ref else {
             continue;
@@ -81,13 +137,12 @@ pub fn registration_delays(log: &Path, agent: &str) -> Vec<f64> {
             && event.user_agent.starts_with(agent)
             && let (Some(born), Some(at)) =
                 (created.get(&object.name), event.request_received_timestamp)
-            && registered.insert(object.name.clone())
+            && !registered.contains_key(&object.name)
         {
-            delays.push((at - *born).num_milliseconds() as f64 / 1000.0);
+            registered.insert(object.name.clone(), (*born, at));
         }
     }
-    delays.sort_by(f64::total_cmp);
-    delays
+    registered
 }
 
 /// When a launch's pods came to exist and became Karpenter's to provision, against when its

@@ -487,7 +487,12 @@ async fn main() {
         _ => panic!("{usage}"),
     };
     let metrics_dump = std::env::temp_dir().join(format!("{stem}.metrics.txt"));
-    run(&rig, &scenario, kind, pods, down, &audit_log, &metrics_dump).await;
+    let files = Files {
+        audit: &audit_log,
+        controller_log: &log,
+        metrics_dump: &metrics_dump,
+    };
+    run(&rig, &scenario, kind, pods, down, files).await;
     eprintln!(
         "controller log: {}, audit log: {}, /metrics after the launch: {}",
         log.display(),
@@ -496,15 +501,27 @@ async fn main() {
     );
 }
 
+/// Where a run's evidence is: the API server's audit log, the controller's log, and the
+/// `/metrics` dump written after the launch.
+struct Files<'a> {
+    audit: &'a Path,
+    controller_log: &'a Path,
+    metrics_dump: &'a Path,
+}
+
 async fn run(
     rig: &Rig,
     scenario: &str,
     kind: &str,
     count: i32,
     down: Option<i32>,
-    audit: &Path,
-    metrics_dump: &Path,
+    files: Files<'_>,
 ) {
+    let Files {
+        audit,
+        controller_log,
+        metrics_dump,
+    } = files;
     let process = rig.process();
     let client = rig.client();
     let watched = Watched::start(&client).await;
@@ -623,6 +640,15 @@ async fn run(
         audit::spread(&registrations),
         registrations.len()
     );
+    if let Some((watch, controller)) = audit::registration_split(audit, controller_log, rig.agent())
+    {
+        eprintln!(
+            "{scenario} launch: registration split where the controller's Node watch delivered the Node: created → delivered {}; delivered → first write {} (p50 / p99 / max over {} Nodes)",
+            audit::spread(&watch),
+            audit::spread(&controller),
+            watch.len()
+        );
+    }
 
     let Some(down) = down else { return };
     let calls_before = rig.cloud_calls();
