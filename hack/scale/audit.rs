@@ -116,10 +116,13 @@ fn seconds(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
 }
 
 /// Each Node the controller (`agent`) wrote: when it was created, and when the API server
-/// received the controller's first accepted write to it.
+/// received the controller's first accepted write to it. By timestamps, not by the log's order:
+/// the API server writes an event when its request completes, so a quick write can come in the
+/// log before the slower create of the same Node (a Node registered in 0.15 s once read as
+/// 3.03 s, from its second write).
 fn registrations(log: &Path, agent: &str) -> BTreeMap<String, (DateTime<Utc>, DateTime<Utc>)> {
     let mut created: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
-    let mut registered = BTreeMap::new();
+    let mut written: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
     for event in events(log) {
         let Some(object) = &event.object_ref else {
             continue;
@@ -135,14 +138,25 @@ fn registrations(log: &Path, agent: &str) -> BTreeMap<String, (DateTime<Utc>, Da
         } else if matches!(event.verb.as_str(), "patch" | "update")
             && (200..300).contains(&code)
             && event.user_agent.starts_with(agent)
-            && let (Some(born), Some(at)) =
-                (created.get(&object.name), event.request_received_timestamp)
-            && !registered.contains_key(&object.name)
+            && let Some(at) = event.request_received_timestamp
         {
-            registered.insert(object.name.clone(), (*born, at));
+            earliest(&mut written, &object.name, at);
         }
     }
-    registered
+    written
+        .into_iter()
+        .filter_map(|(name, at)| {
+            let born = *created.get(&name)?;
+            Some((name, (born, at)))
+        })
+        .collect()
+}
+
+fn earliest(times: &mut BTreeMap<String, DateTime<Utc>>, name: &str, at: DateTime<Utc>) {
+    times
+        .entry(name.to_string())
+        .and_modify(|t| *t = (*t).min(at))
+        .or_insert(at);
 }
 
 /// When a launch's pods came to exist and became Karpenter's to provision, against when its
@@ -160,6 +174,7 @@ pub struct LaunchTimeline {
     pub never_marked_at_last_mark: usize,
 }
 
+/// From the events' timestamps, never the log's order (see [`registrations`]).
 pub fn launch_timeline(log: &Path) -> Option<LaunchTimeline> {
     let mut start = None;
     let (mut last_pod, mut last_claim) = (None, None);
@@ -180,18 +195,18 @@ pub fn launch_timeline(log: &Path) -> Option<LaunchTimeline> {
             object.subresource.as_str(),
             event.verb.as_str(),
         ) {
-            ("deployments", "", "create") if start.is_none() => start = Some(at),
+            ("deployments", "", "create") => start = Some(start.map_or(at, |s| at.min(s))),
             ("pods", "", "create") => {
-                last_pod = Some(at);
+                last_pod = Some(last_pod.map_or(at, |l| at.max(l)));
                 created.push(at);
             }
-            ("pods", "binding", "create") => {
-                bound.entry(object.name.clone()).or_insert(at);
-            }
+            ("pods", "binding", "create") => earliest(&mut bound, &object.name, at),
             ("pods", "status", _) if event.user_agent.starts_with("kube-scheduler") => {
-                marked.entry(object.name.clone()).or_insert(at);
+                earliest(&mut marked, &object.name, at);
             }
-            ("nodeclaims", "", "create") => last_claim = Some(at),
+            ("nodeclaims", "", "create") => {
+                last_claim = Some(last_claim.map_or(at, |l| at.max(l)));
+            }
             _ => {}
         }
     }
@@ -310,5 +325,88 @@ impl Requests {
             .map(|(k, v)| format!("{k} {v}"))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One audit event, as kube-apiserver writes it when the request completes.
+    fn event(
+        verb: &str,
+        resource: &str,
+        name: &str,
+        agent: &str,
+        received: &str,
+        done: &str,
+    ) -> String {
+        let code = if verb == "create" { 201 } else { 200 };
+        serde_json::json!({
+            "stage": "ResponseComplete", "verb": verb, "userAgent": agent,
+            "objectRef": {"resource": resource, "name": name},
+            "requestReceivedTimestamp": format!("2026-12-07T10:00:{received}Z"),
+            "stageTimestamp": format!("2026-12-07T10:00:{done}Z"),
+            "responseStatus": {"code": code},
+        })
+        .to_string()
+    }
+
+    fn log(lines: &[String]) -> tempfile::TempPath {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), lines.join("\n")).unwrap();
+        file.into_temp_path()
+    }
+
+    #[test]
+    fn a_registration_is_timed_from_the_first_write_even_when_the_log_has_it_before_the_create() {
+        let ours = "karpenter-exoscale/0.1.0";
+        let audit = log(&[
+            // A slow create completes after the quick write that followed it.
+            event("patch", "nodes", "n1", ours, "01.595", "01.649"),
+            event("create", "nodes", "n1", "kubelet", "01.337", "01.443"),
+            event("patch", "nodes", "n1", ours, "04.472", "04.886"),
+            event("create", "nodes", "n2", "kubelet", "02.000", "02.100"),
+            // Another agent's write and a refused one of ours register nothing.
+            event(
+                "patch",
+                "nodes",
+                "n2",
+                "kube-controller-manager",
+                "02.200",
+                "02.300",
+            ),
+            event("patch", "nodes", "n2", ours, "02.500", "03.600"),
+        ]);
+        let delays = registration_delays(&audit, "karpenter-exoscale");
+        assert_eq!(delays, [0.152, 0.4]);
+    }
+
+    #[test]
+    fn the_launch_timeline_takes_the_last_and_first_instants_not_the_last_lines() {
+        let audit = log(&[
+            event("create", "deployments", "d", "kubectl", "00.000", "00.000"),
+            event("create", "pods", "p2", "kcm", "05.000", "05.000"),
+            event("create", "pods", "p1", "kcm", "03.000", "03.000"),
+            event(
+                "create",
+                "nodeclaims",
+                "c2",
+                "karpenter-exoscale",
+                "09.000",
+                "09.000",
+            ),
+            event(
+                "create",
+                "nodeclaims",
+                "c1",
+                "karpenter-exoscale",
+                "07.000",
+                "07.000",
+            ),
+        ]);
+        let timeline = launch_timeline(&audit).unwrap();
+        assert_eq!(timeline.last_pod_created, 5.0);
+        assert_eq!(timeline.last_claim_created, Some(9.0));
     }
 }
