@@ -402,16 +402,9 @@ mod tests {
         let placed = |pods: Vec<serde_json::Value>| {
             let mut index = ClusterIndex::default();
             for pod in pods {
-                index.apply_pod(serde_json::from_value::<Pod>(pod).unwrap());
+                apply(&mut index, pod);
             }
-            let provisionable = Provisionable::of(&index);
-            let mut names: Vec<String> = index
-                .pods_iter()
-                .filter(|p| provisionable.admits(p))
-                .filter_map(|p| p.metadata.name.clone())
-                .collect();
-            names.sort();
-            names
+            admitted(&index, &Provisionable::of(&index))
         };
         // No verdict on the workload yet: nothing to place.
         assert!(placed(vec![replica("u1", Some("rs-1"), "1", false)]).is_empty());
