@@ -367,7 +367,7 @@ mod tests {
             event("create", "nodes", "n1", "kubelet", "01.337", "01.443"),
             event("patch", "nodes", "n1", ours, "04.472", "04.886"),
             event("create", "nodes", "n2", "kubelet", "02.000", "02.100"),
-            // Another agent's write and a refused one of ours register nothing.
+            // Another agent's write registers nothing; ours does.
             event(
                 "patch",
                 "nodes",

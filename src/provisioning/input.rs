@@ -330,7 +330,14 @@ pub fn daemonsets(index: &ClusterIndex) -> (Vec<DaemonSetPod>, Vec<String>) {
 /// Pods kube-scheduler gave up on, and their untried siblings, that provisioning should find
 /// capacity for (see [`eligibility::Provisionable`]).
 pub fn provisionable_pods(index: &ClusterIndex) -> Vec<Arc<HeldPod>> {
-    let provisionable = eligibility::Provisionable::of(index);
+    admitted_pods(index, &eligibility::Provisionable::of(index))
+}
+
+/// The pods of `index` that `provisionable` admits.
+fn admitted_pods(
+    index: &ClusterIndex,
+    provisionable: &eligibility::Provisionable,
+) -> Vec<Arc<HeldPod>> {
     index
         .pods_iter()
         .filter(|p| provisionable.admits(p))
@@ -450,11 +457,7 @@ pub fn prepare(
             objects
         }
         PodsToPlace::Admitted(provisionable) => {
-            let mut objects: Vec<_> = index
-                .pods_iter()
-                .filter(|p| provisionable.admits(p))
-                .cloned()
-                .collect();
+            let mut objects = admitted_pods(index, &provisionable);
             objects.extend(disrupted_pods);
             objects
         }
