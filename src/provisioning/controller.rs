@@ -38,17 +38,27 @@ use super::input::{
 /// pending pod every 10 s).
 pub const REQUEUE_AFTER: Duration = Duration::from_secs(10);
 
-/// NodeClaims of one round created at once (upstream creates all of a round's in parallel).
-/// One at a time, each waiting on the API server's answer, a round of 464 took 82 s on a
-/// loaded control plane (1 000 nodes), and launches followed at that pace. Four keep the
-/// launches fed at the Exoscale client's rate limit (10 a second by default); with 32 every
-/// launch of a round waited on that limit at once, and RSS peaked at 102-105 MB against 96-98.
-/// At 1 000 nodes every pod ran 26-46 s sooner; on a 2-core machine running the control plane
-/// too, the slowest Node registration went from ~1 s to 1.7 and 4.8 s in two runs (BENCHMARKS,
-/// fourteenth session). With 16, a round of 237 was created in 3.4 s instead of 12.1 s, and the
-/// last NodeClaim of a 1 000-node launch came sooner in two pairs of runs out of three, for
-/// 17-28% more CPU (forty-first session): not settled yet.
-const CREATE_CONCURRENCY: usize = 4;
+/// NodeClaims of one round created at once: one per [`CLAIMS_PER_CREATE`] of the round, between
+/// [`MIN_CREATES_AT_ONCE`] and [`MAX_CREATES_AT_ONCE`], so that a round's creates take about as
+/// long whatever its size. Upstream creates all of a round's in parallel.
+/// - One at a time, each waiting on the API server's answer, a round of 464 took 82 s on a
+///   loaded control plane (1 000 nodes), and launches followed at that pace.
+/// - With 32 every launch of a round waited on the Exoscale client's rate limit (10 a second
+///   by default) at once, and RSS peaked at 102-105 MB against 96-98 at four.
+/// - Four at a time, a 1 000-node launch's last round of 413 took 37 s (0.25 s a create in a
+///   busy API server), so its NodeClaims came long after every pod existed (forty-second
+///   session). Sixteen at a time for every round cost 17-28 % more CPU (forty-first session);
+///   small rounds, most of them, gain nothing from it.
+fn create_concurrency(claims: usize) -> usize {
+    claims
+        .div_ceil(CLAIMS_PER_CREATE)
+        .clamp(MIN_CREATES_AT_ONCE, MAX_CREATES_AT_ONCE)
+}
+
+/// A round's NodeClaims per create in flight: at ~0.25 s a create, ~6 s a round.
+const CLAIMS_PER_CREATE: usize = 25;
+const MIN_CREATES_AT_ONCE: usize = 4;
+const MAX_CREATES_AT_ONCE: usize = 16;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -449,13 +459,14 @@ impl Provisioner {
                 Some((i, nodeclaim_to_create(self.ctx.cloud.as_ref(), pool, claim)))
             })
             .collect();
+        let concurrency = create_concurrency(to_create.len());
         let mut creations = futures::stream::iter(to_create)
             .map(|(i, object)| {
                 let creating = api.clone();
                 let post = post.clone();
                 async move { (i, creating.create(&post, &object).await) }
             })
-            .buffer_unordered(CREATE_CONCURRENCY);
+            .buffer_unordered(concurrency);
         let mut created = 0;
         let mut pod_events = Vec::new();
         let mut plans: Vec<(String, &Vec<usize>)> = Vec::new();
@@ -698,6 +709,15 @@ pub fn nodepool_of(claim: &NodeClaim) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_round_creates_more_nodeclaims_at_once_the_bigger_it_is_within_bounds() {
+        let at_once: Vec<usize> = [0, 1, 50, 100, 101, 150, 237, 400, 413, 5000]
+            .into_iter()
+            .map(create_concurrency)
+            .collect();
+        assert_eq!(at_once, [4, 4, 4, 4, 5, 6, 10, 16, 16, 16]);
+    }
 
     #[test]
     fn nominations_expire() {
