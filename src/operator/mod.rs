@@ -5,6 +5,7 @@ pub mod config;
 pub mod events;
 pub mod fenced_client;
 pub mod health;
+pub mod kube_connections;
 pub mod leader;
 pub mod logging;
 pub mod memory;

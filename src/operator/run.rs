@@ -112,7 +112,9 @@ pub async fn run(
         http::HeaderValue::from_static(KUBE_USER_AGENT),
     ));
     let cluster_url = kube_config.cluster_url.to_string();
-    let client = kube::Client::try_from(kube_config).map_err(|e| RunError::Kube(e.to_string()))?;
+    let client =
+        super::kube_connections::client(kube_config, super::kube_connections::MAX_IDLE_CONNECTIONS)
+            .map_err(|e| RunError::Kube(e.to_string()))?;
     // No request waits forever on an API server that stopped answering (kube has no read
     // timeout); the elector bounds its renewals itself.
     let lease_client = client.clone();
