@@ -10,10 +10,10 @@
 //! to 20–30 between bursts, and the launch's RSS peaked ~6 MB lower than with the sized creates
 //! alone (forty-third session).
 //!
-//! The rest is kube's own stack, from its public parts: TLS from the kubeconfig (rustls, the
-//! crypto backend installed in `main`), its connect, read and write timeouts, the cluster URL,
-//! credentials that refresh, and the extra headers (our User-Agent). Two parts are left out
-//! and refused: a proxy (kube's proxy features are not enabled here either) and kube's
+//! The rest is kube's own stack, from its public parts: TLS from the kubeconfig (rustls on
+//! ring, the one crypto backend, installed here too), its connect, read and write timeouts, the
+//! cluster URL, credentials that refresh, and the extra headers (our User-Agent). Two parts are
+//! left out and refused: a proxy (kube's proxy features are not enabled here either) and kube's
 //! client-side retry, which `run` turns off (reconcilers requeue on their own).
 
 use hyper_util::client::legacy::connect::HttpConnector;
